@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * host.c: from_netdev, attached to tcx ingress of the node's underlay device
+ * in native-routing mode. Packets another node routed to one of our pods go
+ * straight into the pod; everything else continues into the node's stack.
+ */
+#include "lib/common.h"
+#include "lib/endpoint.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+SEC("tcx/ingress")
+int from_netdev(struct __sk_buff *skb)
+{
+	const struct endpoint_info *ep;
+	struct iphdr *ip;
+
+	if (eth_proto(skb) != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	ip = ipv4_hdr(skb);
+	if (!ip)
+		return TC_ACT_OK; /* not ours to judge: the stack drops bad headers */
+	ep = endpoint_lookup_v4(ip->daddr);
+	if (ep)
+		return endpoint_deliver(skb, ep);
+	return TC_ACT_OK;
+}

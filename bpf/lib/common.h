@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * common.h: includes and small helpers every Weir datapath program shares.
+ *
+ * Programs are configured at load time through the read-only globals below
+ * (the loader rewrites them before the verifier sees the program), so one
+ * object serves every node and mode instead of one build per #ifdef.
+ */
+#ifndef WEIR_LIB_COMMON_H
+#define WEIR_LIB_COMMON_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define __always_inline_fn static __always_inline
+
+#ifndef offsetof
+#define offsetof(type, member) __builtin_offsetof(type, member)
+#endif
+
+/* Address families as stored in map keys; values match AF_INET/AF_INET6. */
+#define WEIR_AF_INET 2
+#define WEIR_AF_INET6 10
+
+/* Tunnel modes (load-time constant TUNNEL_MODE). */
+#define WEIR_MODE_NATIVE 0
+#define WEIR_MODE_VXLAN 1
+
+/*
+ * Load-time configuration. volatile keeps clang from folding the zero
+ * initialisers; the loader sets the real values.
+ */
+volatile const __u32 TUNNEL_MODE = WEIR_MODE_VXLAN;
+volatile const __u32 OVERLAY_IFINDEX = 0; /* the node's VXLAN device */
+volatile const __u32 TUNNEL_VNI = 0;      /* VXLAN network identifier */
+
+/* ctx_data_ok reports whether len bytes from off lie inside the packet. */
+__always_inline_fn int ctx_data_ok(struct __sk_buff *skb, __u32 off, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	return data + off + len <= data_end;
+}
+
+#endif /* WEIR_LIB_COMMON_H */

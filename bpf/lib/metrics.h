@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * metrics.h: per-CPU packet counters by datapath outcome.
+ *
+ * The agent sums the CPUs and exports the totals; tests read them to prove
+ * which path a real packet took (for example that it was redirected to the
+ * peer pod rather than routed by the host).
+ */
+#ifndef WEIR_LIB_METRICS_H
+#define WEIR_LIB_METRICS_H
+
+#include "common.h"
+
+enum weir_metric {
+	METRIC_REDIRECT_LOCAL = 0, /* delivered into a local pod with redirect_peer */
+	METRIC_REDIRECT_TUNNEL,    /* sent to a remote node through the overlay */
+	METRIC_REDIRECT_NATIVE,    /* sent to a remote node through the FIB */
+	METRIC_PASS_HOST,          /* handed to the node's stack */
+	METRIC_ARP_REPLY,          /* ARP for the gateway answered */
+	METRIC_DROP_SPOOF,         /* source address not owned by the sending pod */
+	METRIC_DROP_MALFORMED,     /* truncated or unparsable header */
+	METRIC_DROP_TUNNEL,        /* tunnel key could not be set */
+	METRIC_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, METRIC_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_metrics SEC(".maps");
+
+__always_inline_fn void metric_inc(__u32 id)
+{
+	__u64 *v = bpf_map_lookup_elem(&weir_metrics, &id);
+
+	if (v)
+		*v += 1;
+}
+
+#endif /* WEIR_LIB_METRICS_H */

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * tunnel.h: the map of remote pod CIDRs and the way packets reach them.
+ *
+ * weir_tunnels: LPM trie, key struct tunnel_key = { prefixlen, weir_addr },
+ * value struct tunnel_info (the node that owns the CIDR). prefixlen counts
+ * the 32 bits of family and padding first, so an IPv4 /24 is stored with
+ * prefixlen 32 + 24 and can never match an IPv6 address.
+ */
+#ifndef WEIR_LIB_TUNNEL_H
+#define WEIR_LIB_TUNNEL_H
+
+#include "addr.h"
+#include "metrics.h"
+
+#define TUNNEL_KEY_PREFIX_BITS 32 /* family + pad in front of the address */
+
+struct tunnel_key {
+	__u32 prefixlen;
+	struct weir_addr dst;
+};
+
+struct tunnel_info {
+	struct weir_addr node; /* underlay address of the owning node */
+	__u32 flags;           /* reserved */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__type(key, struct tunnel_key);
+	__type(value, struct tunnel_info);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_tunnels SEC(".maps");
+
+__always_inline_fn struct tunnel_info *tunnel_lookup_v4(__be32 ip)
+{
+	struct tunnel_key key = { .prefixlen = TUNNEL_KEY_PREFIX_BITS + 32 };
+
+	weir_addr_from_v4(&key.dst, ip);
+	return bpf_map_lookup_elem(&weir_tunnels, &key);
+}
+
+/*
+ * tunnel_set_key attaches VXLAN metadata for the node that owns the
+ * destination; the collect-metadata VXLAN device encapsulates with it.
+ */
+__always_inline_fn int tunnel_set_key(struct __sk_buff *skb, const struct tunnel_info *t)
+{
+	struct bpf_tunnel_key key = {};
+	__u32 remote;
+
+	if (t->node.family != WEIR_AF_INET)
+		return -1;
+	__builtin_memcpy(&remote, t->node.addr, sizeof(remote));
+	key.remote_ipv4 = bpf_ntohl(remote);
+	key.tunnel_id = TUNNEL_VNI;
+	key.tunnel_ttl = 64;
+	return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX);
+}
+
+/* tunnel_forward_v4 sends a packet for a remote pod to the node that owns it. */
+__always_inline_fn int tunnel_forward_v4(struct __sk_buff *skb, struct iphdr *ip,
+					 const struct tunnel_info *t)
+{
+	struct bpf_fib_lookup fib = {};
+	long rc;
+
+	if (TUNNEL_MODE == WEIR_MODE_VXLAN) {
+		if (tunnel_set_key(skb, t) < 0) {
+			metric_inc(METRIC_DROP_TUNNEL);
+			return TC_ACT_SHOT;
+		}
+		metric_inc(METRIC_REDIRECT_TUNNEL);
+		return bpf_redirect(OVERLAY_IFINDEX, 0);
+	}
+
+	/* Native routing: the agent installed a route per remote CIDR; ask
+	 * the FIB for it and let the kernel resolve the next hop's MAC. */
+	fib.family = WEIR_AF_INET;
+	fib.ipv4_src = ip->saddr;
+	fib.ipv4_dst = ip->daddr;
+	fib.tos = ip->tos;
+	fib.l4_protocol = ip->protocol;
+	fib.tot_len = bpf_ntohs(ip->tot_len);
+	fib.ifindex = skb->ingress_ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	/* An unresolved neighbour is fine: redirect_neigh resolves it. */
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		metric_inc(METRIC_PASS_HOST);
+		return TC_ACT_OK;
+	}
+	{
+		struct bpf_redir_neigh nh = { .nh_family = fib.family };
+
+		nh.ipv4_nh = fib.ipv4_dst;
+		metric_inc(METRIC_REDIRECT_NATIVE);
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+}
+
+#endif /* WEIR_LIB_TUNNEL_H */

@@ -1,0 +1,101 @@
+// Command weir-agent is Weir's node agent: flags become an agent.Config and
+// agent.Run does the rest.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/weirnet/weir/internal/agent"
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
+)
+
+// flags are the command line, kept as strings until validated together.
+type flags struct {
+	node, mode, underlay, nodeIP, podCIDR, clusterCIDR string
+	stateDir, pinDir, socket, peersFile               string
+	vni                                                uint32
+}
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "weir-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	var f flags
+	cmd := &cobra.Command{
+		Use:          "weir-agent",
+		Short:        "Weir node agent: pod IPAM, eBPF datapath and the local CNI API",
+		SilenceUsage: true,
+		Args:         cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("node", cfg.NodeName)
+			return agent.Run(ctx, cfg, log)
+		},
+	}
+	host, _ := os.Hostname()
+	fl := cmd.Flags()
+	fl.StringVar(&f.node, "node-name", host, "this node's name")
+	fl.StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "how pod traffic reaches other nodes: vxlan or native")
+	fl.Uint32Var(&f.vni, "vni", 2, "VXLAN network identifier (vxlan mode)")
+	fl.StringVar(&f.underlay, "underlay-dev", "eth0", "the interface that reaches other nodes")
+	fl.StringVar(&f.nodeIP, "node-ip", "", "this node's address on the underlay (required)")
+	fl.StringVar(&f.podCIDR, "pod-cidr", "", "the CIDR this node assigns pod addresses from (required)")
+	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the CIDR of every pod in the cluster")
+	fl.StringVar(&f.stateDir, "state-dir", "/var/lib/weir", "directory for durable state (IPAM leases)")
+	fl.StringVar(&f.pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "bpffs directory for this node's maps and links")
+	fl.StringVar(&f.socket, "socket", api.DefaultSocket, "unix socket of the local API")
+	fl.StringVar(&f.peersFile, "peers-file", "", "JSON list of other nodes ({name,nodeIP,podCIDR}) to program at start")
+	return cmd
+}
+
+// config validates the flags as a whole.
+func (f flags) config() (agent.Config, error) {
+	mode, err := datapath.ParseMode(f.mode)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--mode: %w", err)
+	}
+	nodeIP, err := netip.ParseAddr(f.nodeIP)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--node-ip %q: want an IP address: %w", f.nodeIP, err)
+	}
+	podCIDR, err := netip.ParsePrefix(f.podCIDR)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--pod-cidr %q: want a CIDR such as 10.244.1.0/24: %w", f.podCIDR, err)
+	}
+	clusterCIDR, err := netip.ParsePrefix(f.clusterCIDR)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--cluster-cidr %q: want a CIDR: %w", f.clusterCIDR, err)
+	}
+	cfg := agent.Config{
+		NodeName: f.node, Mode: mode, VNI: f.vni, UnderlayDev: f.underlay, NodeIP: nodeIP,
+		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket,
+	}
+	if f.peersFile != "" {
+		b, err := os.ReadFile(f.peersFile)
+		if err != nil {
+			return agent.Config{}, fmt.Errorf("--peers-file: %w", err)
+		}
+		if err := json.Unmarshal(b, &cfg.Peers); err != nil {
+			return agent.Config{}, fmt.Errorf("--peers-file %s: want a JSON list of {name,nodeIP,podCIDR}: %w", f.peersFile, err)
+		}
+	}
+	return cfg, nil
+}

@@ -1,0 +1,164 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/ipam"
+)
+
+// Config is everything an agent needs to run one node.
+type Config struct {
+	NodeName    string
+	Mode        datapath.Mode
+	VNI         uint32
+	UnderlayDev string
+	NodeIP      netip.Addr
+	PodCIDR     netip.Prefix
+	ClusterCIDR netip.Prefix
+	StateDir    string // leases and other durable state
+	PinDir      string // bpffs directory of this node's pins
+	Socket      string // the local API's unix socket
+	Peers       []api.Peer
+}
+
+// nodeConfig is the datapath's share of the config.
+func (c Config) nodeConfig() datapath.NodeConfig {
+	return datapath.NodeConfig{
+		Name: c.NodeName, Mode: c.Mode, VNI: c.VNI, UnderlayDev: c.UnderlayDev,
+		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
+	}
+}
+
+// Agent owns one node's leases and datapath.
+type Agent struct {
+	cfg   Config
+	log   *slog.Logger
+	dp    Datapath
+	ipam  *ipam.Allocator
+	mu    sync.Mutex // serialises every change to leases and datapath
+	peers []api.Peer
+}
+
+// New builds an agent over an already set-up datapath, adopting the
+// endpoints a previous run left and sweeping anything orphaned.
+func New(cfg Config, dp Datapath, log *slog.Logger) (*Agent, error) {
+	alloc, err := ipam.Open(filepath.Join(cfg.StateDir, "ipam.json"), cfg.PodCIDR)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.adoptLocked(); err != nil {
+		return nil, fmt.Errorf("adopt existing endpoints: %w", err)
+	}
+	if err := a.setPeersLocked(cfg.Peers); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Run sets up the node's datapath and serves the local API until ctx ends.
+// The datapath keeps forwarding after Run returns: it is pinned.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	node, err := datapath.SetupNode(cfg.nodeConfig())
+	if err != nil {
+		return fmt.Errorf("set up datapath: %w", err)
+	}
+	defer node.Close()
+	a, err := New(cfg, node, log)
+	if err != nil {
+		return err
+	}
+	return a.Serve(ctx)
+}
+
+// Serve answers the local API on cfg.Socket until ctx ends.
+func (a *Agent) Serve(ctx context.Context) error {
+	if err := os.MkdirAll(filepath.Dir(a.cfg.Socket), 0o755); err != nil {
+		return fmt.Errorf("create socket directory: %w", err)
+	}
+	if err := os.Remove(a.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", a.cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", a.cfg.Socket, err)
+	}
+	if err := os.Chmod(a.cfg.Socket, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("restrict %s: %w", a.cfg.Socket, err)
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	a.log.Info("agent ready", "node", a.cfg.NodeName, "socket", a.cfg.Socket, "mode", a.cfg.Mode, "podCIDR", a.cfg.PodCIDR, "mtu", a.dp.PodMTU())
+	select {
+	case <-ctx.Done():
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := srv.Shutdown(shutdownCtx)
+		os.Remove(a.cfg.Socket)
+		return err
+	case err := <-done:
+		return fmt.Errorf("serve API: %w", err)
+	}
+}
+
+// SetPeers replaces the set of other nodes.
+func (a *Agent) SetPeers(peers []api.Peer) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.setPeersLocked(peers)
+}
+
+func (a *Agent) setPeersLocked(peers []api.Peer) error {
+	dp := make([]datapath.Peer, 0, len(peers))
+	for _, p := range peers {
+		dp = append(dp, datapath.Peer{Name: p.Name, NodeIP: p.NodeIP, PodCIDR: p.PodCIDR})
+	}
+	if err := a.dp.SetPeers(dp); err != nil {
+		return api.Errorf(api.CodeDatapath, "program peers", err)
+	}
+	a.peers = append([]api.Peer(nil), peers...)
+	return nil
+}
+
+// Status reports the node's state.
+func (a *Agent) Status() (*api.Status, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := &api.Status{
+		Node: a.cfg.NodeName, Ready: true, Mode: string(a.cfg.Mode), NodeIP: a.cfg.NodeIP,
+		PodCIDR: a.ipam.CIDR(), MTU: a.dp.PodMTU(), Capacity: a.ipam.Capacity(),
+		Endpoints: []api.Endpoint{}, Peers: append([]api.Peer{}, a.peers...),
+	}
+	for _, l := range a.ipam.List() {
+		s.Endpoints = append(s.Endpoints, api.Endpoint{
+			Attachment: api.Attachment{ContainerID: l.ContainerID, IfName: l.IfName},
+			Address:    l.Addr, HostIfName: datapath.HostIfName(l.ContainerID, l.IfName),
+			PodNamespace: l.PodNamespace, PodName: l.PodName,
+		})
+	}
+	entries, err := a.dp.Endpoints()
+	if err != nil {
+		return nil, err
+	}
+	s.MapEntries = len(entries)
+	if s.Counters, err = a.dp.Metrics(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}

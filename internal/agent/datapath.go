@@ -1,0 +1,26 @@
+package agent
+
+import "github.com/weirnet/weir/internal/datapath"
+
+// Datapath is what the agent needs from the node's datapath. The ADD steps
+// are separate methods so a failure between any two can be rolled back and
+// tested; *datapath.Node implements it.
+type Datapath interface {
+	CreateVeth(datapath.EndpointSpec) (*datapath.Endpoint, error)
+	ConfigurePod(*datapath.Endpoint) error
+	ConfigureHost(*datapath.Endpoint) error
+	AttachProgram(*datapath.Endpoint) error
+	Publish(*datapath.Endpoint) error
+
+	RemoveEndpoint(datapath.EndpointSpec) error
+	CheckEndpoint(datapath.EndpointSpec) error
+	AdoptEndpoint(datapath.EndpointSpec) (*datapath.Endpoint, error)
+	SweepOrphans(keep map[string]bool) ([]string, error)
+
+	SetPeers([]datapath.Peer) error
+	Endpoints() ([]datapath.EndpointEntry, error)
+	Metrics() (map[string]uint64, error)
+	PodMTU() int
+}
+
+var _ Datapath = (*datapath.Node)(nil)

@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/weirnet/weir/internal/api"
+)
+
+// maxBody bounds request bodies; a GC list of 10,000 pods fits easily.
+const maxBody = 8 << 20
+
+// Handler serves the local API.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+api.PathEndpoints, handle(a.Add))
+	mux.HandleFunc("DELETE "+api.PathEndpoints, handle(func(r api.DelRequest) (any, error) { return struct{}{}, a.Del(r) }))
+	mux.HandleFunc("PUT "+api.PathEndpoints+"/check", handle(func(r api.CheckRequest) (any, error) { return struct{}{}, a.Check(r) }))
+	mux.HandleFunc("POST "+api.PathGC, handle(a.GC))
+	mux.HandleFunc("PUT "+api.PathPeers, handle(func(r api.PeersRequest) (any, error) { return struct{}{}, a.SetPeers(r.Peers) }))
+	mux.HandleFunc("GET "+api.PathHealth, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
+	})
+	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
+		s, err := a.Status()
+		if err != nil {
+			writeError(w, api.Errorf(api.CodeDatapath, "read status", err))
+			return
+		}
+		writeJSON(w, http.StatusOK, s)
+	})
+	return mux
+}
+
+// handle decodes a JSON request of type Req, calls f and encodes its answer.
+func handle[Req, Resp any](f func(Req) (Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, api.Errorf(api.CodeDecodeFailure, "decode request", err))
+			return
+		}
+		resp, err := f(req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, resp)
+	}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		e = api.Errorf(api.CodeIOFailure, "internal error", err)
+	}
+	status := http.StatusInternalServerError
+	switch e.Code {
+	case api.CodeInvalidEnv, api.CodeDecodeFailure, api.CodeInvalidConfig:
+		status = http.StatusBadRequest
+	case api.CodeUnknownContainer:
+		status = http.StatusNotFound
+	case api.CodeAttachmentInUse, api.CodeInterfaceExists:
+		status = http.StatusConflict
+	case api.CodePoolExhausted:
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		fmt.Println("weir-agent: write response:", err)
+	}
+}

@@ -1,0 +1,109 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// DefaultSocket is where weir-agent listens unless told otherwise.
+const DefaultSocket = "/run/weir/agent.sock"
+
+// Client talks to one agent over its unix socket.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// NewClient returns a client for the agent at socket.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		DisableKeepAlives: true,
+	}
+	return &Client{socket: socket, http: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
+}
+
+// Add attaches a pod interface.
+func (c *Client) Add(ctx context.Context, req AddRequest) (*AddResponse, error) {
+	var resp AddResponse
+	return &resp, c.do(ctx, http.MethodPost, PathEndpoints, req, &resp)
+}
+
+// Del detaches a pod interface. Detaching an unknown one succeeds.
+func (c *Client) Del(ctx context.Context, req DelRequest) error {
+	return c.do(ctx, http.MethodDelete, PathEndpoints, req, nil)
+}
+
+// Check verifies an attachment.
+func (c *Client) Check(ctx context.Context, req CheckRequest) error {
+	return c.do(ctx, http.MethodPut, PathEndpoints+"/check", req, nil)
+}
+
+// GC releases every attachment not listed in req.
+func (c *Client) GC(ctx context.Context, req GCRequest) (*GCResponse, error) {
+	var resp GCResponse
+	return &resp, c.do(ctx, http.MethodPost, PathGC, req, &resp)
+}
+
+// Health returns nil when the agent is up and its datapath ready.
+func (c *Client) Health(ctx context.Context) error {
+	return c.do(ctx, http.MethodGet, PathHealth, nil, nil)
+}
+
+// Status returns the agent's view of its node.
+func (c *Client) Status(ctx context.Context) (*Status, error) {
+	var s Status
+	return &s, c.do(ctx, http.MethodGet, PathStatus, nil, &s)
+}
+
+// SetPeers replaces the agent's peers.
+func (c *Client) SetPeers(ctx context.Context, peers []Peer) error {
+	return c.do(ctx, http.MethodPut, PathPeers, PeersRequest{Peers: peers}, nil)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://weir-agent"+path, rd)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return unavailable(c.socket, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return unavailable(c.socket, err)
+	}
+	if resp.StatusCode >= 300 {
+		var e Error
+		if json.Unmarshal(b, &e) != nil || e.Code == 0 {
+			return &Error{Code: CodeIOFailure, Msg: fmt.Sprintf("agent answered %s", resp.Status), Details: string(b)}
+		}
+		return &e
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("decode agent response: %w", err)
+		}
+	}
+	return nil
+}

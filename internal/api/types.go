@@ -1,0 +1,134 @@
+package api
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Paths served by the agent.
+const (
+	PathEndpoints = "/v1/endpoints"
+	PathGC        = "/v1/gc"
+	PathHealth    = "/v1/healthz"
+	PathStatus    = "/v1/status"
+	PathPeers     = "/v1/peers"
+)
+
+// Attachment names one interface of one container.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+// AddRequest asks the agent to attach a pod interface.
+type AddRequest struct {
+	Attachment
+	NetNS        string `json:"netns"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodName      string `json:"podName,omitempty"`
+}
+
+// Validate reports what is missing or malformed, naming the CNI variable.
+func (r AddRequest) Validate() error {
+	if err := r.Attachment.Validate(); err != nil {
+		return err
+	}
+	if r.NetNS == "" {
+		return fmt.Errorf("CNI_NETNS is empty: the runtime must pass the pod's network namespace path")
+	}
+	return nil
+}
+
+// Validate checks the identifiers of an attachment.
+func (a Attachment) Validate() error {
+	switch {
+	case a.ContainerID == "":
+		return fmt.Errorf("CNI_CONTAINERID is empty")
+	case a.IfName == "":
+		return fmt.Errorf("CNI_IFNAME is empty")
+	case len(a.IfName) > 15:
+		return fmt.Errorf("CNI_IFNAME %q is longer than 15 bytes", a.IfName)
+	case a.IfName == "." || a.IfName == ".." || containsAny(a.IfName, "/: \t\n"):
+		return fmt.Errorf("CNI_IFNAME %q is not a valid interface name", a.IfName)
+	}
+	return nil
+}
+
+func containsAny(s, chars string) bool {
+	for _, c := range s {
+		for _, d := range chars {
+			if c == d {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// AddResponse describes the attached interface.
+type AddResponse struct {
+	IfName     string       `json:"ifName"`
+	MAC        string       `json:"mac"`
+	NetNS      string       `json:"netns"`
+	HostIfName string       `json:"hostIfName"`
+	HostMAC    string       `json:"hostMac"`
+	Address    netip.Prefix `json:"address"`
+	Gateway    netip.Addr   `json:"gateway"`
+	MTU        int          `json:"mtu"`
+}
+
+// DelRequest detaches a pod interface; NetNS may be empty (pod gone).
+type DelRequest struct {
+	Attachment
+	NetNS string `json:"netns,omitempty"`
+}
+
+// CheckRequest asks whether an attachment is intact.
+type CheckRequest = DelRequest
+
+// GCRequest lists every attachment the runtime still knows; the agent
+// releases all others.
+type GCRequest struct {
+	Valid []Attachment `json:"valid"`
+}
+
+// GCResponse lists what was released.
+type GCResponse struct {
+	Released []Attachment `json:"released"`
+}
+
+// Peer is another node: its underlay address and pod CIDR.
+type Peer struct {
+	Name    string       `json:"name"`
+	NodeIP  netip.Addr   `json:"nodeIP"`
+	PodCIDR netip.Prefix `json:"podCIDR"`
+}
+
+// PeersRequest replaces the agent's set of peers.
+type PeersRequest struct {
+	Peers []Peer `json:"peers"`
+}
+
+// Endpoint is one local pod interface in the agent's status.
+type Endpoint struct {
+	Attachment
+	Address      netip.Addr `json:"address"`
+	HostIfName   string     `json:"hostIfName"`
+	PodNamespace string     `json:"podNamespace,omitempty"`
+	PodName      string     `json:"podName,omitempty"`
+}
+
+// Status is the agent's view of its node.
+type Status struct {
+	Node        string            `json:"node"`
+	Ready       bool              `json:"ready"`
+	Mode        string            `json:"mode"`
+	NodeIP      netip.Addr        `json:"nodeIP"`
+	PodCIDR     netip.Prefix      `json:"podCIDR"`
+	MTU         int               `json:"mtu"`
+	Capacity    int               `json:"capacity"`
+	Endpoints   []Endpoint        `json:"endpoints"`
+	Peers       []Peer            `json:"peers"`
+	MapEntries  int               `json:"endpointMapEntries"`
+	Counters    map[string]uint64 `json:"counters"`
+}

@@ -1,0 +1,140 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Mode is how pod traffic reaches other nodes.
+type Mode string
+
+const (
+	// ModeVXLAN encapsulates in VXLAN with the tunnel key set by the datapath.
+	ModeVXLAN Mode = "vxlan"
+	// ModeNative routes pod addresses unencapsulated; nodes share an L2 segment.
+	ModeNative Mode = "native"
+)
+
+// ErrBadMode is returned for a Mode that is neither vxlan nor native.
+var ErrBadMode = errors.New("unknown datapath mode")
+
+// ParseMode validates a mode name.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeVXLAN, ModeNative:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q (want vxlan or native): %w", s, ErrBadMode)
+}
+
+// bpfMode is the TUNNEL_MODE constant of bpf/lib/common.h.
+func (m Mode) bpfMode() uint32 {
+	if m == ModeVXLAN {
+		return 1
+	}
+	return 0
+}
+
+// ProgramConfig holds the load-time constants of the programs.
+type ProgramConfig struct {
+	Mode           Mode
+	VNI            uint32
+	OverlayIfindex int
+	// PinDir is the bpffs directory the maps are pinned in (and reused from).
+	PinDir string
+}
+
+// Programs are the loaded programs of one node and the maps they share.
+type Programs struct {
+	FromContainer *ebpf.Program
+	FromOverlay   *ebpf.Program
+	ToOverlay     *ebpf.Program
+	FromNetdev    *ebpf.Program
+
+	Endpoints *ebpf.Map
+	Tunnels   *ebpf.Map
+	Metrics   *ebpf.Map
+}
+
+// LoadPrograms loads every entry object with cfg's constants. Maps are
+// pinned by name in cfg.PinDir: an existing pin is reused, so a restarted
+// agent keeps the state the running datapath already has.
+func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
+	consts := map[string]uint32{
+		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
+		"TUNNEL_VNI":      cfg.VNI,
+		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
+	}
+	p := &Programs{}
+	defer func() {
+		if retErr != nil {
+			p.Close()
+		}
+	}()
+
+	var lxc lxcObjects
+	if err := loadWithConsts(loadLxc, consts, &lxc, opts); err != nil {
+		return nil, fmt.Errorf("load from_container: %w", err)
+	}
+	p.FromContainer, p.Endpoints, p.Tunnels, p.Metrics = lxc.FromContainer, lxc.WeirEndpoints, lxc.WeirTunnels, lxc.WeirMetrics
+
+	var ov overlayObjects
+	if err := loadWithConsts(loadOverlay, consts, &ov, opts); err != nil {
+		return nil, fmt.Errorf("load overlay programs: %w", err)
+	}
+	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
+	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirMetrics)
+
+	var host hostObjects
+	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
+		return nil, fmt.Errorf("load from_netdev: %w", err)
+	}
+	p.FromNetdev = host.FromNetdev
+	closeMaps(host.WeirEndpoints, host.WeirMetrics)
+	return p, nil
+}
+
+func loadWithConsts(load func() (*ebpf.CollectionSpec, error), consts map[string]uint32, to any, opts *ebpf.CollectionOptions) error {
+	spec, err := load()
+	if err != nil {
+		return err
+	}
+	for name, v := range consts {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			continue // this object does not use the constant
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return spec.LoadAndAssign(to, opts)
+}
+
+// closeMaps closes the duplicate handles an object holds on shared pins.
+func closeMaps(ms ...*ebpf.Map) {
+	for _, m := range ms {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// Close releases the handles; pinned maps and links stay in the kernel.
+func (p *Programs) Close() {
+	for _, c := range []interface{ Close() error }{p.FromContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev, p.Endpoints, p.Tunnels, p.Metrics} {
+		switch v := c.(type) {
+		case *ebpf.Program:
+			if v != nil {
+				v.Close()
+			}
+		case *ebpf.Map:
+			if v != nil {
+				v.Close()
+			}
+		}
+	}
+}

@@ -1,0 +1,253 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+)
+
+// OverlayDevice is the name of the node's VXLAN device.
+const OverlayDevice = "weir_vxlan"
+
+// VXLANPort is the UDP port of the overlay (IANA's VXLAN port).
+const VXLANPort = 4789
+
+// vxlanOverhead is what VXLAN over IPv4 adds to every packet: outer
+// Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8.
+const vxlanOverhead = 50
+
+// routeProtocol tags every route Weir installs so it can find and remove
+// exactly its own (see /etc/iproute2/rt_protos; 0xe8 is unassigned).
+const routeProtocol = netlink.RouteProtocol(0xe8)
+
+// NodeConfig describes one node's datapath.
+type NodeConfig struct {
+	Name        string
+	Mode        Mode
+	VNI         uint32
+	UnderlayDev string       // the interface that reaches other nodes
+	NodeIP      netip.Addr   // this node's address on UnderlayDev
+	PodCIDR     netip.Prefix // the addresses this node gives its pods
+	ClusterCIDR netip.Prefix // every pod address in the cluster
+	PinDir      string       // bpffs directory for this node's pins
+	// NetNS, when set, is the namespace the node lives in; otherwise the
+	// caller's. Tests and the lab use it to run many nodes in one process.
+	NetNS string
+}
+
+// Validate reports the first thing that is wrong with the config.
+func (c NodeConfig) Validate() error {
+	switch {
+	case c.Name == "":
+		return errors.New("node name is empty")
+	case c.UnderlayDev == "":
+		return errors.New("underlay device is empty")
+	case !c.NodeIP.IsValid():
+		return errors.New("node IP is not set")
+	case !c.PodCIDR.IsValid():
+		return errors.New("pod CIDR is not set")
+	case !c.ClusterCIDR.IsValid() || !c.ClusterCIDR.Contains(c.PodCIDR.Addr()):
+		return fmt.Errorf("cluster CIDR %v does not contain pod CIDR %v", c.ClusterCIDR, c.PodCIDR)
+	case c.PinDir == "":
+		return errors.New("pin directory is empty")
+	}
+	_, err := ParseMode(string(c.Mode))
+	return err
+}
+
+// Node is the datapath of one node: its programs, maps and devices.
+type Node struct {
+	cfg       NodeConfig
+	nodeNS    ns.NetNS // nil: the caller's namespace
+	nl        *netlink.Handle
+	progs     *Programs
+	endpoints endpointMap
+	tunnels   tunnelMap
+	podMTU    int
+}
+
+// SetupNode prepares the node (sysctls, overlay device, programs, masquerade)
+// and returns a handle on it. It is idempotent: a restarted agent calls it
+// again and adopts the pinned maps and links the running datapath uses.
+func SetupNode(cfg NodeConfig) (_ *Node, retErr error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid node config: %w", err)
+	}
+	n := &Node{cfg: cfg}
+	defer func() {
+		if retErr != nil {
+			n.Close()
+		}
+	}()
+	if cfg.NetNS != "" {
+		nodeNS, err := getNS(cfg.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		n.nodeNS = nodeNS
+		if n.nl, err = netlink.NewHandleAt(netnsHandle(nodeNS)); err != nil {
+			return nil, fmt.Errorf("netlink handle in %s: %w", cfg.NetNS, err)
+		}
+	} else {
+		var err error
+		if n.nl, err = netlink.NewHandle(); err != nil {
+			return nil, fmt.Errorf("netlink handle: %w", err)
+		}
+	}
+	if _, err := EnsureBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
+		return nil, err
+	}
+	for _, sub := range []string{"links", "devices"} {
+		if err := os.MkdirAll(filepath.Join(cfg.PinDir, sub), 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+	}
+	err := n.do(func() error {
+		if err := setNodeSysctls(); err != nil {
+			return err
+		}
+		return n.setupDevices()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) setupDevices() error {
+	under, err := n.nl.LinkByName(n.cfg.UnderlayDev)
+	if err != nil {
+		return fmt.Errorf("underlay device %s: %w", n.cfg.UnderlayDev, err)
+	}
+	n.podMTU = under.Attrs().MTU
+	overlayIfindex := 0
+	if n.cfg.Mode == ModeVXLAN {
+		n.podMTU -= vxlanOverhead
+		vx, err := n.ensureVXLAN(n.podMTU)
+		if err != nil {
+			return err
+		}
+		overlayIfindex = vx.Attrs().Index
+	}
+	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, VNI: n.cfg.VNI, OverlayIfindex: overlayIfindex, PinDir: n.cfg.PinDir})
+	if err != nil {
+		return err
+	}
+	n.endpoints = endpointMap{n.progs.Endpoints}
+	n.tunnels = tunnelMap{n.progs.Tunnels}
+
+	links := filepath.Join(n.cfg.PinDir, "devices")
+	if n.cfg.Mode == ModeVXLAN {
+		if err := attachPinned(n.progs.FromOverlay, overlayIfindex, ebpf.AttachTCXIngress, filepath.Join(links, OverlayDevice+"_ingress")); err != nil {
+			return err
+		}
+		if err := attachPinned(n.progs.ToOverlay, overlayIfindex, ebpf.AttachTCXEgress, filepath.Join(links, OverlayDevice+"_egress")); err != nil {
+			return err
+		}
+	} else {
+		if err := attachPinned(n.progs.FromNetdev, under.Attrs().Index, ebpf.AttachTCXIngress, filepath.Join(links, n.cfg.UnderlayDev+"_ingress")); err != nil {
+			return err
+		}
+	}
+	return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, nil)
+}
+
+func (n *Node) ensureVXLAN(mtu int) (netlink.Link, error) {
+	if l, err := n.nl.LinkByName(OverlayDevice); err == nil {
+		if _, ok := l.(*netlink.Vxlan); ok && l.Attrs().MTU == mtu {
+			return l, n.nl.LinkSetUp(l)
+		}
+		if err := n.nl.LinkDel(l); err != nil {
+			return nil, fmt.Errorf("replace %s: %w", OverlayDevice, err)
+		}
+	}
+	vx := &netlink.Vxlan{
+		LinkAttrs: netlink.LinkAttrs{Name: OverlayDevice, MTU: mtu, Flags: net.FlagUp},
+		FlowBased: true, // collect metadata: the datapath sets the tunnel key
+		Port:      VXLANPort,
+		Learning:  false,
+	}
+	if err := n.nl.LinkAdd(vx); err != nil {
+		return nil, fmt.Errorf("create %s: %w", OverlayDevice, err)
+	}
+	l, err := n.nl.LinkByName(OverlayDevice)
+	if err != nil {
+		return nil, fmt.Errorf("find %s: %w", OverlayDevice, err)
+	}
+	// No ARP on the overlay: neighbours resolve to the device's own MAC and
+	// from_overlay on the far side accepts any destination MAC.
+	if err := n.nl.LinkSetARPOff(l); err != nil {
+		return nil, fmt.Errorf("disable ARP on %s: %w", OverlayDevice, err)
+	}
+	if err := n.nl.LinkSetUp(l); err != nil {
+		return nil, fmt.Errorf("set %s up: %w", OverlayDevice, err)
+	}
+	return l, nil
+}
+
+// PodMTU is the MTU pods get: the underlay's, less the overlay's overhead.
+func (n *Node) PodMTU() int { return n.podMTU }
+
+// Config returns the config the node was set up with.
+func (n *Node) Config() NodeConfig { return n.cfg }
+
+// Metrics returns the datapath's packet counters summed over CPUs.
+func (n *Node) Metrics() (map[string]uint64, error) { return readMetrics(n.progs.Metrics) }
+
+// Endpoints lists the endpoint map.
+func (n *Node) Endpoints() ([]EndpointEntry, error) { return n.endpoints.list() }
+
+// Close releases the agent's handles. The datapath keeps running: maps and
+// links are pinned.
+func (n *Node) Close() {
+	if n.progs != nil {
+		n.progs.Close()
+	}
+	if n.nl != nil {
+		n.nl.Close()
+	}
+	if n.nodeNS != nil {
+		n.nodeNS.Close()
+	}
+}
+
+// do runs f in the node's namespace. Kernel calls that resolve an ifindex
+// or a sysctl through the calling thread (tcx attach, /proc/sys/net) go
+// through it; netlink calls use n.nl, which is bound to the namespace.
+func (n *Node) do(f func() error) error {
+	if n.nodeNS == nil {
+		return f()
+	}
+	return n.nodeNS.Do(func(ns.NetNS) error { return f() })
+}
+
+func (n *Node) routeSrc(a netip.Addr) net.IP {
+	if a.Is4() == n.cfg.NodeIP.Is4() {
+		return net.IP(n.cfg.NodeIP.AsSlice())
+	}
+	return nil
+}
+
+// RemoveNode deletes what SetupNode made that does not go away with the
+// node's namespace: pins, and in the caller's own namespace the overlay
+// device and the masquerade table. Endpoints must be removed first.
+func RemoveNode(cfg NodeConfig) error {
+	var errs []error
+	if cfg.NetNS == "" {
+		if l, err := netlink.LinkByName(OverlayDevice); err == nil {
+			errs = append(errs, netlink.LinkDel(l))
+		}
+		errs = append(errs, removeMasquerade())
+	}
+	if err := os.RemoveAll(cfg.PinDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove pins %s: %w", cfg.PinDir, err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,50 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Down removes a lab: its agents (by recorded PID), every namespace whose
+// name carries the lab's prefix, its pins and run directory, and the bpffs
+// mount if the lab made it and nothing else uses it. It works from
+// whatever state is left, so it also cleans up after a crashed Up.
+func Down(ctx context.Context, name string, out io.Writer) error {
+	var errs []error
+	st, err := Load(name)
+	if err == nil {
+		for _, n := range st.Nodes {
+			if err := stopProcess(n.AgentPID, 10*time.Second); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	spaces, err := listNetNS(name + "-")
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, s := range spaces {
+		errs = append(errs, deleteNetNS(s))
+	}
+	if err := os.RemoveAll(pinRoot(name)); err != nil {
+		errs = append(errs, fmt.Errorf("remove pins: %w", err))
+	}
+	if st != nil && st.BPFFSByLab {
+		if ents, _ := os.ReadDir("/sys/fs/bpf"); len(ents) == 0 {
+			if err := unix.Unmount("/sys/fs/bpf", 0); err != nil && !errors.Is(err, unix.EINVAL) {
+				errs = append(errs, fmt.Errorf("unmount bpffs: %w", err))
+			}
+		}
+	}
+	if err := os.RemoveAll(RunDir(name)); err != nil {
+		errs = append(errs, err)
+	}
+	fmt.Fprintf(out, "lab %s removed (%d namespaces)\n", name, len(spaces))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,265 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
+)
+
+// Config describes a lab.
+type Config struct {
+	Name        string        // prefix of every namespace, directory and pin
+	Nodes       int           // number of nodes
+	PodsPerNode int           // pods Up creates on each node
+	Mode        datapath.Mode // vxlan or native
+	BinDir      string        // holds weir-agent and weir-cni
+	ClusterCIDR netip.Prefix
+}
+
+// DefaultName is the lab the CLI manages unless told otherwise.
+const DefaultName = "weir-lab"
+
+// Validate reports the first problem with the config.
+func (c *Config) Validate() error {
+	if c.Name == "" || len(c.Name) > 10 || strings.ContainsAny(c.Name, "/ .") {
+		return fmt.Errorf("lab name %q: want 1-10 characters without '/', '.' or spaces", c.Name)
+	}
+	if c.Nodes < 1 || c.Nodes > 50 {
+		return fmt.Errorf("--nodes %d: want 1 to 50", c.Nodes)
+	}
+	if c.PodsPerNode < 0 || c.PodsPerNode > 200 {
+		return fmt.Errorf("--pods %d: want 0 to 200 per node", c.PodsPerNode)
+	}
+	if _, err := datapath.ParseMode(string(c.Mode)); err != nil {
+		return err
+	}
+	if !c.ClusterCIDR.IsValid() {
+		c.ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	}
+	if !c.ClusterCIDR.Addr().Is4() || c.ClusterCIDR.Bits() > 16 {
+		return fmt.Errorf("cluster CIDR %v: want an IPv4 /16 or larger", c.ClusterCIDR)
+	}
+	for _, bin := range []string{"weir-agent", "weir-cni"} {
+		if _, err := os.Stat(filepath.Join(c.BinDir, bin)); err != nil {
+			return fmt.Errorf("%s not found in %s (build it with `make build` or pass --bin-dir): %w", bin, c.BinDir, err)
+		}
+	}
+	return nil
+}
+
+// Node is one node of a running lab.
+type Node struct {
+	Name     string       `json:"name"`
+	NetNS    string       `json:"netns"`
+	IP       netip.Addr   `json:"ip"`
+	PodCIDR  netip.Prefix `json:"podCIDR"`
+	AgentPID int          `json:"agentPID"`
+	Socket   string       `json:"socket"`
+	StateDir string       `json:"stateDir"`
+	PinDir   string       `json:"pinDir"`
+	Log      string       `json:"log"`
+}
+
+// Pod is one pod of a running lab.
+type Pod struct {
+	Name        string     `json:"name"`
+	Node        string     `json:"node"`
+	NetNS       string     `json:"netns"`
+	ContainerID string     `json:"containerID"`
+	IP          netip.Addr `json:"ip"`
+}
+
+// State is a running lab, saved in RunDir/lab.json.
+type State struct {
+	Config      Config `json:"config"`
+	RunDir      string `json:"runDir"`
+	Underlay    string `json:"underlay"`
+	ExtHost     string `json:"extHost"`
+	ExtIP       netip.Addr `json:"extIP"`
+	Nodes       []Node `json:"nodes"`
+	Pods        []Pod  `json:"pods"`
+	BPFFSByLab  bool   `json:"bpffsMountedByLab"`
+}
+
+// RunDir is where a lab keeps its state, sockets and logs.
+func RunDir(name string) string { return filepath.Join("/run", name) }
+
+// pinRoot is the bpffs directory holding every node's pins.
+func pinRoot(name string) string { return filepath.Join("/sys/fs/bpf", name) }
+
+// Up builds the lab and returns its state. On failure everything made so
+// far is removed again.
+func Up(ctx context.Context, cfg Config, out io.Writer) (_ *State, retErr error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(RunDir(cfg.Name), "lab.json")); err == nil {
+		return nil, fmt.Errorf("lab %s is already up (run `weir lab down --name %s` first)", cfg.Name, cfg.Name)
+	}
+	st := &State{Config: cfg, RunDir: RunDir(cfg.Name), Underlay: cfg.Name + "-ul", ExtHost: cfg.Name + "-ext", ExtIP: extHostIP}
+	defer func() {
+		if retErr != nil {
+			if err := Down(context.Background(), cfg.Name, io.Discard); err != nil {
+				retErr = errors.Join(retErr, fmt.Errorf("clean up failed lab: %w", err))
+			}
+		}
+	}()
+	if err := os.MkdirAll(st.RunDir, 0o755); err != nil {
+		return nil, err
+	}
+	mounted, err := datapath.EnsureBPFFS(pinRoot(cfg.Name))
+	if err != nil {
+		return nil, err
+	}
+	st.BPFFSByLab = mounted
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "lab %s: underlay %v, %d nodes, %s mode\n", cfg.Name, underlayNet, cfg.Nodes, cfg.Mode)
+	if err := buildUnderlay(st.Underlay); err != nil {
+		return nil, err
+	}
+	if err := plugHost(st.Underlay, st.ExtHost, "ext", extHostIP); err != nil {
+		return nil, err
+	}
+	for i := 1; i <= cfg.Nodes; i++ {
+		n := st.newNode(i)
+		if err := plugHost(st.Underlay, n.NetNS, n.Name, n.IP); err != nil {
+			return nil, err
+		}
+		st.Nodes = append(st.Nodes, n)
+	}
+	if err := st.writePeers(); err != nil {
+		return nil, err
+	}
+	for i := range st.Nodes {
+		if err := st.startAgent(ctx, &st.Nodes[i]); err != nil {
+			return nil, err
+		}
+		if err := st.save(); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "  node %-4s %-12v pods %-14v agent pid %d\n", st.Nodes[i].Name, st.Nodes[i].IP, st.Nodes[i].PodCIDR, st.Nodes[i].AgentPID)
+	}
+	for _, n := range st.Nodes {
+		for j := 1; j <= cfg.PodsPerNode; j++ {
+			p, err := st.AddPod(ctx, n.Name, fmt.Sprintf("%s-p%d", n.Name, j))
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(out, "  pod  %-8s on %-4s %v\n", p.Name, p.Node, p.IP)
+		}
+	}
+	return st, nil
+}
+
+func (st *State) newNode(i int) Node {
+	name := fmt.Sprintf("n%d", i)
+	dir := filepath.Join(st.RunDir, name)
+	return Node{
+		Name:     name,
+		NetNS:    st.Config.Name + "-" + name,
+		IP:       nodeIP(i),
+		PodCIDR:  podCIDR(st.Config.ClusterCIDR, i),
+		Socket:   filepath.Join(dir, "agent.sock"),
+		StateDir: filepath.Join(dir, "state"),
+		PinDir:   filepath.Join(pinRoot(st.Config.Name), name),
+		Log:      filepath.Join(dir, "agent.log"),
+	}
+}
+
+// Peers lists every node as the agents see each other.
+func (st *State) Peers() []api.Peer {
+	out := make([]api.Peer, 0, len(st.Nodes))
+	for _, n := range st.Nodes {
+		out = append(out, api.Peer{Name: n.Name, NodeIP: n.IP, PodCIDR: n.PodCIDR})
+	}
+	return out
+}
+
+func (st *State) writePeers() error {
+	b, err := json.MarshalIndent(st.Peers(), "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(st.RunDir, "peers.json"), b, 0o644)
+}
+
+// NodeByName finds a node.
+func (st *State) NodeByName(name string) (*Node, error) {
+	for i := range st.Nodes {
+		if st.Nodes[i].Name == name {
+			return &st.Nodes[i], nil
+		}
+	}
+	return nil, fmt.Errorf("lab %s has no node %q", st.Config.Name, name)
+}
+
+// Client returns an API client for a node's agent.
+func (n *Node) Client() *api.Client { return api.NewClient(n.Socket) }
+
+func (st *State) save() error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(st.RunDir, ".lab.json")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(st.RunDir, "lab.json"))
+}
+
+// Load reads the state of a running lab.
+func Load(name string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(RunDir(name), "lab.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("lab %s is not up (start it with `weir lab up`)", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("lab state %s: %w", name, err)
+	}
+	return &st, nil
+}
+
+// waitHealthy polls an agent until it answers or the deadline passes.
+func waitHealthy(ctx context.Context, c *api.Client, pid int, log string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		if err := c.Health(ctx); err == nil {
+			return nil
+		}
+		if !processAlive(pid) {
+			return fmt.Errorf("agent pid %d exited during start; its log %s says:\n%s", pid, log, tail(log, 20))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent pid %d not healthy after 30s; log %s:\n%s", pid, log, tail(log, 20))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func tail(path string, lines int) string {
+	b, _ := os.ReadFile(path)
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return strings.Join(ls, "\n")
+}
