@@ -21,7 +21,7 @@ import (
 // flags are the command line, kept as strings until validated together.
 type flags struct {
 	node, mode, underlay, nodeIP, podCIDR, clusterCIDR string
-	stateDir, pinDir, socket, peersFile               string
+	stateDir, pinDir, socket, peersFile                string
 	vni                                                uint32
 }
 

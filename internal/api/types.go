@@ -120,15 +120,15 @@ type Endpoint struct {
 
 // Status is the agent's view of its node.
 type Status struct {
-	Node        string            `json:"node"`
-	Ready       bool              `json:"ready"`
-	Mode        string            `json:"mode"`
-	NodeIP      netip.Addr        `json:"nodeIP"`
-	PodCIDR     netip.Prefix      `json:"podCIDR"`
-	MTU         int               `json:"mtu"`
-	Capacity    int               `json:"capacity"`
-	Endpoints   []Endpoint        `json:"endpoints"`
-	Peers       []Peer            `json:"peers"`
-	MapEntries  int               `json:"endpointMapEntries"`
-	Counters    map[string]uint64 `json:"counters"`
+	Node       string            `json:"node"`
+	Ready      bool              `json:"ready"`
+	Mode       string            `json:"mode"`
+	NodeIP     netip.Addr        `json:"nodeIP"`
+	PodCIDR    netip.Prefix      `json:"podCIDR"`
+	MTU        int               `json:"mtu"`
+	Capacity   int               `json:"capacity"`
+	Endpoints  []Endpoint        `json:"endpoints"`
+	Peers      []Peer            `json:"peers"`
+	MapEntries int               `json:"endpointMapEntries"`
+	Counters   map[string]uint64 `json:"counters"`
 }

@@ -81,14 +81,14 @@ type Pod struct {
 
 // State is a running lab, saved in RunDir/lab.json.
 type State struct {
-	Config      Config `json:"config"`
-	RunDir      string `json:"runDir"`
-	Underlay    string `json:"underlay"`
-	ExtHost     string `json:"extHost"`
-	ExtIP       netip.Addr `json:"extIP"`
-	Nodes       []Node `json:"nodes"`
-	Pods        []Pod  `json:"pods"`
-	BPFFSByLab  bool   `json:"bpffsMountedByLab"`
+	Config     Config     `json:"config"`
+	RunDir     string     `json:"runDir"`
+	Underlay   string     `json:"underlay"`
+	ExtHost    string     `json:"extHost"`
+	ExtIP      netip.Addr `json:"extIP"`
+	Nodes      []Node     `json:"nodes"`
+	Pods       []Pod      `json:"pods"`
+	BPFFSByLab bool       `json:"bpffsMountedByLab"`
 }
 
 // RunDir is where a lab keeps its state, sockets and logs.

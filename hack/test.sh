@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every Weir test: generated eBPF objects up to date, vet, unit tests,
+# privileged tests with real eBPF in throwaway namespaces, the fault-injection
+# stress test, the end-to-end lab tests and a fuzz smoke run.
+# Needs root. Under CI=true a missing privilege or kernel feature fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source hack/deps.sh
+
+if [[ $EUID -ne 0 ]]; then
+  echo "error: the tests need root (eBPF, network namespaces); run: sudo $0" >&2
+  exit 1
+fi
+
+weir_install_deps
+weir_mount_bpffs
+trap weir_umount_bpffs EXIT
+
+echo "==> checking that the committed eBPF objects match bpf/"
+go generate ./internal/datapath
+if ! git diff --exit-code --stat -- internal/datapath; then
+  echo "error: bpf2go output is stale: run 'go generate ./internal/datapath' and commit the result" >&2
+  exit 1
+fi
+
+echo "==> go vet"
+go vet ./...
+
+echo "==> go test (unit, privileged, stress, end to end)"
+go test -count=1 -timeout 40m ./... 2>&1 | tee /tmp/weir-test.log
+
+echo "==> fuzz smoke run"
+go test -run '^$' -fuzz FuzzAllocateRelease -fuzztime 20s ./internal/ipam
+
+left=$(ip netns list 2>/dev/null | grep -E '^(we2e|weir-lab|cni-)' || true)
+if [[ -n "$left" ]]; then
+  echo "error: tests left network namespaces behind: $left" >&2
+  exit 1
+fi
+echo "==> all tests passed"

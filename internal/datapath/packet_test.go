@@ -1,0 +1,70 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+)
+
+// Crafted frames for BPF_PROG_RUN tests.
+
+const (
+	etherTypeIPv4 = 0x0800
+	etherTypeARP  = 0x0806
+	etherTypeIPv6 = 0x86dd
+)
+
+func ethHeader(dst, src net.HardwareAddr, etherType uint16) []byte {
+	b := make([]byte, 14)
+	copy(b[0:6], dst)
+	copy(b[6:12], src)
+	binary.BigEndian.PutUint16(b[12:14], etherType)
+	return b
+}
+
+// udpFrame is an Ethernet/IPv4/UDP frame with a valid IPv4 checksum.
+func udpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, payload []byte) []byte {
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:4], uint16(20+8+len(payload)))
+	ip[8] = 64
+	ip[9] = 17 // UDP
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
+	udp := make([]byte, 8)
+	binary.BigEndian.PutUint16(udp[0:2], 40000)
+	binary.BigEndian.PutUint16(udp[2:4], 7777)
+	binary.BigEndian.PutUint16(udp[4:6], uint16(8+len(payload)))
+	frame := append(ethHeader(dstMAC, srcMAC, etherTypeIPv4), ip...)
+	frame = append(frame, udp...)
+	return append(frame, payload...)
+}
+
+// arpRequest asks who has target, from sender (MAC smac).
+func arpRequest(smac net.HardwareAddr, sender, target netip.Addr) []byte {
+	b := make([]byte, 28)
+	binary.BigEndian.PutUint16(b[0:2], 1)      // Ethernet
+	binary.BigEndian.PutUint16(b[2:4], 0x0800) // IPv4
+	b[4], b[5] = 6, 4
+	binary.BigEndian.PutUint16(b[6:8], 1) // request
+	copy(b[8:14], smac)
+	s, t := sender.As4(), target.As4()
+	copy(b[14:18], s[:])
+	copy(b[24:28], t[:])
+	frame := append(ethHeader(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, smac, etherTypeARP), b...)
+	// Pad to the Ethernet minimum as a NIC would.
+	return append(frame, make([]byte, 60-len(frame))...)
+}
+
+func ipChecksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i < len(h); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(h[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}

@@ -1,0 +1,237 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/weirnet/weir/internal/testutil"
+)
+
+// TC verdicts (linux/pkt_cls.h).
+const (
+	tcActOK       = 0
+	tcActShot     = 2
+	tcActRedirect = 7
+)
+
+var (
+	podMAC  = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+	hostMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xfe}
+	peerMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
+	peerHW  = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xfd}
+	podA    = netip.MustParseAddr("10.244.1.2")
+	podB    = netip.MustParseAddr("10.244.1.3")
+	remote  = netip.MustParseAddr("10.244.2.7")
+	outside = netip.MustParseAddr("192.0.2.10")
+	gateway = netip.MustParseAddr("10.244.1.1")
+)
+
+const (
+	ifA = 11 // host-side ifindex of pod A
+	ifB = 12 // host-side ifindex of pod B
+)
+
+// loadTest loads the programs with test maps: pod A and B local, the /24
+// of remote owned by node 10.99.0.12.
+func loadTest(t *testing.T, mode Mode) *Programs {
+	t.Helper()
+	testutil.RequireRoot(t)
+	dir := testutil.BPFDir(t)
+	if _, err := EnsureBPFFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	p, err := LoadPrograms(ProgramConfig{Mode: mode, VNI: 42, OverlayIfindex: 99, PinDir: dir})
+	if err != nil {
+		t.Fatalf("load programs: %v", err)
+	}
+	t.Cleanup(p.Close)
+	em := endpointMap{p.Endpoints}
+	for _, e := range []EndpointEntry{
+		{Addr: podA, HostIfindex: ifA, PodMAC: podMAC, HostMAC: hostMAC},
+		{Addr: podB, HostIfindex: ifB, PodMAC: peerMAC, HostMAC: peerHW},
+	} {
+		if err := em.put(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := (tunnelMap{p.Tunnels}).put(netip.MustParsePrefix("10.244.2.0/24"), netip.MustParseAddr("10.99.0.12")); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// skbCtx is the head of struct __sk_buff up to ifindex; BPF_PROG_RUN
+// accepts a prefix and copies ingress_ifindex into the test skb.
+type skbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
+	IngressIfindex                                                                        uint32
+	Ifindex                                                                               uint32
+}
+
+func run(t *testing.T, prog *ebpf.Program, frame []byte, ingress uint32) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(frame)+256)
+	opts := &ebpf.RunOptions{Data: frame, DataOut: out, Context: skbCtx{IngressIfindex: ingress}}
+	ret, err := prog.Run(opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+func metric(t *testing.T, p *Programs, name string) uint64 {
+	t.Helper()
+	m, err := readMetrics(p.Metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[name]
+}
+
+func TestFromContainerDeliversLocally(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	ret, out := run(t, p.FromContainer, udpFrame(hostMAC, podMAC, podA, podB, []byte("hi")), ifA)
+	if ret != tcActRedirect {
+		t.Fatalf("verdict %d, want redirect (%d)", ret, tcActRedirect)
+	}
+	// The frame is rewritten as a router would: from B's gateway to B.
+	if !bytes.Equal(out[0:6], peerMAC) || !bytes.Equal(out[6:12], peerHW) {
+		t.Fatalf("MACs after delivery: dst %v src %v, want %v %v", net.HardwareAddr(out[0:6]), net.HardwareAddr(out[6:12]), peerMAC, peerHW)
+	}
+	if got := metric(t, p, "redirect_local"); got != 1 {
+		t.Fatalf("redirect_local = %d, want 1", got)
+	}
+}
+
+func TestFromContainerDropsSpoofedSource(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	cases := map[string]struct {
+		src     netip.Addr
+		ingress uint32
+	}{
+		"unknown address":       {netip.MustParseAddr("10.244.1.99"), ifA},
+		"another pod's address": {podB, ifA},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			ret, _ := run(t, p.FromContainer, udpFrame(hostMAC, podMAC, c.src, remote, nil), c.ingress)
+			if ret != tcActShot {
+				t.Fatalf("verdict %d, want drop", ret)
+			}
+		})
+	}
+	if got := metric(t, p, "drop_spoof"); got != 2 {
+		t.Fatalf("drop_spoof = %d, want 2", got)
+	}
+}
+
+func TestFromContainerTunnelsToRemoteNode(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	ret, _ := run(t, p.FromContainer, udpFrame(hostMAC, podMAC, podA, remote, nil), ifA)
+	if ret != tcActRedirect {
+		t.Fatalf("verdict %d, want redirect to the overlay", ret)
+	}
+	if got := metric(t, p, "redirect_tunnel"); got != 1 {
+		t.Fatalf("redirect_tunnel = %d, want 1", got)
+	}
+}
+
+func TestFromContainerPassesOutsideTrafficToHost(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	frame := udpFrame(hostMAC, podMAC, podA, outside, nil)
+	ret, out := run(t, p.FromContainer, frame, ifA)
+	if ret != tcActOK || !bytes.Equal(out[:len(frame)], frame) {
+		t.Fatalf("verdict %d (want pass, unmodified)", ret)
+	}
+	// IPv6 takes the host path until dual-stack lands.
+	v6 := append(ethHeader(hostMAC, podMAC, etherTypeIPv6), make([]byte, 40)...)
+	if ret, _ := run(t, p.FromContainer, v6, ifA); ret != tcActOK {
+		t.Fatalf("IPv6 verdict %d, want pass", ret)
+	}
+}
+
+func TestFromContainerDropsMalformedIPv4(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	frame := udpFrame(hostMAC, podMAC, podA, podB, nil)
+	frame[14] = 0x43 // IHL 3: shorter than any IPv4 header
+	if ret, _ := run(t, p.FromContainer, frame, ifA); ret != tcActShot {
+		t.Fatalf("verdict %d, want drop", ret)
+	}
+	if got := metric(t, p, "drop_malformed"); got != 1 {
+		t.Fatalf("drop_malformed = %d, want 1", got)
+	}
+}
+
+func TestFromContainerAnswersARP(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	ret, out := run(t, p.FromContainer, arpRequest(podMAC, podA, gateway), ifA)
+	if ret != tcActRedirect {
+		t.Fatalf("verdict %d, want the reply redirected back to the pod", ret)
+	}
+	arp := out[14:]
+	if op := binary.BigEndian.Uint16(arp[6:8]); op != 2 {
+		t.Fatalf("ARP op %d, want reply", op)
+	}
+	if !bytes.Equal(arp[8:14], hostMAC) || !bytes.Equal(out[0:6], podMAC) || !bytes.Equal(out[6:12], hostMAC) {
+		t.Fatalf("reply does not carry the gateway MAC %v to %v: % x", hostMAC, podMAC, out[:42])
+	}
+	if sip := netip.AddrFrom4([4]byte(arp[14:18])); sip != gateway {
+		t.Fatalf("reply sender IP %v, want %v", sip, gateway)
+	}
+	if tip := netip.AddrFrom4([4]byte(arp[24:28])); tip != podA {
+		t.Fatalf("reply target IP %v, want %v", tip, podA)
+	}
+	// Gratuitous ARP and requests from addresses the pod does not own get no answer.
+	if ret, _ := run(t, p.FromContainer, arpRequest(podMAC, podA, podA), ifA); ret != tcActShot {
+		t.Fatalf("gratuitous ARP verdict %d, want drop", ret)
+	}
+	if ret, _ := run(t, p.FromContainer, arpRequest(podMAC, podB, gateway), ifA); ret != tcActShot {
+		t.Fatalf("spoofed ARP verdict %d, want drop", ret)
+	}
+}
+
+func TestFromOverlayDeliversOrAcceptsForHost(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	ret, out := run(t, p.FromOverlay, udpFrame(peerHW, peerHW, remote, podA, nil), 99)
+	if ret != tcActRedirect || !bytes.Equal(out[0:6], podMAC) {
+		t.Fatalf("verdict %d dst %v, want redirect to pod A", ret, net.HardwareAddr(out[0:6]))
+	}
+	if ret, _ := run(t, p.FromOverlay, udpFrame(peerHW, peerHW, remote, netip.MustParseAddr("10.99.0.11"), nil), 99); ret != tcActOK {
+		t.Fatalf("verdict %d for the node's own address, want pass", ret)
+	}
+}
+
+func TestFromNetdevDeliversLocalPods(t *testing.T) {
+	p := loadTest(t, ModeNative)
+	if ret, _ := run(t, p.FromNetdev, udpFrame(hostMAC, peerHW, remote, podB, nil), 3); ret != tcActRedirect {
+		t.Fatalf("verdict %d, want redirect to pod B", ret)
+	}
+	if ret, _ := run(t, p.FromNetdev, udpFrame(hostMAC, peerHW, remote, outside, nil), 3); ret != tcActOK {
+		t.Fatalf("verdict %d for a non-pod address, want pass", ret)
+	}
+}
+
+func TestMapsAreFamilyTagged(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	tm := tunnelMap{p.Tunnels}
+	v6 := netip.MustParsePrefix("fd00:10:244:2::/64")
+	if err := tm.put(v6, netip.MustParseAddr("fd00::12")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := tm.list()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[v6] != netip.MustParseAddr("fd00::12") || got[netip.MustParsePrefix("10.244.2.0/24")] != netip.MustParseAddr("10.99.0.12") {
+		t.Fatalf("tunnel map round trip: %v", got)
+	}
+	// An IPv4 packet must never match an IPv6 prefix of the same bits.
+	if ret, _ := run(t, p.FromContainer, udpFrame(hostMAC, podMAC, podA, netip.MustParseAddr("253.0.0.16"), nil), ifA); ret != tcActOK {
+		t.Fatalf("IPv4 address matched an IPv6 prefix: verdict %d", ret)
+	}
+}
