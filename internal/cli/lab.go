@@ -29,6 +29,7 @@ type labUpFlags struct {
 	pods   int
 	mode   string
 	binDir string
+	cni    string
 	check  bool
 }
 
@@ -47,6 +48,7 @@ func newLabUpCommand() *cobra.Command {
 	cmd.Flags().IntVar(&f.pods, "pods", 2, "pods per node")
 	cmd.Flags().StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "inter-node datapath: vxlan or native")
 	cmd.Flags().StringVar(&f.binDir, "bin-dir", defaultBinDir(), "directory holding weir-agent and weir-cni")
+	cmd.Flags().StringVar(&f.cni, "cni", lab.CNIWeir, "plugin to attach pods with: weir, or bridge (the reference baseline)")
 	cmd.Flags().BoolVar(&f.check, "check", false, "run the connectivity check once the lab is up")
 	return cmd
 }
@@ -56,7 +58,7 @@ func runLabUp(ctx context.Context, f labUpFlags, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--mode: %w", err)
 	}
-	st, err := lab.Up(ctx, lab.Config{Name: f.name, Nodes: f.nodes, PodsPerNode: f.pods, Mode: mode, BinDir: f.binDir}, out)
+	st, err := lab.Up(ctx, lab.Config{Name: f.name, Nodes: f.nodes, PodsPerNode: f.pods, Mode: mode, BinDir: f.binDir, CNI: f.cni}, out)
 	if err != nil {
 		return err
 	}

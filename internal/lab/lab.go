@@ -24,6 +24,9 @@ type Config struct {
 	Mode        datapath.Mode // vxlan or native
 	BinDir      string        // holds weir-agent and weir-cni
 	ClusterCIDR netip.Prefix
+	// CNI is the plugin pods are attached with: CNIWeir (default), or
+	// CNIBridge for the reference baseline benchmarks compare against.
+	CNI string
 }
 
 // DefaultName is the lab the CLI manages unless told otherwise.
@@ -43,18 +46,33 @@ func (c *Config) Validate() error {
 	if _, err := datapath.ParseMode(string(c.Mode)); err != nil {
 		return err
 	}
+	switch c.CNI {
+	case "":
+		c.CNI = CNIWeir
+	case CNIWeir, CNIBridge:
+	default:
+		return fmt.Errorf("CNI %q: want %s or %s", c.CNI, CNIWeir, CNIBridge)
+	}
 	if !c.ClusterCIDR.IsValid() {
 		c.ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	}
 	if !c.ClusterCIDR.Addr().Is4() || c.ClusterCIDR.Bits() > 16 {
 		return fmt.Errorf("cluster CIDR %v: want an IPv4 /16 or larger", c.ClusterCIDR)
 	}
-	for _, bin := range []string{"weir-agent", "weir-cni"} {
+	for _, bin := range c.binaries() {
 		if _, err := os.Stat(filepath.Join(c.BinDir, bin)); err != nil {
 			return fmt.Errorf("%s not found in %s (build it with `make build` or pass --bin-dir): %w", bin, c.BinDir, err)
 		}
 	}
 	return nil
+}
+
+// binaries are what the lab runs from BinDir.
+func (c *Config) binaries() []string {
+	if c.CNI == CNIBridge {
+		return nil // the reference plugins come from the build cache
+	}
+	return []string{"weir-agent", "weir-cni"}
 }
 
 // Node is one node of a running lab.
@@ -77,6 +95,8 @@ type Pod struct {
 	NetNS       string     `json:"netns"`
 	ContainerID string     `json:"containerID"`
 	IP          netip.Addr `json:"ip"`
+	// AddLatency is how long the CNI ADD took, namespace creation excluded.
+	AddLatency time.Duration `json:"addLatency"`
 }
 
 // State is a running lab, saved in RunDir/lab.json.
@@ -89,6 +109,8 @@ type State struct {
 	Nodes      []Node     `json:"nodes"`
 	Pods       []Pod      `json:"pods"`
 	BPFFSByLab bool       `json:"bpffsMountedByLab"`
+	// PluginDirs is the CNI_PATH the lab\'s runtime searches.
+	PluginDirs []string `json:"pluginDirs"`
 }
 
 // RunDir is where a lab keeps its state, sockets and logs.
@@ -139,17 +161,23 @@ func Up(ctx context.Context, cfg Config, out io.Writer) (_ *State, retErr error)
 		}
 		st.Nodes = append(st.Nodes, n)
 	}
-	if err := st.writePeers(); err != nil {
+	st.PluginDirs = []string{cfg.BinDir}
+	if cfg.CNI == CNIBridge {
+		ref, err := ReferencePlugins(ctx)
+		if err != nil {
+			return nil, err
+		}
+		st.PluginDirs = append(st.PluginDirs, ref)
+		for i := range st.Nodes {
+			if err := st.setupBridgeNode(i + 1); err != nil {
+				return nil, err
+			}
+		}
+	} else if err := st.startAgents(ctx, out); err != nil {
 		return nil, err
 	}
-	for i := range st.Nodes {
-		if err := st.startAgent(ctx, &st.Nodes[i]); err != nil {
-			return nil, err
-		}
-		if err := st.save(); err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(out, "  node %-4s %-12v pods %-14v agent pid %d\n", st.Nodes[i].Name, st.Nodes[i].IP, st.Nodes[i].PodCIDR, st.Nodes[i].AgentPID)
+	if err := st.save(); err != nil {
+		return nil, err
 	}
 	for _, n := range st.Nodes {
 		for j := 1; j <= cfg.PodsPerNode; j++ {
@@ -161,6 +189,23 @@ func Up(ctx context.Context, cfg Config, out io.Writer) (_ *State, retErr error)
 		}
 	}
 	return st, nil
+}
+
+// startAgents starts every node's weir-agent, each knowing all peers.
+func (st *State) startAgents(ctx context.Context, out io.Writer) error {
+	if err := st.writePeers(); err != nil {
+		return err
+	}
+	for i := range st.Nodes {
+		if err := st.startAgent(ctx, &st.Nodes[i]); err != nil {
+			return err
+		}
+		if err := st.save(); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "  node %-4s %-12v pods %-14v agent pid %d\n", st.Nodes[i].Name, st.Nodes[i].IP, st.Nodes[i].PodCIDR, st.Nodes[i].AgentPID)
+	}
+	return nil
 }
 
 func (st *State) newNode(i int) Node {

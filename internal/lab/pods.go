@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -16,12 +17,16 @@ import (
 // /etc/cni/net.d; the lab points each node's config at its own agent.
 func (st *State) cniConfList(n *Node) (*libcni.NetworkConfigList, error) {
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"weir","plugins":[{"type":"weir-cni","agentSocket":%q}]}`, n.Socket)
+	if st.Config.CNI == CNIBridge {
+		conf = bridgeConfList(st, n)
+	}
 	return libcni.NetworkConfFromBytes([]byte(conf))
 }
 
-// CNI returns the libcni client the lab's "runtime" uses.
-func (st *State) CNI() *libcni.CNIConfig {
-	return libcni.NewCNIConfigWithCacheDir([]string{st.Config.BinDir}, filepath.Join(st.RunDir, "cni-cache"), nil)
+// CNI returns the libcni client the lab's "runtime" on node n uses: it
+// runs plugins inside the node's namespace, as a runtime there would.
+func (st *State) CNI(n *Node) *libcni.CNIConfig {
+	return libcni.NewCNIConfigWithCacheDir(st.PluginDirs, filepath.Join(st.RunDir, "cni-cache"), nodeExec{netns: nsPath(n.NetNS)})
 }
 
 func (st *State) runtimeConf(p Pod) *libcni.RuntimeConf {
@@ -29,7 +34,7 @@ func (st *State) runtimeConf(p Pod) *libcni.RuntimeConf {
 		ContainerID: p.ContainerID,
 		NetNS:       nsPath(p.NetNS),
 		IfName:      "eth0",
-		Args:        [][2]string{{"K8S_POD_NAMESPACE", "lab"}, {"K8S_POD_NAME", p.Name}},
+		Args:        [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "lab"}, {"K8S_POD_NAME", p.Name}},
 	}
 }
 
@@ -53,7 +58,9 @@ func (st *State) AddPod(ctx context.Context, node, name string) (_ *Pod, retErr 
 	if err != nil {
 		return nil, err
 	}
-	res, err := st.CNI().AddNetworkList(ctx, list, st.runtimeConf(p))
+	start := time.Now()
+	res, err := st.CNI(n).AddNetworkList(ctx, list, st.runtimeConf(p))
+	p.AddLatency = time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("CNI ADD for pod %s: %w", name, err)
 	}
@@ -69,30 +76,33 @@ func (st *State) AddPod(ctx context.Context, node, name string) (_ *Pod, retErr 
 	return &p, st.save()
 }
 
-// DelPod detaches a pod through libcni and removes its namespace.
-func (st *State) DelPod(ctx context.Context, name string) error {
+// DelPod detaches a pod through libcni and removes its namespace. It
+// returns how long the CNI DEL took.
+func (st *State) DelPod(ctx context.Context, name string) (time.Duration, error) {
 	for i, p := range st.Pods {
 		if p.Name != name {
 			continue
 		}
 		n, err := st.NodeByName(p.Node)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		list, err := st.cniConfList(n)
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if err := st.CNI().DelNetworkList(ctx, list, st.runtimeConf(p)); err != nil {
-			return fmt.Errorf("CNI DEL for pod %s: %w", name, err)
+		start := time.Now()
+		if err := st.CNI(n).DelNetworkList(ctx, list, st.runtimeConf(p)); err != nil {
+			return 0, fmt.Errorf("CNI DEL for pod %s: %w", name, err)
 		}
+		took := time.Since(start)
 		if err := deleteNetNS(p.NetNS); err != nil {
-			return err
+			return took, err
 		}
 		st.Pods = append(st.Pods[:i], st.Pods[i+1:]...)
-		return st.save()
+		return took, st.save()
 	}
-	return fmt.Errorf("lab %s has no pod %q", st.Config.Name, name)
+	return 0, fmt.Errorf("lab %s has no pod %q", st.Config.Name, name)
 }
 
 // PodByName finds a pod.

@@ -1,0 +1,55 @@
+// Command bench runs Weir's benchmark scenarios against their baselines in
+// the same run, interleaved and repeated, and writes JSON, a Markdown table
+// and a PNG chart to bench/results. Run it as root from the repository root:
+//
+//	go run ./bench datapath
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options are shared by every scenario.
+type options struct {
+	reps     int
+	duration time.Duration
+	pods     int
+	out      string
+	binDir   string
+}
+
+func newRoot() *cobra.Command {
+	o := options{}
+	root := &cobra.Command{Use: "bench", Short: "Weir benchmarks", SilenceUsage: true}
+	dp := &cobra.Command{
+		Use:   "datapath",
+		Short: "TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDatapath(cmd.Context(), o, os.Stdout)
+		},
+	}
+	dp.Flags().IntVar(&o.reps, "reps", 5, "repetitions of every measurement (interleaved)")
+	dp.Flags().DurationVar(&o.duration, "duration", 4*time.Second, "length of one throughput or latency run")
+	dp.Flags().IntVar(&o.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
+	dp.Flags().StringVar(&o.out, "out", "bench/results", "directory for datapath.{json,md,png}")
+	dp.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir-agent and weir-cni")
+	root.AddCommand(dp)
+	return root
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/python3
+"""Draws bench/results/<scenario>.png from the scenario's JSON: medians as
+bars, min..max of the repetitions as error bars."""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src, dst):
+    with open(src) as f:
+        r = json.load(f)
+    summary = r["summary"]
+
+    def rows(path, metric):
+        return [s for s in summary if s["path"] == path and s["metric"] == metric]
+
+    panels = [
+        ("intra", "tcp_gbps", "intra-node TCP stream (Gbit/s)"),
+        ("inter", "tcp_gbps", "inter-node TCP stream (Gbit/s)"),
+        ("intra", "rr_avg_us", "intra-node TCP req/resp (µs)"),
+        ("inter", "rr_avg_us", "inter-node TCP req/resp (µs)"),
+        ("intra", "udp_gbps", "intra-node UDP delivered (Gbit/s)"),
+        ("inter", "udp_gbps", "inter-node UDP delivered (Gbit/s)"),
+        ("cni", "add_ms", "CNI ADD latency (ms): p50 bar, p99 whisker"),
+        ("cni", "del_ms", "CNI DEL latency (ms): p50 bar, p99 whisker"),
+    ]
+    fig, axes = plt.subplots(4, 2, figsize=(12, 14))
+    for ax, (path, metric, title) in zip(axes.flat, panels):
+        data = rows(path, metric)
+        names = [d["setup"] for d in data]
+        med = [d["median"] for d in data]
+        if path == "cni":
+            lo = [0 for _ in data]
+            hi = [d["p99"] - d["median"] for d in data]
+        else:
+            lo = [d["median"] - d["min"] for d in data]
+            hi = [d["max"] - d["median"] for d in data]
+        colors = ["#1f77b4" if n.startswith("weir") else "#999999" for n in names]
+        ax.bar(names, med, yerr=[lo, hi], capsize=4, color=colors)
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=20)
+        for i, v in enumerate(med):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"Weir {r['scenario']} benchmark — {r['reps']} reps, medians\n{r['command']}")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(dst, dpi=90)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

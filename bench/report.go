@@ -1,0 +1,223 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+type sample struct {
+	Setup  string  `json:"setup"`
+	Path   string  `json:"path"`
+	Metric string  `json:"metric"`
+	Rep    int     `json:"rep"`
+	Value  float64 `json:"value"`
+}
+
+// stat summarises the samples of one setup, path and metric.
+type stat struct {
+	Setup      string  `json:"setup"`
+	Path       string  `json:"path"`
+	Metric     string  `json:"metric"`
+	N          int     `json:"n"`
+	Median     float64 `json:"median"`
+	P99        float64 `json:"p99"`
+	Min        float64 `json:"min"`
+	Max        float64 `json:"max"`
+	RatioToRaw float64 `json:"ratio_to_raw,omitempty"`
+}
+
+type target struct {
+	What string  `json:"what"`
+	Want string  `json:"want"`
+	Got  float64 `json:"got"`
+	Met  bool    `json:"met"`
+}
+
+type result struct {
+	Scenario  string            `json:"scenario"`
+	Command   string            `json:"command"`
+	Started   string            `json:"started"`
+	Finished  string            `json:"finished"`
+	Machine   map[string]string `json:"machine"`
+	Reps      int               `json:"reps"`
+	DurationS float64           `json:"duration_s"`
+	Summary   []stat            `json:"summary"`
+	Targets   []target          `json:"targets"`
+	Samples   []sample          `json:"samples"`
+}
+
+func (r *result) summarise() {
+	groups := map[[3]string][]float64{}
+	var keys [][3]string
+	for _, s := range r.Samples {
+		k := [3]string{s.Setup, s.Path, s.Metric}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], s.Value)
+	}
+	for _, k := range keys {
+		v := groups[k]
+		sort.Float64s(v)
+		r.Summary = append(r.Summary, stat{Setup: k[0], Path: k[1], Metric: k[2], N: len(v), Median: quantile(v, 0.5), P99: quantile(v, 0.99), Min: v[0], Max: v[len(v)-1]})
+	}
+	// Ratios to the physical limit, the raw veth pair (intra-node figures).
+	for i, s := range r.Summary {
+		if raw := r.median(setupRaw, "intra", s.Metric); raw > 0 && s.Path != "cni" && !strings.HasPrefix(s.Metric, "bpf") {
+			r.Summary[i].RatioToRaw = s.Median / raw
+		}
+	}
+	r.judge()
+}
+
+func (r *result) median(setup, path, metric string) float64 {
+	for _, s := range r.Summary {
+		if s.Setup == setup && s.Path == path && s.Metric == metric {
+			return s.Median
+		}
+	}
+	return math.NaN()
+}
+
+func (r *result) p99(setup, path, metric string) float64 {
+	for _, s := range r.Summary {
+		if s.Setup == setup && s.Path == path && s.Metric == metric {
+			return s.P99
+		}
+	}
+	return math.NaN()
+}
+
+// judge compares the medians with the issue's targets.
+func (r *result) judge() {
+	tcp := r.median(setupWeir, "intra", "tcp_gbps") / r.median(setupRaw, "intra", "tcp_gbps")
+	rr := r.median(setupWeir, "intra", "rr_avg_us") / r.median(setupRaw, "intra", "rr_avg_us")
+	r.Targets = append(r.Targets,
+		target{"intra-node TCP throughput, Weir / raw veth", ">= 0.95", tcp, tcp >= 0.95},
+		target{"intra-node request/response latency, Weir / raw veth", "<= 1.10", rr, rr <= 1.10},
+	)
+	pairs := [][3]string{{setupWeir, setupBridge, "intra"}, {setupWeirVXLAN, setupBridgeVXLAN, "inter"}}
+	for _, p := range pairs {
+		for _, m := range []string{"tcp_gbps", "udp_gbps"} {
+			v := r.median(p[0], p[2], m) / r.median(p[1], p[2], m)
+			r.Targets = append(r.Targets, target{fmt.Sprintf("%s %s, %s / %s", p[2], m, p[0], p[1]), ">= 1.00", v, v >= 1})
+		}
+		v := r.median(p[0], p[2], "rr_avg_us") / r.median(p[1], p[2], "rr_avg_us")
+		r.Targets = append(r.Targets, target{fmt.Sprintf("%s rr latency, %s / %s", p[2], p[0], p[1]), "<= 1.00", v, v <= 1})
+	}
+	add := r.p99(setupWeir, "cni", "add_ms")
+	r.Targets = append(r.Targets, target{"CNI ADD p99 (ms)", "< 50", add, add < 50})
+}
+
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	pos := q * float64(len(sorted)-1)
+	lo := int(math.Floor(pos))
+	hi := int(math.Ceil(pos))
+	return sorted[lo] + (sorted[hi]-sorted[lo])*(pos-float64(lo))
+}
+
+// write stores JSON and Markdown, draws the PNG and prints the table.
+func (r *result) write(dir string, out io.Writer) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(dir, r.Scenario)
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".json", b, 0o644); err != nil {
+		return err
+	}
+	md := r.markdown()
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprint(out, md)
+	plot := exec.Command("/usr/bin/python3", "bench/plot.py", base+".json", base+".png")
+	if o, err := plot.CombinedOutput(); err != nil {
+		return fmt.Errorf("draw chart: %w: %s", err, o)
+	}
+	fmt.Fprintf(out, "\nwrote %s.json, %s.md, %s.png\n", base, base, base)
+	return nil
+}
+
+var metricTitles = []struct{ key, title string }{
+	{"tcp_gbps", "TCP stream (Gbit/s)"},
+	{"udp_gbps", "UDP stream, delivered (Gbit/s)"},
+	{"udp_loss_pct", "UDP loss (%)"},
+	{"rr_avg_us", "TCP request/response, mean (µs, half round trip)"},
+	{"rr_p99_us", "TCP request/response, p99 within a run (µs)"},
+}
+
+func (r *result) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
+	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	fmt.Fprintf(&b, "%d repetitions of %gs each, setups interleaved; medians, (ratio to the raw veth pair).\n\n", r.Reps, r.DurationS)
+	for _, path := range []string{"intra", "inter"} {
+		setups := r.setups(path)
+		fmt.Fprintf(&b, "## %s-node\n\n| metric | %s |\n|---|%s\n", path, strings.Join(setups, " | "), strings.Repeat("---|", len(setups)))
+		for _, m := range metricTitles {
+			fmt.Fprintf(&b, "| %s |", m.title)
+			for _, s := range setups {
+				v := r.median(s, path, m.key)
+				cell := fmt.Sprintf(" %.2f", v)
+				if st := r.find(s, path, m.key); st != nil && st.RatioToRaw > 0 && m.key != "udp_loss_pct" {
+					cell += fmt.Sprintf(" (%.2f)", st.RatioToRaw)
+				}
+				b.WriteString(cell + " |")
+			}
+			b.WriteString("\n")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("## eBPF cost per program run (ns, kernel run-time statistics)\n\n| setup | path | test | program | ns/run |\n|---|---|---|---|---|\n")
+	for _, s := range r.Summary {
+		if strings.HasPrefix(s.Metric, "bpf_ns_per_run/") {
+			parts := strings.Split(s.Metric, "/")
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %.0f |\n", s.Setup, s.Path, parts[1], parts[2], s.Median)
+		}
+	}
+	b.WriteString("\n## CNI latency (ms, one sample per pod)\n\n| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 |\n|---|---|---|---|---|\n")
+	for _, s := range []string{setupWeir, setupBridge} {
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f |\n", s, r.median(s, "cni", "add_ms"), r.p99(s, "cni", "add_ms"), r.median(s, "cni", "del_ms"), r.p99(s, "cni", "del_ms"))
+	}
+	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
+	}
+	return b.String()
+}
+
+func (r *result) find(setup, path, metric string) *stat {
+	for i := range r.Summary {
+		s := &r.Summary[i]
+		if s.Setup == setup && s.Path == path && s.Metric == metric {
+			return s
+		}
+	}
+	return nil
+}
+
+func (r *result) setups(path string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, s := range r.Summary {
+		if s.Path == path && !seen[s.Setup] {
+			seen[s.Setup] = true
+			out = append(out, s.Setup)
+		}
+	}
+	return out
+}
