@@ -14,16 +14,25 @@ import (
 	"time"
 )
 
-// inNS returns a command that runs inside the network namespace at path.
-func inNS(ctx context.Context, path string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + path, "--"}, args...)...)
+// CPUs the load tools are pinned to: the client on one, the server on the
+// other, the same for every setup. Left to the scheduler, where the two
+// land moves request/response latency by more than the datapaths differ.
+const (
+	clientCPU = "0"
+	serverCPU = "1"
+)
+
+// inNS returns a command that runs inside the network namespace at path,
+// pinned to cpu.
+func inNS(ctx context.Context, path, cpu string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + path, "--", "taskset", "-c", cpu}, args...)...)
 }
 
 // server is a background load-tool server, stopped by PID.
 type server struct{ cmd *exec.Cmd }
 
 func startServer(ctx context.Context, ns string, args ...string) (*server, error) {
-	cmd := inNS(ctx, ns, args...)
+	cmd := inNS(ctx, ns, serverCPU, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", args[0], err)
@@ -104,7 +113,7 @@ func iperf(ctx context.Context, clientNS, serverNS, dst string, d time.Duration,
 	}
 	defer srv.stop()
 	args := append([]string{"iperf3", "-c", dst, "-p", port, "-t", fmt.Sprint(int(d.Seconds())), "-J"}, extra...)
-	out, err := retryRefused(func() ([]byte, error) { return inNS(ctx, clientNS, args...).Output() })
+	out, err := retryRefused(func() ([]byte, error) { return inNS(ctx, clientNS, clientCPU, args...).Output() })
 	var r iperfResult
 	if jerr := json.Unmarshal(out, &r); jerr != nil {
 		return nil, fmt.Errorf("iperf3 %v: %v (%w)", args, jerr, err)
@@ -136,7 +145,7 @@ func tcpRR(ctx context.Context, clientNS, serverNS, dst string, d time.Duration)
 	}
 	defer srv.stop()
 	args := []string{"sockperf", "ping-pong", "--tcp", "-i", dst, "-p", port, "-t", fmt.Sprint(int(d.Seconds())), "-m", "64"}
-	out, err := retryRefused(func() ([]byte, error) { return inNS(ctx, clientNS, args...).CombinedOutput() })
+	out, err := retryRefused(func() ([]byte, error) { return inNS(ctx, clientNS, clientCPU, args...).CombinedOutput() })
 	if err != nil {
 		return rrResult{}, fmt.Errorf("sockperf: %w: %s", err, out)
 	}

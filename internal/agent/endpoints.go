@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
@@ -16,12 +17,16 @@ type addStep struct {
 	run  func(*datapath.Endpoint) error
 }
 
+// stepPublish makes the endpoint reachable; the program must be attached first.
+const stepPublish = "publish endpoint"
+
+// addSteps are the steps after CreateVeth that run in order; the program
+// attach runs beside them (see Add).
 func (a *Agent) addSteps() []addStep {
 	return []addStep{
 		{"configure pod interface", a.dp.ConfigurePod},
 		{"configure host interface", a.dp.ConfigureHost},
-		{"attach datapath program", a.dp.AttachProgram},
-		{"publish endpoint", a.dp.Publish},
+		{stepPublish, a.dp.Publish},
 	}
 }
 
@@ -31,6 +36,7 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 	if err := req.Validate(); err != nil {
 		return nil, api.Errorf(api.CodeInvalidEnv, "invalid ADD request", err)
 	}
+	start := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 
@@ -60,12 +66,32 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 	if err != nil {
 		return nil, stepError("create veth", err)
 	}
+	// Attaching a tcx program waits out an RCU grace period (about 10 ms,
+	// most of an ADD), so it runs while the pod and host ends are set up.
+	// It is always awaited before this function returns: the rollback
+	// above must never race a late attach and leak its pin.
+	attached := make(chan error, 1)
+	go func() { attached <- a.dp.AttachProgram(ep) }()
+	awaitAttach := func() error {
+		if attached == nil {
+			return nil
+		}
+		err := <-attached
+		attached = nil
+		return err
+	}
+	defer awaitAttach()
 	for _, s := range a.addSteps() {
+		if s.name == stepPublish {
+			if err := awaitAttach(); err != nil {
+				return nil, stepError("attach datapath program", err)
+			}
+		}
 		if err := s.run(ep); err != nil {
 			return nil, stepError(s.name, err)
 		}
 	}
-	a.log.Info("endpoint added", "attachment", owner, "addr", lease.Addr, "host", ep.Spec.HostIfName(), "pod", req.PodNamespace+"/"+req.PodName)
+	a.log.Info("endpoint added", "attachment", owner, "addr", lease.Addr, "host", ep.Spec.HostIfName(), "pod", req.PodNamespace+"/"+req.PodName, "took", time.Since(start))
 	return &api.AddResponse{
 		IfName:     req.IfName,
 		MAC:        ep.PodMAC.String(),

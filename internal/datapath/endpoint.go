@@ -191,15 +191,19 @@ func (n *Node) RemoveEndpoint(spec EndpointSpec) error {
 			errs = append(errs, n.endpoints.delete(spec.Addr.Addr()))
 		}
 	}
-	errs = append(errs, detachPinned(n.endpointPin(hostName)))
 	if linkErr == nil {
-		// Deleting one end removes the pair, its routes and neighbours.
+		// Deleting one end removes the pair, its routes and neighbours, and
+		// detaches the program with it.
 		if err := n.nl.LinkDel(host); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", hostName, err))
 		}
 	} else if !isLinkNotFound(linkErr) {
 		errs = append(errs, fmt.Errorf("find veth %s: %w", hostName, linkErr))
 	}
+	// Unpinning after the veth is gone releases a link the kernel has
+	// already detached; unpinning first would wait out one more RCU grace
+	// period for a detach the device deletion does anyway.
+	errs = append(errs, detachPinned(n.endpointPin(hostName)))
 	return errors.Join(errs...)
 }
 

@@ -2,9 +2,9 @@ package e2e
 
 import (
 	"bytes"
-	"errors"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -218,7 +218,6 @@ func TestCNIStatusFollowsAgent(t *testing.T) {
 		t.Fatalf("ADD after restart: %v", err)
 	}
 }
-
 
 func contains(list []string, s string) bool {
 	for _, x := range list {
