@@ -50,6 +50,14 @@ func newRoot() *cobra.Command {
 	dp.Flags().IntVar(&o.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
 	dp.Flags().StringVar(&o.out, "out", "bench/results", "directory for datapath.{json,md,png}")
 	dp.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir-agent and weir-cni")
-	root.AddCommand(dp)
+	rep := &cobra.Command{
+		Use:   "report FILE.json",
+		Short: "Recompute the summary, table and chart of a finished run from its samples",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return rerunReport(args[0], os.Stdout)
+		},
+	}
+	root.AddCommand(dp, rep)
 	return root
 }
