@@ -125,14 +125,20 @@ func (a *Agent) SetPeers(peers []api.Peer) error {
 }
 
 func (a *Agent) setPeersLocked(peers []api.Peer) error {
+	// A node list usually includes this node; it is no peer of itself.
+	others := make([]api.Peer, 0, len(peers))
 	dp := make([]datapath.Peer, 0, len(peers))
 	for _, p := range peers {
+		if p.NodeIP == a.cfg.NodeIP || p.PodCIDR == a.cfg.PodCIDR {
+			continue
+		}
+		others = append(others, p)
 		dp = append(dp, datapath.Peer{Name: p.Name, NodeIP: p.NodeIP, PodCIDR: p.PodCIDR})
 	}
 	if err := a.dp.SetPeers(dp); err != nil {
 		return api.Errorf(api.CodeDatapath, "program peers", err)
 	}
-	a.peers = append([]api.Peer(nil), peers...)
+	a.peers = others
 	return nil
 }
 
