@@ -222,6 +222,10 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
+// InNS runs f in the network namespace at path on a locked thread.
+// Sockets f opens stay in that namespace and may be used from anywhere.
+func InNS(path string, f func() error) error { return inNSPath(path, f) }
+
 // inNSPath runs f in the namespace at path on a locked thread.
 func inNSPath(path string, f func() error) error {
 	target, err := ns.GetNS(path)

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/lab"
 )
@@ -116,8 +114,7 @@ func endpointsByNode(t *testing.T, st *lab.State) map[string][]string {
 func listenIn(t *testing.T, nsPath, addr string) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		var err error
+	err := lab.InNS(nsPath, func() (err error) {
 		ln, err = net.Listen("tcp4", addr)
 		return err
 	})
@@ -130,8 +127,7 @@ func listenIn(t *testing.T, nsPath, addr string) net.Listener {
 func dialIn(t *testing.T, nsPath, addr string) net.Conn {
 	t.Helper()
 	var c net.Conn
-	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		var err error
+	err := lab.InNS(nsPath, func() (err error) {
 		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
 		return err
 	})
