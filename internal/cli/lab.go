@@ -19,7 +19,7 @@ func NewLabCommand() *cobra.Command {
 		Use:   "lab",
 		Short: "Multi-node Weir clusters on this machine, built from network namespaces",
 	}
-	cmd.AddCommand(newLabUpCommand(), newLabDownCommand(), newLabCheckCommand(), newLabStatusCommand())
+	cmd.AddCommand(newLabUpCommand(), newLabDownCommand(), newLabCheckCommand(), newLabStatusCommand(), newLabBuildCommand())
 	return cmd
 }
 
@@ -159,4 +159,22 @@ func printLabStatus(ctx context.Context, st *lab.State, output string, out io.Wr
 		fmt.Fprintf(out, "pod  %-8s on %-4s %v\n", p.Name, p.Node, p.IP)
 	}
 	return nil
+}
+
+func newLabBuildCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "build",
+		Short: "Build (once, then from ~/.cache/weir) etcd, containerd and the Kubernetes binaries a cluster lab runs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dirs, err := lab.ClusterBinaries(cmd.Context(), cmd.OutOrStdout())
+			if err != nil {
+				return err
+			}
+			for _, name := range []string{"etcd", "containerd", "kubernetes"} {
+				fmt.Fprintf(cmd.OutOrStdout(), "%-11s %s\n", name, dirs[name])
+			}
+			return nil
+		},
+	}
 }
