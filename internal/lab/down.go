@@ -36,7 +36,7 @@ func Down(ctx context.Context, name string, out io.Writer) error {
 		errs = append(errs, fmt.Errorf("remove pins: %w", err))
 	}
 	if st != nil && st.BPFFSByLab {
-		if ents, _ := os.ReadDir("/sys/fs/bpf"); len(ents) == 0 {
+		if bpffsUnused() {
 			if err := unix.Unmount("/sys/fs/bpf", 0); err != nil && !errors.Is(err, unix.EINVAL) {
 				errs = append(errs, fmt.Errorf("unmount bpffs: %w", err))
 			}
@@ -47,4 +47,19 @@ func Down(ctx context.Context, name string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "lab %s removed (%d namespaces)\n", name, len(spaces))
 	return errors.Join(errs...)
+}
+
+// bpffsUnused reports whether /sys/fs/bpf holds nothing but the files the
+// kernel itself puts on every bpffs mount (the preloaded iterators).
+func bpffsUnused() bool {
+	ents, err := os.ReadDir("/sys/fs/bpf")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.Name() != "maps.debug" && e.Name() != "progs.debug" {
+			return false
+		}
+	}
+	return true
 }
