@@ -44,7 +44,7 @@ type echoServer struct {
 // bound to it, so serving them from any goroutine is fine.
 func startEcho(path string) (*echoServer, error) {
 	s := &echoServer{}
-	err := inNSPath(path, func() error {
+	err := InNS(path, func() error {
 		var err error
 		if s.tcp, err = net.Listen("tcp4", fmt.Sprintf(":%d", ProbePort)); err != nil {
 			return fmt.Errorf("listen tcp in %s: %w", path, err)
@@ -125,7 +125,7 @@ func Probe(ctx context.Context, srcNS string, dst netip.Addr, proto Proto, timeo
 
 func probeTCP(srcNS string, dst netip.Addr, timeout time.Duration) ProbeResult {
 	var c net.Conn
-	err := inNSPath(srcNS, func() error {
+	err := InNS(srcNS, func() error {
 		var err error
 		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(dst, ProbePort).String(), timeout)
 		return err
@@ -143,7 +143,7 @@ func probeTCP(srcNS string, dst netip.Addr, timeout time.Duration) ProbeResult {
 
 func probeUDP(srcNS string, dst netip.Addr, timeout time.Duration) ProbeResult {
 	var c net.Conn
-	err := inNSPath(srcNS, func() error {
+	err := InNS(srcNS, func() error {
 		var err error
 		c, err = net.Dial("udp4", netip.AddrPortFrom(dst, ProbePort).String())
 		return err
@@ -168,7 +168,7 @@ func probeUDP(srcNS string, dst netip.Addr, timeout time.Duration) ProbeResult {
 
 func probeICMP(srcNS string, dst netip.Addr, timeout time.Duration) ProbeResult {
 	var pc *icmp.PacketConn
-	err := inNSPath(srcNS, func() error {
+	err := InNS(srcNS, func() error {
 		var err error
 		pc, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		return err
@@ -224,10 +224,7 @@ func minTime(a, b time.Time) time.Time {
 
 // InNS runs f in the network namespace at path on a locked thread.
 // Sockets f opens stay in that namespace and may be used from anywhere.
-func InNS(path string, f func() error) error { return inNSPath(path, f) }
-
-// inNSPath runs f in the namespace at path on a locked thread.
-func inNSPath(path string, f func() error) error {
+func InNS(path string, f func() error) error {
 	target, err := ns.GetNS(path)
 	if err != nil {
 		return fmt.Errorf("open netns %s: %w", path, err)

@@ -103,14 +103,7 @@ func plugHost(ulNS, name, port string, addr netip.Addr) error {
 }
 
 // inNS runs f inside the named namespace on a locked thread.
-func inNS(name string, f func() error) error {
-	target, err := ns.GetNS(nsPath(name))
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", name, err)
-	}
-	defer target.Close()
-	return target.Do(func(ns.NetNS) error { return f() })
-}
+func inNS(name string, f func() error) error { return InNS(nsPath(name), f) }
 
 func setUp(name string) error {
 	l, err := netlink.LinkByName(name)
