@@ -6,6 +6,7 @@
  */
 #include "lib/common.h"
 #include "lib/endpoint.h"
+#include "lib/nfct.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -21,7 +22,7 @@ int from_netdev(struct __sk_buff *skb)
 	if (!ip)
 		return TC_ACT_OK; /* not ours to judge: the stack drops bad headers */
 	ep = endpoint_lookup_v4(ip->daddr);
-	if (ep)
+	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return endpoint_deliver(skb, ep);
 	return TC_ACT_OK;
 }

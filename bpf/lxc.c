@@ -6,11 +6,13 @@
  *   ARP          -> answered here (arp.h)
  *   IPv4, local  -> straight into the destination pod (endpoint.h)
  *   IPv4, remote -> to the owning node, overlay or FIB (tunnel.h)
+ *   IPv4 of a flow the stack NATed -> the stack, to reverse it (nfct.h)
  *   anything else-> the node's stack (node addresses, masquerade to outside)
  */
 #include "lib/common.h"
 #include "lib/arp.h"
 #include "lib/endpoint.h"
+#include "lib/nfct.h"
 #include "lib/tunnel.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -34,10 +36,11 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	}
 
 	dst = endpoint_lookup_v4(ip->daddr);
+	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
+	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
+		return TC_ACT_OK;
 	if (dst)
 		return endpoint_deliver(skb, dst);
-
-	remote = tunnel_lookup_v4(ip->daddr);
 	if (remote)
 		return tunnel_forward_v4(skb, ip, remote);
 

@@ -3,7 +3,7 @@
  * overlay.c: the node's collect-metadata VXLAN device.
  *
  * from_overlay (tcx ingress) delivers decapsulated packets for local pods
- * straight into them and marks the rest as addressed to this host: the inner
+ * straight into them (unless the stack must reverse its NAT: nfct.h) and marks the rest as addressed to this host: the inner
  * frame carries the sending node's MAC, which the stack would otherwise drop.
  *
  * to_overlay (tcx egress) gives packets the host itself routes into the
@@ -12,6 +12,7 @@
  */
 #include "lib/common.h"
 #include "lib/endpoint.h"
+#include "lib/nfct.h"
 #include "lib/tunnel.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -30,7 +31,7 @@ int from_overlay(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	ep = endpoint_lookup_v4(ip->daddr);
-	if (ep)
+	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return endpoint_deliver(skb, ep);
 
 to_host:

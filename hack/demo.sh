@@ -18,8 +18,8 @@ mode="${MODE:-vxlan}"
 ./bin/weir lab down >/dev/null 2>&1 || true
 [[ "${KEEP:-0}" == 1 ]] || trap './bin/weir lab down' EXIT
 
-echo "==> weir lab up --nodes 2 --pods 2 --mode $mode"
-./bin/weir lab up --nodes 2 --pods 2 --mode "$mode"
+echo "==> weir lab up --bare --nodes 2 --pods 2 --mode $mode"
+./bin/weir lab up --bare --nodes 2 --pods 2 --mode "$mode"
 echo
 echo "==> weir status (node n1's agent)"
 ./bin/weir status --socket /run/weir-lab/n1/agent.sock | grep -v '^  counter'

@@ -7,6 +7,7 @@ weir_packages=(
   clang-19 llvm-19 libbpf-dev linux-libc-dev   # compiling bpf/ (bpf2go)
   bpftool iproute2 util-linux procps           # inspecting the datapath, nsenter
   iperf3 sockperf python3-matplotlib           # benchmarks
+  runc nftables busybox-static                 # the Kubernetes lab: runtime, kube-proxy, test images
   git ca-certificates
 )
 
@@ -56,5 +57,13 @@ weir_umount_bpffs() {
 weir_build() {
   echo "==> building bin/weir, bin/weir-agent, bin/weir-cni"
   mkdir -p bin
-  go build -o bin/ ./cmd/...
+  CGO_ENABLED=0 go build -o bin/ ./cmd/...
+}
+
+# weir_lab_build builds (first time only; ~15 min on 2 cores, then cached in
+# ~/.cache/weir) what the Kubernetes lab runs: etcd, containerd, Kubernetes,
+# agnhost, CoreDNS and the reference CNI plugins.
+weir_lab_build() {
+  echo "==> building the Kubernetes lab's components (cached after the first run)"
+  ./bin/weir lab build
 }

@@ -23,6 +23,9 @@ if ! git diff --exit-code --stat -- 'internal/datapath/*_bpfel.go' 'internal/dat
   exit 1
 fi
 
+weir_build
+weir_lab_build
+
 echo "==> go vet"
 go vet ./...
 

@@ -20,6 +20,7 @@ enum weir_metric {
 	METRIC_DROP_SPOOF,         /* source address not owned by the sending pod */
 	METRIC_DROP_MALFORMED,     /* truncated or unparsable header */
 	METRIC_DROP_TUNNEL,        /* tunnel key could not be set */
+	METRIC_PASS_STACK_NAT,     /* handed to the stack to reverse its NAT (nfct.h) */
 	METRIC_MAX,
 };
 

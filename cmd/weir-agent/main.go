@@ -22,6 +22,8 @@ import (
 type flags struct {
 	node, mode, underlay, nodeIP, podCIDR, clusterCIDR string
 	stateDir, pinDir, socket, peersFile                string
+	kubeconfig, cniConfDir                             string
+	kubernetes                                         bool
 	vni                                                uint32
 }
 
@@ -56,13 +58,16 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "how pod traffic reaches other nodes: vxlan or native")
 	fl.Uint32Var(&f.vni, "vni", 2, "VXLAN network identifier (vxlan mode)")
 	fl.StringVar(&f.underlay, "underlay-dev", "eth0", "the interface that reaches other nodes")
-	fl.StringVar(&f.nodeIP, "node-ip", "", "this node's address on the underlay (required)")
-	fl.StringVar(&f.podCIDR, "pod-cidr", "", "the CIDR this node assigns pod addresses from (required)")
+	fl.StringVar(&f.nodeIP, "node-ip", "", "this node's address on the underlay (required unless --kubernetes: then the Node's InternalIP)")
+	fl.StringVar(&f.podCIDR, "pod-cidr", "", "the CIDR this node assigns pod addresses from (required unless --kubernetes: then the Node's spec.podCIDR)")
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the CIDR of every pod in the cluster")
 	fl.StringVar(&f.stateDir, "state-dir", "/var/lib/weir", "directory for durable state (IPAM leases)")
 	fl.StringVar(&f.pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "bpffs directory for this node's maps and links")
 	fl.StringVar(&f.socket, "socket", api.DefaultSocket, "unix socket of the local API")
 	fl.StringVar(&f.peersFile, "peers-file", "", "JSON list of other nodes ({name,nodeIP,podCIDR}) to program at start")
+	fl.BoolVar(&f.kubernetes, "kubernetes", false, "run as a Kubernetes node agent: node, peers and pods come from the API server")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig to reach the API server (--kubernetes; empty: the pod's service account)")
+	fl.StringVar(&f.cniConfDir, "cni-conf-dir", "", "directory to write the CNI config into once the agent is ready (--kubernetes), e.g. /etc/cni/net.d")
 	return cmd
 }
 
@@ -72,13 +77,20 @@ func (f flags) config() (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--mode: %w", err)
 	}
-	nodeIP, err := netip.ParseAddr(f.nodeIP)
-	if err != nil {
-		return agent.Config{}, fmt.Errorf("--node-ip %q: want an IP address: %w", f.nodeIP, err)
+	var nodeIP netip.Addr
+	if f.nodeIP != "" || !f.kubernetes {
+		if nodeIP, err = netip.ParseAddr(f.nodeIP); err != nil {
+			return agent.Config{}, fmt.Errorf("--node-ip %q: want an IP address: %w", f.nodeIP, err)
+		}
 	}
-	podCIDR, err := netip.ParsePrefix(f.podCIDR)
-	if err != nil {
-		return agent.Config{}, fmt.Errorf("--pod-cidr %q: want a CIDR such as 10.244.1.0/24: %w", f.podCIDR, err)
+	var podCIDR netip.Prefix
+	if f.podCIDR != "" || !f.kubernetes {
+		if podCIDR, err = netip.ParsePrefix(f.podCIDR); err != nil {
+			return agent.Config{}, fmt.Errorf("--pod-cidr %q: want a CIDR such as 10.244.1.0/24: %w", f.podCIDR, err)
+		}
+	}
+	if !f.kubernetes && (f.kubeconfig != "" || f.cniConfDir != "") {
+		return agent.Config{}, fmt.Errorf("--kubeconfig and --cni-conf-dir need --kubernetes")
 	}
 	clusterCIDR, err := netip.ParsePrefix(f.clusterCIDR)
 	if err != nil {
@@ -87,6 +99,7 @@ func (f flags) config() (agent.Config, error) {
 	cfg := agent.Config{
 		NodeName: f.node, Mode: mode, VNI: f.vni, UnderlayDev: f.underlay, NodeIP: nodeIP,
 		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket,
+		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

@@ -16,6 +16,7 @@ import (
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/ipam"
+	"github.com/weirnet/weir/internal/k8s"
 )
 
 // Config is everything an agent needs to run one node.
@@ -31,6 +32,16 @@ type Config struct {
 	PinDir      string // bpffs directory of this node's pins
 	Socket      string // the local API's unix socket
 	Peers       []api.Peer
+
+	// Kubernetes makes the agent a Kubernetes node agent: the pod CIDR,
+	// node address and peers come from the API server (Kubeconfig, or the
+	// pod's service account when empty) instead of flags.
+	Kubernetes bool
+	Kubeconfig string
+	// CNIConfDir is where the agent writes its CNI configuration once it
+	// can serve ADDs, so the runtime (and so the Node) turns ready only
+	// when Weir is. Empty: the agent writes none.
+	CNIConfDir string
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -49,6 +60,10 @@ type Agent struct {
 	ipam  *ipam.Allocator
 	mu    sync.Mutex // serialises every change to leases and datapath
 	peers []api.Peer
+	// pods is this node's pods as the API server describes them, by
+	// namespace/name (Kubernetes mode only).
+	pods map[string]k8s.Pod
+	kube *api.KubeStatus
 }
 
 // New builds an agent over an already set-up datapath, adopting the
@@ -73,6 +88,9 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (*Agent, error) {
 // Run sets up the node's datapath and serves the local API until ctx ends.
 // The datapath keeps forwarding after Run returns: it is pinned.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.Kubernetes {
+		return runKubernetes(ctx, cfg, log)
+	}
 	node, err := datapath.SetupNode(cfg.nodeConfig())
 	if err != nil {
 		return fmt.Errorf("set up datapath: %w", err)
@@ -87,20 +105,34 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // Serve answers the local API on cfg.Socket until ctx ends.
 func (a *Agent) Serve(ctx context.Context) error {
+	ln, err := a.Listen()
+	if err != nil {
+		return err
+	}
+	return a.ServeOn(ctx, ln)
+}
+
+// Listen opens the local API's socket, replacing a stale one.
+func (a *Agent) Listen() (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(a.cfg.Socket), 0o755); err != nil {
-		return fmt.Errorf("create socket directory: %w", err)
+		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
 	if err := os.Remove(a.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
+		return nil, fmt.Errorf("remove stale socket: %w", err)
 	}
 	ln, err := net.Listen("unix", a.cfg.Socket)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", a.cfg.Socket, err)
+		return nil, fmt.Errorf("listen on %s: %w", a.cfg.Socket, err)
 	}
 	if err := os.Chmod(a.cfg.Socket, 0o600); err != nil {
 		ln.Close()
-		return fmt.Errorf("restrict %s: %w", a.cfg.Socket, err)
+		return nil, fmt.Errorf("restrict %s: %w", a.cfg.Socket, err)
 	}
+	return ln, nil
+}
+
+// ServeOn answers the local API on ln until ctx ends.
+func (a *Agent) ServeOn(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
@@ -150,12 +182,14 @@ func (a *Agent) Status() (*api.Status, error) {
 		Node: a.cfg.NodeName, Ready: true, Mode: string(a.cfg.Mode), NodeIP: a.cfg.NodeIP,
 		PodCIDR: a.ipam.CIDR(), MTU: a.dp.PodMTU(), Capacity: a.ipam.Capacity(),
 		Endpoints: []api.Endpoint{}, Peers: append([]api.Peer{}, a.peers...),
+		Kubernetes: a.kube,
 	}
 	for _, l := range a.ipam.List() {
 		s.Endpoints = append(s.Endpoints, api.Endpoint{
 			Attachment: api.Attachment{ContainerID: l.ContainerID, IfName: l.IfName},
 			Address:    l.Addr, HostIfName: datapath.HostIfName(l.ContainerID, l.IfName),
 			PodNamespace: l.PodNamespace, PodName: l.PodName,
+			Labels: a.pods[l.PodNamespace+"/"+l.PodName].Labels,
 		})
 	}
 	entries, err := a.dp.Endpoints()

@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // Paths served by the agent.
@@ -116,6 +117,8 @@ type Endpoint struct {
 	HostIfName   string     `json:"hostIfName"`
 	PodNamespace string     `json:"podNamespace,omitempty"`
 	PodName      string     `json:"podName,omitempty"`
+	// Labels are the pod's labels as the API server last said (Kubernetes mode).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Status is the agent's view of its node.
@@ -131,4 +134,19 @@ type Status struct {
 	Peers      []Peer            `json:"peers"`
 	MapEntries int               `json:"endpointMapEntries"`
 	Counters   map[string]uint64 `json:"counters"`
+	Kubernetes *KubeStatus       `json:"kubernetes,omitempty"`
+}
+
+// KubeStatus is the agent's link to the API server.
+type KubeStatus struct {
+	// Synced is true once the agent has a full view of nodes and pods.
+	Synced bool `json:"synced"`
+	// LastApplied is when the agent last programmed a snapshot.
+	LastApplied time.Time `json:"lastApplied,omitzero"`
+	// Pods is how many pods the API server places on this node.
+	Pods int `json:"pods"`
+	// Reported is when the Node last got the agent's state; ReportError
+	// says why the last attempt failed, if it did.
+	Reported    time.Time `json:"reported,omitzero"`
+	ReportError string    `json:"reportError,omitempty"`
 }

@@ -5,6 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sort"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,7 +24,8 @@ func NewLabCommand() *cobra.Command {
 		Use:   "lab",
 		Short: "Multi-node Weir clusters on this machine, built from network namespaces",
 	}
-	cmd.AddCommand(newLabUpCommand(), newLabDownCommand(), newLabCheckCommand(), newLabStatusCommand(), newLabBuildCommand())
+	cmd.AddCommand(newLabUpCommand(), newLabDownCommand(), newLabCheckCommand(), newLabStatusCommand(), newLabBuildCommand(),
+		newLabAPIProxyCommand(), newLabKubectlCommand())
 	return cmd
 }
 
@@ -31,13 +37,14 @@ type labUpFlags struct {
 	binDir string
 	cni    string
 	check  bool
+	bare   bool
 }
 
 func newLabUpCommand() *cobra.Command {
 	f := labUpFlags{}
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Create the lab: underlay, nodes with their agents, pods attached through libcni",
+		Short: "Create the lab: a Kubernetes cluster on network namespaces with Weir as its CNI (--bare: agents and libcni pods only)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runLabUp(cmd.Context(), f, cmd.OutOrStdout())
@@ -45,7 +52,8 @@ func newLabUpCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&f.name, "name", lab.DefaultName, "lab name (prefix of its namespaces)")
 	cmd.Flags().IntVar(&f.nodes, "nodes", 2, "number of nodes")
-	cmd.Flags().IntVar(&f.pods, "pods", 2, "pods per node")
+	cmd.Flags().IntVar(&f.pods, "pods", 2, "pods per node attached through libcni (--bare only)")
+	cmd.Flags().BoolVar(&f.bare, "bare", false, "no Kubernetes: node agents with static peers, pods made through libcni")
 	cmd.Flags().StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "inter-node datapath: vxlan or native")
 	cmd.Flags().StringVar(&f.binDir, "bin-dir", defaultBinDir(), "directory holding weir-agent and weir-cni")
 	cmd.Flags().StringVar(&f.cni, "cni", lab.CNIWeir, "plugin to attach pods with: weir, or bridge (the reference baseline)")
@@ -58,7 +66,11 @@ func runLabUp(ctx context.Context, f labUpFlags, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--mode: %w", err)
 	}
-	st, err := lab.Up(ctx, lab.Config{Name: f.name, Nodes: f.nodes, PodsPerNode: f.pods, Mode: mode, BinDir: f.binDir, CNI: f.cni}, out)
+	cfg := lab.Config{Name: f.name, Nodes: f.nodes, PodsPerNode: f.pods, Mode: mode, BinDir: f.binDir, CNI: f.cni, Kubernetes: !f.bare}
+	if cfg.Kubernetes {
+		cfg.PodsPerNode = 0
+	}
+	st, err := lab.Up(ctx, cfg, out)
 	if err != nil {
 		return err
 	}
@@ -164,17 +176,67 @@ func printLabStatus(ctx context.Context, st *lab.State, output string, out io.Wr
 func newLabBuildCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "build",
-		Short: "Build (once, then from ~/.cache/weir) etcd, containerd and the Kubernetes binaries a cluster lab runs",
+		Short: "Build (once, then from ~/.cache/weir) etcd, containerd, Kubernetes, agnhost, CoreDNS and the CNI plugins a cluster lab runs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dirs, err := lab.ClusterBinaries(cmd.Context(), cmd.OutOrStdout())
 			if err != nil {
 				return err
 			}
-			for _, name := range []string{"etcd", "containerd", "kubernetes"} {
+			names := make([]string, 0, len(dirs))
+			for name := range dirs {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
 				fmt.Fprintf(cmd.OutOrStdout(), "%-11s %s\n", name, dirs[name])
 			}
 			return nil
 		},
 	}
+}
+
+// newLabAPIProxyCommand is the loopback proxy `weir lab up` starts so the
+// root namespace reaches the lab's API server; not for direct use.
+func newLabAPIProxyCommand() *cobra.Command {
+	var listen, netns, target string
+	cmd := &cobra.Command{
+		Use:    "api-proxy",
+		Short:  "Forward a loopback port to the lab's API server (started by lab up)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return lab.ServeAPIProxy(ctx, listen, netns, target)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "loopback address to listen on")
+	cmd.Flags().StringVar(&netns, "netns", "", "network namespace to dial from")
+	cmd.Flags().StringVar(&target, "target", "", "address of the API server")
+	return cmd
+}
+
+// newLabKubectlCommand runs the lab's kubectl with its admin kubeconfig.
+func newLabKubectlCommand() *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:                "kubectl [flags] -- ARGS...",
+		Short:              "Run the lab's kubectl against the lab's cluster",
+		DisableFlagParsing: false,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := lab.Load(name)
+			if err != nil {
+				return err
+			}
+			if st.Kube == nil {
+				return fmt.Errorf("lab %s runs no Kubernetes (it was brought up with --bare)", name)
+			}
+			c := exec.CommandContext(cmd.Context(), st.KubectlPath(), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
+			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return c.Run()
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", lab.DefaultName, "lab name")
+	return cmd
 }

@@ -210,6 +210,7 @@ var MetricNames = []string{
 	"drop_spoof",
 	"drop_malformed",
 	"drop_tunnel",
+	"pass_stack_nat",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/weirnet/weir/internal/fsutil"
 )
 
 var (
@@ -225,32 +227,11 @@ func (a *Allocator) saveLocked() error {
 	if err != nil {
 		return fmt.Errorf("encode IPAM state: %w", err)
 	}
-	dir := filepath.Dir(a.path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(a.path), 0o700); err != nil {
 		return fmt.Errorf("create IPAM state dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".ipam-*")
-	if err != nil {
-		return fmt.Errorf("write IPAM state: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write IPAM state: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync IPAM state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write IPAM state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), a.path); err != nil {
-		return fmt.Errorf("replace IPAM state: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	if err := fsutil.WriteFileAtomic(a.path, b, 0o600); err != nil {
+		return fmt.Errorf("save IPAM state: %w", err)
 	}
 	return nil
 }

@@ -2,12 +2,10 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 )
@@ -58,7 +56,7 @@ func (st *State) RestartAgent(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
-	if err := stopProcess(n.AgentPID, 10*time.Second); err != nil {
+	if err := stopProcess(n.AgentPID, "weir-agent", 10*time.Second); err != nil {
 		return err
 	}
 	if err := st.startAgent(ctx, n); err != nil {
@@ -73,7 +71,7 @@ func (st *State) StopAgent(node string) error {
 	if err != nil {
 		return err
 	}
-	return stopProcess(n.AgentPID, 10*time.Second)
+	return stopProcess(n.AgentPID, "weir-agent", 10*time.Second)
 }
 
 // StartAgent starts a stopped node agent.
@@ -88,40 +86,3 @@ func (st *State) StartAgent(ctx context.Context, node string) error {
 	return st.save()
 }
 
-// stopProcess sends SIGTERM, then SIGKILL after grace, and waits for exit.
-// Only the given PID is signalled, and only if it is still a weir-agent.
-func stopProcess(pid int, grace time.Duration) error {
-	if pid <= 0 || !processAlive(pid) {
-		return nil
-	}
-	if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); len(comm) > 0 && string(comm) != "weir-agent\n" {
-		return nil // the PID was reused by something that is not ours
-	}
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("stop pid %d: %w", pid, err)
-	}
-	deadline := time.Now().Add(grace)
-	for processAlive(pid) {
-		if time.Now().After(deadline) {
-			syscall.Kill(pid, syscall.SIGKILL)
-			deadline = time.Now().Add(grace)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return nil
-}
-
-// processAlive reports whether pid exists and is not a zombie.
-func processAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// Field 3 is the state; a zombie has exited.
-	for i := len(b) - 1; i > 0; i-- {
-		if b[i] == ')' {
-			return i+2 < len(b) && b[i+2] != 'Z'
-		}
-	}
-	return true
-}

@@ -31,11 +31,15 @@ const ReferencePluginsVersion = "v1.9.1"
 // ReferencePlugins returns a directory holding the reference bridge and
 // host-local plugins, building them from their Go module the first time.
 func ReferencePlugins(ctx context.Context) (string, error) {
+	return referencePluginsBuild().run(ctx, nil)
+}
+
+func referencePluginsBuild() goBuild {
 	mod := "github.com/containernetworking/plugins"
 	return goBuild{
 		Name: "cni-plugins", Module: mod, Version: ReferencePluginsVersion,
-		Pkgs: []string{mod + "/plugins/main/bridge", mod + "/plugins/ipam/host-local"},
-	}.run(ctx, nil)
+		Pkgs: []string{mod + "/plugins/main/bridge", mod + "/plugins/ipam/host-local", mod + "/plugins/main/loopback", mod + "/plugins/meta/portmap"},
+	}
 }
 
 // goBuild builds main packages of one module version into the cache, in a
@@ -49,6 +53,7 @@ type goBuild struct {
 	Replace map[string]string // module => module@version replacements
 	Tags    string            // build tags
 	LDFlags string            // linker flags
+	Env     []string          // extra environment for go build, such as CGO_ENABLED=0
 }
 
 // binaries are the names the build produces.
@@ -127,6 +132,7 @@ func (b goBuild) run(ctx context.Context, progress io.Writer) (string, error) {
 		start := time.Now()
 		cmd := exec.CommandContext(ctx, s[0], s[1:]...)
 		cmd.Dir = scratch
+		cmd.Env = append(os.Environ(), b.Env...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("build %s@%s (%s): %w\n%s", b.Module, b.Version, strings.Join(s, " "), err, out)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,12 +19,29 @@ import (
 func Down(ctx context.Context, name string, out io.Writer) error {
 	var errs []error
 	st, err := Load(name)
+	if err == nil && st.Kube != nil {
+		errs = append(errs, st.downKubernetes()...)
+	}
 	if err == nil {
 		for _, n := range st.Nodes {
-			if err := stopProcess(n.AgentPID, 10*time.Second); err != nil {
+			if err := stopProcess(n.AgentPID, "weir-agent", 10*time.Second); err != nil {
 				errs = append(errs, err)
 			}
 		}
+	}
+	// What a crashed Up may have left without recording it.
+	if leftovers, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name+"-*")); len(leftovers) > 0 {
+		roots := map[string]bool{}
+		for _, l := range leftovers {
+			roots["/"+filepath.Base(l)] = true
+		}
+		for r := range roots {
+			errs = append(errs, removeCgroupRoot(r))
+		}
+	}
+	errs = append(errs, unmountUnder(RunDir(name), DataDir(name)))
+	if err := os.RemoveAll(DataDir(name)); err != nil {
+		errs = append(errs, err)
 	}
 	spaces, err := listNetNS(name + "-")
 	if err != nil {

@@ -13,6 +13,7 @@ const (
 	KubernetesVersion = "v1.37.2"
 	EtcdVersion       = "v3.6.16"
 	ContainerdVersion = "v2.4.2"
+	CoreDNSVersion    = "v1.15.0"
 )
 
 // kubernetesStaging are the modules kubernetes' own go.mod replaces with
@@ -52,6 +53,23 @@ func kubernetesBuild() goBuild {
 	}
 }
 
+// agnhostBuild is Kubernetes' all-purpose test image binary (netexec,
+// serve-hostname, connect, ...), static so it runs in an image with no libc.
+func agnhostBuild() goBuild {
+	b := kubernetesBuild()
+	b.Name, b.Pkgs, b.Env = "agnhost", []string{"k8s.io/kubernetes/test/images/agnhost"}, []string{"CGO_ENABLED=0"}
+	b.LDFlags = "-s -w"
+	return b
+}
+
+// corednsBuild is CoreDNS, the cluster's DNS server, static for its image.
+func corednsBuild() goBuild {
+	return goBuild{
+		Name: "coredns", Module: "github.com/coredns/coredns", Version: CoreDNSVersion,
+		Pkgs: []string{"github.com/coredns/coredns"}, Env: []string{"CGO_ENABLED=0"}, LDFlags: "-s -w",
+	}
+}
+
 // etcdBuild is etcd as a three-line main over etcdmain.
 func etcdBuild() goBuild {
 	return goBuild{
@@ -75,7 +93,7 @@ func containerdBuild() goBuild {
 // Kubernetes lab runs and returns the directory of each build.
 func ClusterBinaries(ctx context.Context, progress io.Writer) (map[string]string, error) {
 	out := map[string]string{}
-	for _, b := range []goBuild{etcdBuild(), containerdBuild(), kubernetesBuild()} {
+	for _, b := range []goBuild{etcdBuild(), containerdBuild(), kubernetesBuild(), agnhostBuild(), corednsBuild(), referencePluginsBuild()} {
 		dir, err := b.run(ctx, progress)
 		if err != nil {
 			return nil, err

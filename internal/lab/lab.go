@@ -27,6 +27,11 @@ type Config struct {
 	// CNI is the plugin pods are attached with: CNIWeir (default), or
 	// CNIBridge for the reference baseline benchmarks compare against.
 	CNI string
+	// Kubernetes makes the lab a real cluster: a control plane, and on
+	// every node containerd, kubelet, kube-proxy and the Weir agent as a
+	// Kubernetes node agent. Pods then come from the API, not from
+	// PodsPerNode.
+	Kubernetes bool `json:"kubernetes,omitempty"`
 }
 
 // DefaultName is the lab the CLI manages unless told otherwise.
@@ -50,6 +55,9 @@ func (c *Config) Validate() error {
 	case "":
 		c.CNI = CNIWeir
 	case CNIWeir, CNIBridge:
+		if c.Kubernetes && c.CNI == CNIBridge {
+			return fmt.Errorf("CNI %q: a Kubernetes lab runs Weir", c.CNI)
+		}
 	default:
 		return fmt.Errorf("CNI %q: want %s or %s", c.CNI, CNIWeir, CNIBridge)
 	}
@@ -71,6 +79,9 @@ func (c *Config) Validate() error {
 func (c *Config) binaries() []string {
 	if c.CNI == CNIBridge {
 		return nil // the reference plugins come from the build cache
+	}
+	if c.Kubernetes {
+		return []string{"weir", "weir-agent", "weir-cni", "weir-pause"}
 	}
 	return []string{"weir-agent", "weir-cni"}
 }
@@ -109,8 +120,10 @@ type State struct {
 	Nodes      []Node     `json:"nodes"`
 	Pods       []Pod      `json:"pods"`
 	BPFFSByLab bool       `json:"bpffsMountedByLab"`
-	// PluginDirs is the CNI_PATH the lab\'s runtime searches.
+	// PluginDirs is the CNI_PATH the lab's runtime searches.
 	PluginDirs []string `json:"pluginDirs"`
+	// Kube is the cluster of a Kubernetes lab.
+	Kube *KubeState `json:"kube,omitempty"`
 }
 
 // RunDir is where a lab keeps its state, sockets and logs.
@@ -162,6 +175,12 @@ func Up(ctx context.Context, cfg Config, out io.Writer) (_ *State, retErr error)
 		st.Nodes = append(st.Nodes, n)
 	}
 	st.PluginDirs = []string{cfg.BinDir}
+	if cfg.Kubernetes {
+		if err := st.upKubernetes(ctx, out); err != nil {
+			return nil, err
+		}
+		return st, nil
+	}
 	if cfg.CNI == CNIBridge {
 		ref, err := ReferencePlugins(ctx)
 		if err != nil {

@@ -11,12 +11,14 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/weirnet/weir/internal/cni"
 )
 
 // cniConfList is the network config a runtime on the node would read from
 // /etc/cni/net.d; the lab points each node's config at its own agent.
 func (st *State) cniConfList(n *Node) (*libcni.NetworkConfigList, error) {
-	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"weir","plugins":[{"type":"weir-cni","agentSocket":%q}]}`, n.Socket)
+	conf := string(cni.ConfList(n.Socket))
 	if st.Config.CNI == CNIBridge {
 		conf = bridgeConfList(st, n)
 	}

@@ -36,7 +36,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	build := exec.Command("go", "build", "-o", dir, "../../cmd/weir-agent", "../../cmd/weir-cni")
+	// Static, because the Kubernetes lab puts them into container images.
+	build := exec.Command("go", "build", "-o", dir, "../../cmd/weir", "../../cmd/weir-agent", "../../cmd/weir-cni", "../../cmd/weir-pause")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: build binaries:", err)

@@ -1,0 +1,272 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/cni"
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/fsutil"
+	"github.com/weirnet/weir/internal/k8s"
+)
+
+// ErrPodCIDRChanged means the Node's pod CIDR is not the one the agent's
+// pods were addressed from; Kubernetes never changes it in place, so the
+// node was re-created and its pods must go first.
+var ErrPodCIDRChanged = errors.New("node pod CIDR changed")
+
+// reportEvery is how often the agent refreshes its state on the Node even
+// when nothing changed, so a failed report is retried.
+const reportEvery = 30 * time.Second
+
+// nodeState is what the agent last learned from the API server. It is
+// kept on disk so that an agent restarted while the API server is
+// unreachable programs the same datapath at once instead of waiting.
+type nodeState struct {
+	PodCIDR netip.Prefix `json:"podCIDR"`
+	NodeIP  netip.Addr   `json:"nodeIP"`
+	Peers   []api.Peer   `json:"peers"`
+}
+
+func nodeStatePath(cfg Config) string { return filepath.Join(cfg.StateDir, "node.json") }
+
+func loadNodeState(cfg Config) (nodeState, error) {
+	var st nodeState
+	b, err := os.ReadFile(nodeStatePath(cfg))
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("node state %s: %w", nodeStatePath(cfg), err)
+	}
+	return st, nil
+}
+
+func saveNodeState(cfg Config, st nodeState) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(nodeStatePath(cfg), b, 0o600)
+}
+
+// peersFrom lists every node of a snapshot that can carry pod traffic.
+func peersFrom(s k8s.Snapshot) []api.Peer {
+	var out []api.Peer
+	for _, n := range s.Nodes {
+		cidr, ok := n.PodCIDR4()
+		if !ok || !n.InternalIP.IsValid() {
+			continue // not ready to carry pods yet
+		}
+		out = append(out, api.Peer{Name: n.Name, NodeIP: n.InternalIP, PodCIDR: cidr})
+	}
+	return out
+}
+
+// runKubernetes is Run for a Kubernetes node: learn the node from the API
+// server (or from the last run), program the datapath, serve the CNI API,
+// then tell the runtime and the Node that the network is ready and follow
+// the cluster's changes until ctx ends.
+func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
+	client, err := k8s.NewClient(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	w := k8s.NewWatcher(client, cfg.NodeName, 0)
+	w.Start(ctx)
+	if cfg, err = learnNode(ctx, w, cfg, log); err != nil {
+		return err
+	}
+	node, err := datapath.SetupNode(cfg.nodeConfig())
+	if err != nil {
+		return fmt.Errorf("set up datapath: %w", err)
+	}
+	defer node.Close()
+	a, err := New(cfg, node, log)
+	if err != nil {
+		return err
+	}
+	a.kube = &api.KubeStatus{}
+	ln, err := a.Listen()
+	if err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- a.ServeOn(ctx, ln) }()
+	if cfg.CNIConfDir != "" {
+		path := filepath.Join(cfg.CNIConfDir, cni.ConfListName)
+		if err := fsutil.WriteFileAtomic(path, cni.ConfList(cfg.Socket), 0o644); err != nil {
+			return fmt.Errorf("write CNI config: %w", err)
+		}
+		log.Info("CNI config written; the runtime may now create pods", "path", path)
+	}
+	return a.follow(ctx, client, w, served)
+}
+
+// learnNode fills in the pod CIDR, node address and peers: from the state
+// the last run saved if there is one (so a restart never waits for the
+// API server), else from this node's Node object once it has a pod CIDR.
+func learnNode(ctx context.Context, w *k8s.Watcher, cfg Config, log *slog.Logger) (Config, error) {
+	if saved, err := loadNodeState(cfg); err == nil && saved.PodCIDR.IsValid() {
+		if cfg.PodCIDR.IsValid() && cfg.PodCIDR != saved.PodCIDR {
+			return cfg, fmt.Errorf("--pod-cidr %v but this node's pods use %v (remove %s to start afresh): %w", cfg.PodCIDR, saved.PodCIDR, nodeStatePath(cfg), ErrPodCIDRChanged)
+		}
+		cfg.PodCIDR, cfg.Peers = saved.PodCIDR, saved.Peers
+		if !cfg.NodeIP.IsValid() {
+			cfg.NodeIP = saved.NodeIP
+		}
+		log.Info("starting from the node state of the last run; the API server is followed in the background", "podCIDR", cfg.PodCIDR)
+		return cfg, nil
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return cfg, err
+	}
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		if w.Synced() {
+			s := w.Snapshot()
+			if n, ok := s.Node(cfg.NodeName); ok {
+				if cidr, ok := n.PodCIDR4(); ok && (n.InternalIP.IsValid() || cfg.NodeIP.IsValid()) {
+					if cfg.PodCIDR.IsValid() && cfg.PodCIDR != cidr {
+						return cfg, fmt.Errorf("--pod-cidr %v but Node %s has spec.podCIDR %v: %w", cfg.PodCIDR, cfg.NodeName, cidr, ErrPodCIDRChanged)
+					}
+					cfg.PodCIDR, cfg.Peers = cidr, peersFrom(s)
+					if !cfg.NodeIP.IsValid() {
+						cfg.NodeIP = n.InternalIP
+					}
+					log.Info("learned this node from the API server", "podCIDR", cidr, "nodeIP", cfg.NodeIP)
+					return cfg, saveNodeState(cfg, nodeState{PodCIDR: cfg.PodCIDR, NodeIP: cfg.NodeIP, Peers: cfg.Peers})
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return cfg, ctx.Err()
+		case <-w.Changes():
+		case <-tick.C:
+			log.Info("waiting for Node to be registered with spec.podCIDR and an InternalIP", "synced", w.Synced())
+		}
+	}
+}
+
+// follow applies every change the watcher reports and keeps the Node's
+// report fresh, until ctx ends or the API server socket fails.
+func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.Watcher, served <-chan error) error {
+	tick := time.NewTicker(reportEvery)
+	defer tick.Stop()
+	// learnNode may have consumed the informers' first events; ask for a
+	// delivery once they have listed everything.
+	go func() {
+		if w.WaitSynced(ctx) == nil {
+			w.Poke()
+		}
+	}()
+	a.report(ctx, client)
+	for {
+		select {
+		case <-ctx.Done():
+			return <-served
+		case err := <-served:
+			return err
+		case <-tick.C:
+			a.report(ctx, client)
+		case <-w.Changes():
+			if !w.Synced() {
+				continue
+			}
+			changed, err := a.applySnapshot(w.Snapshot())
+			if err != nil {
+				a.log.Error("apply cluster state", "err", err)
+			}
+			if changed {
+				a.report(ctx, client)
+			}
+		}
+	}
+}
+
+// applySnapshot programs the peers of a snapshot and records its pods. It
+// reports whether the set of peers changed.
+func (a *Agent) applySnapshot(s k8s.Snapshot) (bool, error) {
+	peers := peersFrom(s)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	before := len(a.peers)
+	changed := !samePeers(a.peers, peers, a.cfg.NodeIP)
+	if changed {
+		if err := a.setPeersLocked(peers); err != nil {
+			return false, err
+		}
+		a.log.Info("peers changed", "before", before, "now", len(a.peers))
+	}
+	a.pods = make(map[string]k8s.Pod, len(s.Pods))
+	for _, p := range s.Pods {
+		a.pods[p.Key()] = p
+	}
+	a.kube.Synced, a.kube.LastApplied, a.kube.Pods = true, time.Now(), len(s.Pods)
+	if changed {
+		st := nodeState{PodCIDR: a.cfg.PodCIDR, NodeIP: a.cfg.NodeIP, Peers: peers}
+		if err := saveNodeState(a.cfg, st); err != nil {
+			return true, err
+		}
+	}
+	return changed, nil
+}
+
+// samePeers reports whether want (which may include this node) programs
+// exactly the peers have.
+func samePeers(have, want []api.Peer, self netip.Addr) bool {
+	m := make(map[api.Peer]bool, len(have))
+	for _, p := range have {
+		m[p] = true
+	}
+	n := 0
+	for _, p := range want {
+		if p.NodeIP == self {
+			continue
+		}
+		if !m[p] {
+			return false
+		}
+		n++
+	}
+	return n == len(have)
+}
+
+// report writes the agent's state on its Node; a failure is recorded and
+// retried on the next tick, never fatal: the datapath does not depend on
+// the API server.
+func (a *Agent) report(ctx context.Context, client kubernetes.Interface) {
+	a.mu.Lock()
+	st := k8s.AgentState{
+		Ready: true, Mode: string(a.cfg.Mode), PodCIDR: a.cfg.PodCIDR.String(),
+		Endpoints: len(a.ipam.List()), Peers: len(a.peers), Updated: time.Now().UTC().Truncate(time.Second),
+	}
+	a.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := k8s.ReportNode(rctx, client, a.cfg.NodeName, st)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		if a.kube.ReportError == "" {
+			a.log.Warn("cannot report to the API server; the datapath keeps running", "err", err)
+		}
+		a.kube.ReportError = err.Error()
+		return
+	}
+	if a.kube.ReportError != "" {
+		a.log.Info("reporting to the API server again")
+	}
+	a.kube.Reported, a.kube.ReportError = time.Now(), ""
+}

@@ -1,0 +1,61 @@
+package k8s
+
+import (
+	"net/netip"
+	"sort"
+)
+
+// Node is what the agent needs of a Node: where it is and which pod
+// addresses it owns.
+type Node struct {
+	Name       string
+	InternalIP netip.Addr
+	PodCIDRs   []netip.Prefix
+}
+
+// PodCIDR4 is the node's IPv4 pod CIDR, if it has one.
+func (n Node) PodCIDR4() (netip.Prefix, bool) {
+	for _, c := range n.PodCIDRs {
+		if c.Addr().Is4() {
+			return c, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// ContainerPort is a port a pod's container declares; named ports are
+// what NetworkPolicy resolves against.
+type ContainerPort struct {
+	Name     string `json:"name,omitempty"`
+	Port     int32  `json:"port"`
+	Protocol string `json:"protocol"`
+}
+
+// Pod is one pod on this node as policy and observability need it.
+type Pod struct {
+	Namespace   string            `json:"namespace"`
+	Name        string            `json:"name"`
+	UID         string            `json:"uid"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	IPs         []netip.Addr      `json:"ips,omitempty"`
+	Ports       []ContainerPort   `json:"ports,omitempty"`
+	HostNetwork bool              `json:"hostNetwork,omitempty"`
+}
+
+// Key is namespace/name.
+func (p Pod) Key() string { return p.Namespace + "/" + p.Name }
+
+// Snapshot is the cluster state the agent acts on, taken at one moment.
+type Snapshot struct {
+	Nodes []Node // sorted by name
+	Pods  []Pod  // this node's pods, sorted by namespace/name
+}
+
+// Node finds a node by name.
+func (s Snapshot) Node(name string) (Node, bool) {
+	i := sort.Search(len(s.Nodes), func(i int) bool { return s.Nodes[i].Name >= name })
+	if i < len(s.Nodes) && s.Nodes[i].Name == name {
+		return s.Nodes[i], true
+	}
+	return Node{}, false
+}

@@ -1,0 +1,265 @@
+package lab
+
+import (
+	"archive/tar"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// Image references the lab provides. The pause, agnhost and busybox names
+// are the ones Kubernetes and its e2e suites ask for, so nothing is ever
+// pulled: every node already holds an image of that name.
+const (
+	PauseImage   = "registry.k8s.io/pause:3.10.2"
+	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+	BusyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+	AgentImage   = "weir.local/weir-agent:dev"
+	CoreDNSImage = "weir.local/coredns:" + CoreDNSVersion
+)
+
+// imageSpec is a container image built from files on this machine.
+type imageSpec struct {
+	Refs       []string          // every name the image is tagged with
+	Files      map[string]string // path in the image -> file on the host
+	Busybox    bool              // add /bin/busybox and a link per applet
+	Entrypoint []string
+	Cmd        []string
+}
+
+// labImages are the images every node of a Kubernetes lab imports.
+func labImages(binDir string, bins map[string]string) []imageSpec {
+	agnhostDir := bins["agnhost"]
+	return []imageSpec{
+		{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}},
+		{Refs: []string{AgnhostImage}, Files: map[string]string{"/agnhost": filepath.Join(agnhostDir, "agnhost")}, Busybox: true, Entrypoint: []string{"/agnhost"}},
+		{Refs: []string{BusyboxImage}, Busybox: true, Cmd: []string{"sh"}},
+		{Refs: []string{AgentImage}, Files: map[string]string{
+			"/usr/bin/weir-agent": filepath.Join(binDir, "weir-agent"),
+			"/usr/bin/weir-cni":   filepath.Join(binDir, "weir-cni"),
+		}, Busybox: true, Entrypoint: []string{"/usr/bin/weir-agent"}},
+		{Refs: []string{CoreDNSImage}, Files: map[string]string{"/coredns": filepath.Join(bins["coredns"], "coredns")}, Entrypoint: []string{"/coredns"}},
+	}
+}
+
+const busyboxPath = "/bin/busybox" // Debian's busybox-static
+
+// build writes the image as a docker-archive tarball under the cache,
+// keyed by the content of its inputs, and returns its path; an unchanged
+// image is not rebuilt.
+func (s imageSpec) build() (string, error) {
+	files := make(map[string]string, len(s.Files)+1)
+	for k, v := range s.Files {
+		files[k] = v
+	}
+	if s.Busybox {
+		files["/bin/busybox"] = busyboxPath
+	}
+	for dst, src := range files {
+		if err := checkStatic(src); err != nil {
+			return "", fmt.Errorf("image %s: %s: %w", s.Refs[0], dst, err)
+		}
+	}
+	key, err := s.key(files)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(CacheDir(), "images", key+".tar")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return "", err
+	}
+	layerPath := out + ".layer"
+	defer os.Remove(layerPath)
+	if err := s.writeLayer(layerPath, files); err != nil {
+		return "", err
+	}
+	layer, err := tarball.LayerFromFile(layerPath)
+	if err != nil {
+		return "", fmt.Errorf("image %s: layer: %w", s.Refs[0], err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return "", err
+	}
+	img, err = mutate.ConfigFile(img, &v1.ConfigFile{
+		Architecture: "amd64", OS: "linux",
+		Config: v1.Config{Entrypoint: s.Entrypoint, Cmd: s.Cmd, Env: []string{"PATH=/usr/bin:/bin"}},
+		RootFS: v1.RootFS{Type: "layers", DiffIDs: mustDiffIDs(layer)},
+	})
+	if err != nil {
+		return "", err
+	}
+	refs := map[name.Reference]v1.Image{}
+	for _, r := range s.Refs {
+		tag, err := name.NewTag(r)
+		if err != nil {
+			return "", fmt.Errorf("image name %s: %w", r, err)
+		}
+		refs[tag] = img
+	}
+	tmp := out + ".tmp"
+	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("write image %s: %w", s.Refs[0], err)
+	}
+	return out, os.Rename(tmp, out)
+}
+
+func mustDiffIDs(l v1.Layer) []v1.Hash {
+	h, err := l.DiffID()
+	if err != nil {
+		return nil
+	}
+	return []v1.Hash{h}
+}
+
+// key hashes the image's names, entrypoint and input files.
+func (s imageSpec) key(files map[string]string) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "%q %q %q\n", s.Refs, s.Entrypoint, s.Cmd)
+	for _, dst := range sortedKeys(files) {
+		f, err := os.Open(files[dst])
+		if err != nil {
+			return "", fmt.Errorf("image %s: %w", s.Refs[0], err)
+		}
+		fmt.Fprintf(h, "%s\n", dst)
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return "", err
+		}
+	}
+	base := strings.NewReplacer("/", "_", ":", "_").Replace(s.Refs[0])
+	return base + "-" + hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// writeLayer writes the image's single layer: the files, their parent
+// directories, and busybox's applet links.
+func (s imageSpec) writeLayer(path string, files map[string]string) (retErr error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := f.Close(); retErr == nil {
+			retErr = err
+		}
+	}()
+	tw := tar.NewWriter(f)
+	dirs := map[string]bool{}
+	addDir := func(d string) error {
+		for _, p := range parents(d) {
+			if dirs[p] {
+				continue
+			}
+			dirs[p] = true
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(p, "/") + "/", Mode: 0o755}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, d := range []string{"/tmp", "/etc", "/proc", "/sys", "/dev"} {
+		if err := addDir(d); err != nil {
+			return err
+		}
+	}
+	for _, dst := range sortedKeys(files) {
+		if err := addDir(filepath.Dir(dst)); err != nil {
+			return err
+		}
+		if err := addFile(tw, dst, files[dst]); err != nil {
+			return err
+		}
+	}
+	if s.Busybox {
+		applets, err := busyboxApplets()
+		if err != nil {
+			return err
+		}
+		for _, a := range applets {
+			if _, taken := files["/bin/"+a]; taken || a == "busybox" {
+				continue
+			}
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}); err != nil {
+				return err
+			}
+		}
+	}
+	return tw.Close()
+}
+
+func addFile(tw *tar.Writer, dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(dst, "/"), Mode: 0o755, Size: st.Size()}); err != nil {
+		return err
+	}
+	_, err = io.Copy(tw, in)
+	return err
+}
+
+// parents lists /a, /a/b, /a/b/c for /a/b/c.
+func parents(d string) []string {
+	var out []string
+	for p := d; p != "/" && p != "."; p = filepath.Dir(p) {
+		out = append([]string{p}, out...)
+	}
+	return out
+}
+
+func busyboxApplets() ([]string, error) {
+	out, err := exec.Command(busyboxPath, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("list busybox applets (install busybox-static): %w", err)
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// checkStatic fails for a dynamically linked binary: the images have no
+// libc to run it with.
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked; build it with CGO_ENABLED=0", path)
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

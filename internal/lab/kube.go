@@ -1,0 +1,232 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weirnet/weir/deploy"
+	"github.com/weirnet/weir/internal/lab/manifests"
+)
+
+// upKubernetes turns the plugged-in nodes into a Kubernetes cluster: the
+// control plane in a namespace of its own, then every node's containerd,
+// kubelet, kube-proxy and Weir agent, and waits until every Node is Ready,
+// which it only becomes once Weir has written its CNI config.
+func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
+	start := time.Now()
+	bins, err := ClusterBinaries(ctx, out)
+	if err != nil {
+		return err
+	}
+	st.Kube = &KubeState{
+		Version: KubernetesVersion, Bins: bins,
+		PKIDir: filepath.Join(st.RunDir, "pki"), DataDir: DataDir(st.Config.Name),
+	}
+	if err := st.save(); err != nil {
+		return err
+	}
+	images, err := st.buildImages()
+	if err != nil {
+		return err
+	}
+	if err := plugHost(st.Underlay, st.cpNS(), "cp", controlPlaneIP); err != nil {
+		return err
+	}
+	p, err := st.issueCerts()
+	if err != nil {
+		return err
+	}
+	if err := st.startControlPlane(ctx, p, out); err != nil {
+		return err
+	}
+	if err := st.applyManifests(ctx, deploy.Manifests, nil, "rbac.yaml"); err != nil {
+		return err
+	}
+	for i := range st.Nodes {
+		if err := st.startKubeNode(ctx, p, &st.Nodes[i], images); err != nil {
+			return err
+		}
+	}
+	if err := st.waitNodesReady(ctx, 3*time.Minute, out); err != nil {
+		return err
+	}
+	dns := strings.NewReplacer("IMAGE", CoreDNSImage, "CLUSTER_DNS_IP", ClusterDNSIP.String())
+	if err := st.applyManifests(ctx, manifests.FS, dns, "coredns.yaml"); err != nil {
+		return err
+	}
+	if err := st.WaitDeployment(ctx, "kube-system", "coredns", 2*time.Minute); err != nil {
+		return fmt.Errorf("cluster DNS: %w", err)
+	}
+	fmt.Fprintf(out, "  cluster DNS ready at %v\n", ClusterDNSIP)
+	fmt.Fprintf(out, "  cluster ready in %s; kubectl: `weir lab kubectl get nodes` or KUBECONFIG=%s\n",
+		time.Since(start).Round(100*time.Millisecond), st.Kube.Kubeconfig)
+	return st.save()
+}
+
+// buildImages builds (or finds in the cache) every image the nodes import.
+func (st *State) buildImages() ([]string, error) {
+	var out []string
+	for _, spec := range labImages(st.Config.BinDir, st.Kube.Bins) {
+		path, err := spec.build()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, path)
+	}
+	return out, nil
+}
+
+// Kubectl runs the lab's kubectl with the admin kubeconfig.
+func (st *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) ([]byte, error) {
+	if st.Kube == nil {
+		return nil, fmt.Errorf("lab %s runs no Kubernetes", st.Config.Name)
+	}
+	cmd := exec.CommandContext(ctx, st.kubeBin("kubectl"), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
+	cmd.Stdin = stdin
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
+
+// KubectlPath is the lab's kubectl binary.
+func (st *State) KubectlPath() string { return st.kubeBin("kubectl") }
+
+// applyManifests applies embedded manifests with kubectl, as an operator
+// would, after replacing their placeholders with r (nil: none).
+func (st *State) applyManifests(ctx context.Context, fsys fs.FS, r *strings.Replacer, names ...string) error {
+	for _, n := range names {
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return err
+		}
+		text := string(b)
+		if r != nil {
+			text = r.Replace(text)
+		}
+		if _, err := st.Kubectl(ctx, strings.NewReader(text), "apply", "-f", "-"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitNodesReady waits until every lab node is Ready and records the pod
+// CIDR the controller manager gave it.
+func (st *State) waitNodesReady(ctx context.Context, timeout time.Duration, out io.Writer) error {
+	c, err := st.Client()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	ready := map[string]bool{}
+	for {
+		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			for _, n := range nodes.Items {
+				if ready[n.Name] || !nodeReady(&n) {
+					continue
+				}
+				ready[n.Name] = true
+				if node, err := st.NodeByName(n.Name); err == nil {
+					node.PodCIDR, _ = netip.ParsePrefix(n.Spec.PodCIDR)
+				}
+				fmt.Fprintf(out, "  node %s Ready after %s, pod CIDR %s\n", n.Name, time.Since(start).Round(100*time.Millisecond), n.Spec.PodCIDR)
+			}
+		}
+		if len(ready) == len(st.Nodes) {
+			return nil
+		}
+		for _, p := range st.Kube.Procs {
+			if !processAlive(p.PID) {
+				return fmt.Errorf("%s exited; its log %s says:\n%s", p.Name, p.Log, tail(p.Log, 20))
+			}
+		}
+		if time.Since(start) > timeout {
+			return fmt.Errorf("nodes not Ready after %s (ready: %v); see the logs in %s", timeout, ready, filepath.Join(st.RunDir, "logs"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// WaitDeployment waits until every replica of a Deployment is available.
+func (st *State) WaitDeployment(ctx context.Context, ns, name string, timeout time.Duration) error {
+	c, err := st.Client()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		d, err := c.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && d.Spec.Replicas != nil && d.Status.ObservedGeneration >= d.Generation &&
+			d.Status.AvailableReplicas == *d.Spec.Replicas && d.Status.UpdatedReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			status := "not found"
+			if d != nil {
+				status = fmt.Sprintf("%d/%d available", d.Status.AvailableReplicas, d.Status.Replicas)
+			}
+			return fmt.Errorf("deployment %s/%s not available after %s (%s, %v)", ns, name, timeout, status, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+
+
+// PodNetNS finds the network namespace file of the pod that has ip, among
+// the namespaces the nodes' containerds made. Tests use it to open
+// connections from inside a pod without the API server.
+func (st *State) PodNetNS(ip netip.Addr) (string, error) {
+	for i := range st.Nodes {
+		dir := filepath.Join(st.RunDir, st.Nodes[i].Name, "containerd", "state", "io.containerd.grpc.v1.cri", "netns")
+		paths, _ := filepath.Glob(filepath.Join(dir, "cni-*"))
+		for _, p := range paths {
+			found := false
+			InNS(p, func() error {
+				addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+				for _, a := range addrs {
+					if a.IP.Equal(net.IP(ip.AsSlice())) {
+						found = true
+					}
+				}
+				return err
+			})
+			if found {
+				return p, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no pod network namespace of lab %s has %v", st.Config.Name, ip)
+}

@@ -1,0 +1,215 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// downKubernetes removes a Kubernetes lab's cluster: kubelets first so
+// nothing restarts pods; then every pod sandbox through the CRI, so each
+// gets its CNI DEL and Weir releases its address; then the other servers
+// in reverse start order. Whatever a crash left behind is then found by
+// where it lives: shims serving this lab's containerd sockets, processes
+// in this lab's cgroups, mounts under this lab's directories.
+func (st *State) downKubernetes() []error {
+	var errs []error
+	k := st.Kube
+	for _, p := range k.Procs {
+		if strings.HasSuffix(p.Name, "/kubelet") {
+			errs = append(errs, p.stop(10*time.Second))
+		}
+	}
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		kp := st.kubePaths(n)
+		if pr, err := st.proc(n.Name + "/containerd"); err == nil && pr.Alive() {
+			errs = append(errs, removeSandboxes(kp.containerdSock, 60*time.Second))
+		}
+	}
+	for i := len(k.Procs) - 1; i >= 0; i-- {
+		errs = append(errs, k.Procs[i].stop(10*time.Second))
+	}
+	for i := range st.Nodes {
+		kp := st.kubePaths(&st.Nodes[i])
+		errs = append(errs, killShims(kp.containerdSock))
+		errs = append(errs, removeCgroupRoot(kp.cgroupRoot))
+	}
+	errs = append(errs, unmountUnder(st.RunDir, k.DataDir))
+	if err := os.RemoveAll(k.DataDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", k.DataDir, err))
+	}
+	return errs
+}
+
+// removeSandboxes stops and removes every pod sandbox of one containerd.
+func removeSandboxes(sock string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("connect to containerd %s: %w", sock, err)
+	}
+	defer conn.Close()
+	rt := cri.NewRuntimeServiceClient(conn)
+	list, err := rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		return fmt.Errorf("list pod sandboxes of %s: %w", sock, err)
+	}
+	var errs []error
+	for _, sb := range list.Items {
+		if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("stop sandbox %s (%s/%s): %w", sb.Id[:12], sb.Metadata.Namespace, sb.Metadata.Name, err))
+			continue
+		}
+		if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("remove sandbox %s: %w", sb.Id[:12], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killShims ends the runc shims that serve the containerd at sock. Shims
+// outlive containerd by design; these are found by the socket path they
+// were started with, which only this lab uses.
+func killShims(sock string) error {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-runc-v2" {
+			continue
+		}
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-address" && args[i+1] == sock {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	return nil
+}
+
+// removeCgroupRoot kills every process left in a node's cgroups and
+// removes them, deepest first.
+func removeCgroupRoot(root string) error {
+	var errs []error
+	for _, c := range cgroupControllers {
+		top := filepath.Join("/sys/fs/cgroup", c, root)
+		if _, err := os.Stat(top); err != nil {
+			continue
+		}
+		var dirs []string
+		filepath.WalkDir(top, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		sort.Sort(sort.Reverse(sort.StringSlice(dirs)))
+		for _, d := range dirs {
+			killCgroup(d)
+		}
+		for _, d := range dirs {
+			var err error
+			for try := 0; try < 50; try++ {
+				if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+					err = nil
+					break
+				}
+				killCgroup(d)
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func killCgroup(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// unmountUnder unmounts every mount point below the given directories,
+// deepest first: kubelet's volume mounts, containerd's rootfs and shm
+// mounts, pod network namespaces.
+func unmountUnder(dirs ...string) error {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		for _, d := range dirs {
+			if d != "" && (mp == d || strings.HasPrefix(mp, d+"/")) {
+				points = append(points, mp)
+			}
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(points)))
+	var errs []error
+	for _, mp := range points {
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

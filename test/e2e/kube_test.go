@@ -1,0 +1,517 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/lab"
+)
+
+// webManifest is a Deployment of agnhost netexec spread over the nodes,
+// and a Service in front of it.
+const webManifest = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 10
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web, tier: backend}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: web}}}
+      containers:
+      - name: web
+        image: ` + lab.AgnhostImage + `
+        imagePullPolicy: Never
+        args: [netexec, --http-port=8080]
+        ports: [{containerPort: 8080, name: http}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+`
+
+// TestKubernetes runs Weir as the CNI of a real two-node cluster (etcd,
+// kube-apiserver, controller manager, scheduler, containerd, kubelet,
+// kube-proxy, CoreDNS) and checks what an operator relies on: pods get
+// Weir addresses and reach each other, Services and DNS names work,
+// exec and logs work, deleted pods free their addresses, the datapath
+// survives an agent crash and a 60 s API server outage, and changes made
+// after the outage are applied.
+func TestKubernetes(t *testing.T) {
+	st := newKubeLab(t)
+	ctx := context.Background()
+	c, err := st.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Kubectl(ctx, strings.NewReader(webManifest), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.WaitDeployment(ctx, "default", "web", 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("pods have Weir addresses on both nodes", func(t *testing.T) {
+		pods := webPods(t, c)
+		perNode := map[string]int{}
+		for _, p := range pods {
+			perNode[p.Spec.NodeName]++
+		}
+		if len(pods) != 10 || perNode["n1"] == 0 || perNode["n2"] == 0 {
+			t.Fatalf("want 10 web pods on both nodes, got %v", perNode)
+		}
+		checkIPAMMatchesAPI(t, st, c)
+	})
+
+	t.Run("pod to pod within and across nodes", func(t *testing.T) {
+		pods := webPods(t, c)
+		for _, from := range []corev1.Pod{onNode(t, pods, "n1"), onNode(t, pods, "n2")} {
+			for _, to := range pods {
+				out, err := st.Kubectl(ctx, nil, "exec", from.Name, "--", "/agnhost", "connect", to.Status.PodIP+":8080", "--timeout=3s")
+				if err != nil {
+					t.Errorf("%s (%s) -> %s (%s): %v %s", from.Name, from.Spec.NodeName, to.Name, to.Spec.NodeName, err, out)
+				}
+			}
+		}
+	})
+
+	t.Run("pod to Service by ClusterIP and DNS name", func(t *testing.T) {
+		pods := webPods(t, c)
+		svc, err := c.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, from := range []corev1.Pod{onNode(t, pods, "n1"), onNode(t, pods, "n2")} {
+			for _, target := range []string{svc.Spec.ClusterIP + ":80", "web:80", "web.default.svc.cluster.local:80"} {
+				for i := 0; i < 3; i++ {
+					if out, err := st.Kubectl(ctx, nil, "exec", from.Name, "--", "/agnhost", "connect", target, "--timeout=5s"); err != nil {
+						t.Errorf("%s -> %s: %v %s", from.Name, target, err, out)
+					}
+				}
+			}
+		}
+		// Backends on both nodes answer through the Service.
+		seen := map[string]bool{}
+		from := onNode(t, pods, "n1")
+		for i := 0; i < 20 && len(seen) < 3; i++ {
+			out, err := st.Kubectl(ctx, nil, "exec", from.Name, "--", "sh", "-c",
+				fmt.Sprintf(`printf 'GET /hostname HTTP/1.0\r\n\r\n' | nc %s 80 | tail -n 1`, svc.Spec.ClusterIP))
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[strings.TrimSpace(string(out))] = true
+		}
+		nodes := map[string]bool{}
+		for _, p := range pods {
+			if seen[p.Name] {
+				nodes[p.Spec.NodeName] = true
+			}
+		}
+		if len(nodes) < 2 {
+			t.Errorf("Service answered only from %v (hostnames %v)", nodes, seen)
+		}
+	})
+
+	t.Run("kubectl exec and logs", func(t *testing.T) {
+		p := webPods(t, c)[0]
+		out, err := st.Kubectl(ctx, nil, "exec", p.Name, "--", "cat", "/etc/resolv.conf")
+		if err != nil || !strings.Contains(string(out), lab.ClusterDNSIP.String()) {
+			t.Fatalf("exec: %v; resolv.conf %q lacks the cluster DNS", err, out)
+		}
+		logs, err := st.Kubectl(ctx, nil, "logs", p.Name)
+		if err != nil || !strings.Contains(string(logs), "/healthz") {
+			t.Fatalf("logs: %v %q", err, logs)
+		}
+	})
+
+	t.Run("deleting pods frees their addresses", func(t *testing.T) {
+		if _, err := st.Kubectl(ctx, nil, "scale", "deployment/web", "--replicas=4"); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.WaitDeployment(ctx, "default", "web", 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, func() error {
+			if n := len(webPods(t, c)); n != 4 {
+				return fmt.Errorf("%d web pods, want 4", n)
+			}
+			return ipamMatchesAPI(st, c)
+		})
+	})
+
+	t.Run("agent crash keeps connections and pods", func(t *testing.T) {
+		pods := webPods(t, c)
+		client, server := onNode(t, pods, "n1"), onNode(t, pods, "n2")
+		conn, stopEcho := echoBetween(t, st, client, server)
+		defer stopEcho()
+		before := endpointsByNode(t, st)
+		ifindexes := hostIfindexes(t, st)
+		traffic := keepTalking(conn)
+		for _, n := range []string{"n1", "n2"} {
+			if err := st.KillServer(n + "/weir-agent"); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second) // no agent at all on this node
+			if err := st.StartServer(n + "/weir-agent"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitAgents(t, st)
+		sent, err := traffic.stop()
+		if err != nil {
+			t.Fatalf("connection broke across agent crashes: %v", err)
+		}
+		if sent < 50 {
+			t.Fatalf("only %d echoes went through", sent)
+		}
+		after := endpointsByNode(t, st)
+		if fmt.Sprint(before) != fmt.Sprint(after) {
+			t.Fatalf("endpoints changed across restart:\n%v\n%v", before, after)
+		}
+		if got := hostIfindexes(t, st); fmt.Sprint(got) != fmt.Sprint(ifindexes) {
+			t.Fatalf("pods were re-plumbed: host veths %v -> %v", ifindexes, got)
+		}
+		t.Logf("%d echoes across two agent crashes, %d endpoints adopted unchanged", sent, len(ifindexes))
+	})
+
+	t.Run("API server outage", func(t *testing.T) {
+		pods := webPods(t, c)
+		client, server := onNode(t, pods, "n1"), onNode(t, pods, "n2")
+		conn, stopEcho := echoBetween(t, st, client, server)
+		defer stopEcho()
+		traffic := keepTalking(conn)
+		if err := st.StopServer("kube-apiserver"); err != nil {
+			t.Fatal(err)
+		}
+		clientNS := podNS(t, st, client)
+		outage := 60 * time.Second
+		if d := os.Getenv("WEIR_E2E_API_OUTAGE"); d != "" {
+			outage, _ = time.ParseDuration(d)
+		}
+		deadline := time.Now().Add(outage)
+		probes := 0
+		for time.Now().Before(deadline) {
+			// New connections to every pod, across nodes, with no API server.
+			for _, p := range pods {
+				c := dialIn(t, clientNS, net.JoinHostPort(p.Status.PodIP, "8080"))
+				c.Close()
+				probes++
+			}
+			time.Sleep(time.Second)
+		}
+		if err := st.StartServer("kube-apiserver"); err != nil {
+			t.Fatal(err)
+		}
+		sent, err := traffic.stop()
+		if err != nil {
+			t.Fatalf("established connection broke during the outage: %v", err)
+		}
+		t.Logf("API server down %s: %d new connections and %d echoes on an old one all went through", outage, probes, sent)
+		waitAgents(t, st)
+
+		// Changes made after the API server returns are applied.
+		waitFor(t, 90*time.Second, func() error {
+			_, err := st.Kubectl(ctx, nil, "scale", "deployment/web", "--replicas=8")
+			return err
+		})
+		if err := st.WaitDeployment(ctx, "default", "web", 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, func() error { return ipamMatchesAPI(st, c) })
+		fresh := webPods(t, c)
+		for _, p := range fresh {
+			c := dialIn(t, clientNS, net.JoinHostPort(p.Status.PodIP, "8080"))
+			c.Close()
+		}
+		for _, n := range st.Nodes {
+			s, err := n.Client().Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Kubernetes == nil || !s.Kubernetes.Synced || s.Kubernetes.ReportError != "" {
+				t.Errorf("agent %s after the outage: %+v", n.Name, s.Kubernetes)
+			}
+		}
+	})
+}
+
+// newKubeLab brings up a Kubernetes lab that is torn down when the test ends.
+func newKubeLab(t *testing.T) *lab.State {
+	t.Helper()
+	labCounter++
+	name := fmt.Sprintf("wk%d-%d", os.Getpid()%1000, labCounter)
+	t.Cleanup(func() {
+		if err := lab.Down(context.Background(), name, io.Discard); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+		checkNoTrace(t, name)
+	})
+	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: datapath.ModeVXLAN, BinDir: binDir, Kubernetes: true}, testWriter{t})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	return st
+}
+
+// checkNoTrace fails if the lab left a namespace, mount, cgroup or
+// process of its own behind.
+func checkNoTrace(t *testing.T, name string) {
+	if left, _ := os.ReadDir("/var/run/netns"); len(left) > 0 {
+		for _, e := range left {
+			if strings.HasPrefix(e.Name(), name+"-") {
+				t.Errorf("lab down left namespace %s", e.Name())
+			}
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(l, "/"+name+"/") || strings.Contains(l, "/"+name+" ") {
+			t.Errorf("lab down left a mount: %s", l)
+		}
+	}
+	for _, dir := range []string{"/run/" + name, "/var/lib/" + name, "/sys/fs/bpf/" + name, "/sys/fs/cgroup/pids/" + name + "-n1"} {
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("lab down left %s", dir)
+		}
+	}
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		cmd, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+		if err == nil && strings.Contains(string(cmd), "/run/"+name+"/") {
+			t.Errorf("lab down left process %s: %s", p.Name(), strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+func webPods(t *testing.T, c kubernetes.Interface) []corev1.Pod {
+	t.Helper()
+	list, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && p.Status.PodIP != "" {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func onNode(t *testing.T, pods []corev1.Pod, node string) corev1.Pod {
+	t.Helper()
+	for _, p := range pods {
+		if p.Spec.NodeName == node {
+			return p
+		}
+	}
+	t.Fatalf("no pod on %s", node)
+	return corev1.Pod{}
+}
+
+func checkIPAMMatchesAPI(t *testing.T, st *lab.State, c kubernetes.Interface) {
+	t.Helper()
+	if err := ipamMatchesAPI(st, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ipamMatchesAPI checks that each agent leases exactly the addresses of
+// the pods the API server places on its node, each inside the node's pod
+// CIDR, named after its pod, with the pod's labels.
+func ipamMatchesAPI(st *lab.State, c kubernetes.Interface) error {
+	ctx := context.Background()
+	list, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, n := range st.Nodes {
+		node, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cidr := netip.MustParsePrefix(node.Spec.PodCIDR)
+		want := map[string]string{}
+		labels := map[string]string{}
+		for _, p := range list.Items {
+			if p.Spec.NodeName != n.Name || p.Spec.HostNetwork || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+				continue
+			}
+			want[p.Status.PodIP] = p.Namespace + "/" + p.Name
+			labels[p.Status.PodIP] = p.Labels["app"]
+		}
+		s, err := n.Client().Status(ctx)
+		if err != nil {
+			return err
+		}
+		have := map[string]string{}
+		for _, e := range s.Endpoints {
+			if !cidr.Contains(e.Address) {
+				return fmt.Errorf("%s: endpoint %v outside the node's pod CIDR %v", n.Name, e.Address, cidr)
+			}
+			have[e.Address.String()] = e.PodNamespace + "/" + e.PodName
+			if l := labels[e.Address.String()]; l != "" && e.Labels["app"] != l {
+				return fmt.Errorf("%s: endpoint %v has labels %v, pod has app=%s", n.Name, e.Address, e.Labels, l)
+			}
+		}
+		if fmt.Sprint(have) != fmt.Sprint(want) {
+			return fmt.Errorf("%s: agent leases %v, API has pods %v", n.Name, have, want)
+		}
+		if s.MapEntries != len(want) {
+			return fmt.Errorf("%s: %d endpoint map entries for %d pods", n.Name, s.MapEntries, len(want))
+		}
+	}
+	return nil
+}
+
+func podNS(t *testing.T, st *lab.State, p corev1.Pod) string {
+	t.Helper()
+	path, err := st.PodNetNS(netip.MustParseAddr(p.Status.PodIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// echoBetween opens a TCP connection from client's namespace to an echo
+// listener in server's namespace.
+func echoBetween(t *testing.T, st *lab.State, client, server corev1.Pod) (net.Conn, func()) {
+	t.Helper()
+	ln := listenIn(t, podNS(t, st, server), ":9000")
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			c.Write([]byte(line))
+		}
+	}()
+	conn := dialIn(t, podNS(t, st, client), net.JoinHostPort(server.Status.PodIP, "9000"))
+	return conn, func() { conn.Close(); ln.Close() }
+}
+
+// talker keeps one connection busy with echoed lines.
+type talker struct {
+	done chan struct{}
+	res  chan talkResult
+}
+
+type talkResult struct {
+	sent int
+	err  error
+}
+
+func keepTalking(conn net.Conn) *talker {
+	tk := &talker{done: make(chan struct{}), res: make(chan talkResult, 1)}
+	go func() {
+		r := bufio.NewReader(conn)
+		for i := 0; ; i++ {
+			select {
+			case <-tk.done:
+				tk.res <- talkResult{sent: i}
+				return
+			default:
+			}
+			conn.SetDeadline(time.Now().Add(2 * time.Second))
+			msg := fmt.Sprintf("msg %d\n", i)
+			if _, err := conn.Write([]byte(msg)); err != nil {
+				tk.res <- talkResult{i, fmt.Errorf("write %d: %w", i, err)}
+				return
+			}
+			if got, err := r.ReadString('\n'); err != nil || got != msg {
+				tk.res <- talkResult{i, fmt.Errorf("echo %d: %q, %v", i, got, err)}
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return tk
+}
+
+func (tk *talker) stop() (int, error) {
+	close(tk.done)
+	r := <-tk.res
+	return r.sent, r.err
+}
+
+// waitAgents waits until every node's agent answers again.
+func waitAgents(t *testing.T, st *lab.State) {
+	t.Helper()
+	for _, n := range st.Nodes {
+		waitFor(t, 30*time.Second, func() error { return n.Client().Health(context.Background()) })
+	}
+}
+
+// hostIfindexes maps every pod veth of every node to its ifindex.
+func hostIfindexes(t *testing.T, st *lab.State) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, n := range st.Nodes {
+		err := lab.InNS(lab.NodeNSPath(n), func() error {
+			links, err := netlink.LinkList()
+			for _, l := range links {
+				if datapath.IsHostIfName(l.Attrs().Name) {
+					out[n.Name+"/"+l.Attrs().Name] = l.Attrs().Index
+				}
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func waitFor(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
