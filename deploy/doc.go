@@ -6,5 +6,5 @@ import "embed"
 
 // Manifests are the YAML files of this directory.
 //
-//go:embed *.yaml
+//go:embed *.yaml *.tmpl
 var Manifests embed.FS

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -52,6 +54,7 @@ func newCommand() *cobra.Command {
 			return agent.Run(ctx, cfg, log)
 		},
 	}
+	cmd.AddCommand(newHealthCommand())
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")
@@ -111,4 +114,27 @@ func (f flags) config() (agent.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// newHealthCommand is the DaemonSet's probe: exit 0 when the agent on
+// this node answers its API.
+func newHealthCommand() *cobra.Command {
+	var socket string
+	cmd := &cobra.Command{
+		Use:          "health",
+		Short:        "Exit 0 if the node's agent answers on its socket",
+		SilenceUsage: true,
+		Args:         cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
+			defer cancel()
+			return api.NewClient(socket).Health(ctx)
+		},
+	}
+	def := os.Getenv("WEIR_AGENT_SOCKET")
+	if def == "" {
+		def = api.DefaultSocket
+	}
+	cmd.Flags().StringVar(&socket, "socket", def, "unix socket of the local API (default from $WEIR_AGENT_SOCKET)")
+	return cmd
 }

@@ -10,9 +10,12 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/lab"
@@ -38,6 +41,7 @@ type labUpFlags struct {
 	cni    string
 	check  bool
 	bare   bool
+	demo   bool
 }
 
 func newLabUpCommand() *cobra.Command {
@@ -53,6 +57,7 @@ func newLabUpCommand() *cobra.Command {
 	cmd.Flags().StringVar(&f.name, "name", lab.DefaultName, "lab name (prefix of its namespaces)")
 	cmd.Flags().IntVar(&f.nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&f.pods, "pods", 2, "pods per node attached through libcni (--bare only)")
+	cmd.Flags().BoolVar(&f.demo, "demo", false, "deploy the demo app and show its pods talking within and across nodes and through a Service")
 	cmd.Flags().BoolVar(&f.bare, "bare", false, "no Kubernetes: node agents with static peers, pods made through libcni")
 	cmd.Flags().StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "inter-node datapath: vxlan or native")
 	cmd.Flags().StringVar(&f.binDir, "bin-dir", defaultBinDir(), "directory holding weir-agent and weir-cni")
@@ -74,7 +79,19 @@ func runLabUp(ctx context.Context, f labUpFlags, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "lab %s is up; `weir lab check` probes it, `weir lab down` removes it\n", st.Config.Name)
+	if st.Kube != nil {
+		fmt.Fprintf(out, "lab %s is up; `weir lab status` shows it, `weir lab kubectl get pods -A` lists its pods, `weir lab down` removes it\n", st.Config.Name)
+	} else {
+		fmt.Fprintf(out, "lab %s is up; `weir lab check` probes it, `weir lab down` removes it\n", st.Config.Name)
+	}
+	if f.demo {
+		if st.Kube == nil {
+			return fmt.Errorf("--demo needs the Kubernetes lab (drop --bare)")
+		}
+		if err := lab.Demo(ctx, st, out); err != nil {
+			return err
+		}
+	}
 	if !f.check {
 		return nil
 	}
@@ -154,6 +171,9 @@ func printLabStatus(ctx context.Context, st *lab.State, output string, out io.Wr
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
+	if st.Kube != nil {
+		return printKubeLabStatus(ctx, st, out)
+	}
 	fmt.Fprintf(out, "lab %s (%s mode), outside host %v\n", st.Config.Name, st.Config.Mode, st.ExtIP)
 	for _, n := range st.Nodes {
 		state := "ready"
@@ -171,6 +191,66 @@ func printLabStatus(ctx context.Context, st *lab.State, output string, out io.Wr
 		fmt.Fprintf(out, "pod  %-8s on %-4s %v\n", p.Name, p.Node, p.IP)
 	}
 	return nil
+}
+
+// printKubeLabStatus shows a Kubernetes lab: every server and whether it
+// runs, each Node as the API server sees it, each agent as it sees itself.
+func printKubeLabStatus(ctx context.Context, st *lab.State, out io.Writer) error {
+	fmt.Fprintf(out, "lab %s: Kubernetes %s, %s mode, kubeconfig %s\n", st.Config.Name, st.Kube.Version, st.Config.Mode, st.Kube.Kubeconfig)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVER\tPID\tSTATE")
+	for _, p := range st.Servers() {
+		state := "running"
+		if !p.Alive() {
+			state = "DOWN (log " + p.Log + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", p.Name, p.PID, state)
+	}
+	tw.Flush()
+	ready := map[string]string{}
+	if c, err := st.Client(); err == nil {
+		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			fmt.Fprintf(out, "API server: %v\n", err)
+		}
+		if nodes != nil {
+			for _, n := range nodes.Items {
+				ready[n.Name] = "NotReady"
+				for _, cond := range n.Status.Conditions {
+					if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+						ready[n.Name] = "Ready"
+					}
+				}
+			}
+		}
+	}
+	fmt.Fprintln(out)
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tIP\tSTATUS\tPOD CIDR\tAGENT\tENDPOINTS\tPEERS\tAPI")
+	for _, n := range st.Nodes {
+		agent, eps, peers, api, cidr := "down", "-", "-", "-", "-"
+		if s, err := n.Client().Status(ctx); err == nil {
+			agent, eps, peers, cidr = "ready", fmt.Sprint(len(s.Endpoints)), fmt.Sprint(len(s.Peers)), s.PodCIDR.String()
+			if k := s.Kubernetes; k != nil {
+				api = "synced"
+				if !k.Synced {
+					api = "syncing"
+				}
+				if k.ReportError != "" {
+					api += ", report failing"
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, orDash(ready[n.Name]), cidr, agent, eps, peers, api)
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func newLabBuildCommand() *cobra.Command {
@@ -217,14 +297,21 @@ func newLabAPIProxyCommand() *cobra.Command {
 	return cmd
 }
 
-// newLabKubectlCommand runs the lab's kubectl with its admin kubeconfig.
+// newLabKubectlCommand runs the lab's kubectl with its admin kubeconfig;
+// every argument goes to kubectl, so its own flags (-n, -o) work as usual.
 func newLabKubectlCommand() *cobra.Command {
-	var name string
-	cmd := &cobra.Command{
-		Use:                "kubectl [flags] -- ARGS...",
-		Short:              "Run the lab's kubectl against the lab's cluster",
-		DisableFlagParsing: false,
+	return &cobra.Command{
+		Use:                "kubectl ARGS...",
+		Short:              "Run the lab's kubectl against the lab's cluster (lab name from $WEIR_LAB, default weir-lab)",
+		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			name := os.Getenv("WEIR_LAB")
+			if name == "" {
+				name = lab.DefaultName
+			}
 			st, err := lab.Load(name)
 			if err != nil {
 				return err
@@ -237,6 +324,4 @@ func newLabKubectlCommand() *cobra.Command {
 			return c.Run()
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", lab.DefaultName, "lab name")
-	return cmd
 }

@@ -85,4 +85,3 @@ func (st *State) StartAgent(ctx context.Context, node string) error {
 	}
 	return st.save()
 }
-

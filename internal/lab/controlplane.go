@@ -42,8 +42,8 @@ type KubeState struct {
 	Procs []Proc `json:"procs"`
 }
 
-func (st *State) cpNS() string      { return st.Config.Name + "-cp" }
-func (st *State) cpDir() string     { return filepath.Join(st.RunDir, "cp") }
+func (st *State) cpNS() string  { return st.Config.Name + "-cp" }
+func (st *State) cpDir() string { return filepath.Join(st.RunDir, "cp") }
 func (st *State) kubeBin(b string) string {
 	dir := "kubernetes"
 	switch b {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"os"
+	"strconv"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -37,6 +40,9 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	if err := st.save(); err != nil {
 		return err
 	}
+	if err := sharedMount(st.RunDir); err != nil {
+		return err
+	}
 	images, err := st.buildImages()
 	if err != nil {
 		return err
@@ -59,6 +65,11 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 			return err
 		}
 	}
+	if st.Config.AgentMode != AgentHost {
+		if err := st.deployAgents(ctx); err != nil {
+			return err
+		}
+	}
 	if err := st.waitNodesReady(ctx, 3*time.Minute, out); err != nil {
 		return err
 	}
@@ -70,9 +81,45 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("cluster DNS: %w", err)
 	}
 	fmt.Fprintf(out, "  cluster DNS ready at %v\n", ClusterDNSIP)
-	fmt.Fprintf(out, "  cluster ready in %s; kubectl: `weir lab kubectl get nodes` or KUBECONFIG=%s\n",
+	fmt.Fprintf(out, "  cluster ready in %s; kubectl: `weir lab kubectl get nodes`, or KUBECONFIG=%s\n",
 		time.Since(start).Round(100*time.Millisecond), st.Kube.Kubeconfig)
 	return st.save()
+}
+
+// deployAgents applies the agent DaemonSet, with every path under the
+// lab's run directory and $(NODE_NAME), since the lab's nodes share one
+// file system.
+func (st *State) deployAgents(ctx context.Context) error {
+	node := filepath.Join(st.RunDir, "$(NODE_NAME)")
+	params := deploy.AgentParams{
+		Image: AgentImage, PullPolicy: "Never", Mode: string(st.Config.Mode), ClusterCIDR: st.Config.ClusterCIDR.String(),
+		StateDir: filepath.Join(node, "state"), Socket: filepath.Join(node, "agent.sock"),
+		PinDir:     filepath.Join(pinRoot(st.Config.Name), "$(NODE_NAME)"),
+		CNIConfDir: filepath.Join(node, "cni", "net.d"), CNIBinDir: filepath.Join(node, "cni", "bin"),
+		// Pod network namespaces appear under the run directory after the
+		// agent starts. The lab mounted bpffs already.
+		Mounts: []deploy.Mount{{Name: "lab", Path: st.RunDir, Propagation: "HostToContainer"}, {Name: "bpffs", Path: "/sys/fs/bpf"}},
+	}
+	b, err := deploy.RenderAgent(params)
+	if err != nil {
+		return err
+	}
+	_, err = st.Kubectl(ctx, strings.NewReader(string(b)), "apply", "-f", "-")
+	return err
+}
+
+// sharedMount bind-mounts dir onto itself and makes it shared, as every
+// directory of a systemd host is: mounts made below it later (pod network
+// namespaces, volumes) then reach containers that mount it with
+// HostToContainer propagation. Down's unmountUnder removes it.
+func sharedMount(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
 }
 
 // buildImages builds (or finds in the cache) every image the nodes import.
@@ -203,8 +250,6 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
-
-
 // PodNetNS finds the network namespace file of the pod that has ip, among
 // the namespaces the nodes' containerds made. Tests use it to open
 // connections from inside a pod without the API server.
@@ -229,4 +274,56 @@ func (st *State) PodNetNS(ip netip.Addr) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no pod network namespace of lab %s has %v", st.Config.Name, ip)
+}
+
+// KillAgent kills a node's weir-agent with SIGKILL, as a crash would: the
+// lab's process in host mode, the DaemonSet pod's process otherwise (which
+// kubelet then restarts).
+func (st *State) KillAgent(node string) error {
+	n, err := st.NodeByName(node)
+	if err != nil {
+		return err
+	}
+	if st.Config.AgentMode == AgentHost {
+		return st.KillServer(node + "/weir-agent")
+	}
+	pid, err := agentPID(n.Socket)
+	if err != nil {
+		return err
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		return fmt.Errorf("kill agent of %s (pid %d): %w", node, pid, err)
+	}
+	for processAlive(pid) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+// agentPID finds the weir-agent process serving socket.
+func agentPID(socket string) (int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if filepath.Base(args[0]) != "weir-agent" {
+			continue
+		}
+		for _, a := range args[1:] {
+			if a == "--socket="+socket {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no weir-agent process serves %s", socket)
 }

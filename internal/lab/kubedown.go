@@ -69,6 +69,16 @@ func removeSandboxes(sock string, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("list pod sandboxes of %s: %w", sock, err)
 	}
+	// Pods on the pod network first, while the agent (itself a pod on the
+	// node's network, in DaemonSet mode) still answers their CNI DELs.
+	hostNet := map[string]bool{}
+	for _, sb := range list.Items {
+		st, err := rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: sb.Id})
+		if err == nil && st.Status.GetLinux().GetNamespaces().GetOptions().GetNetwork() == cri.NamespaceMode_NODE {
+			hostNet[sb.Id] = true
+		}
+	}
+	sort.SliceStable(list.Items, func(i, j int) bool { return !hostNet[list.Items[i].Id] && hostNet[list.Items[j].Id] })
 	var errs []error
 	for _, sb := range list.Items {
 		if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {

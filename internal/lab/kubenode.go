@@ -17,10 +17,10 @@ var cgroupControllers = []string{"cpu", "cpuacct", "cpuset", "memory", "devices"
 
 // kubeNodePaths are the per-node files of a Kubernetes lab node.
 type kubeNodePaths struct {
-	dir, data                   string
-	containerdSock, containerdConf string
-	cniConfDir, kubeletConf     string
-	kubeletRoot, cgroupRoot     string
+	dir, data                          string
+	containerdSock, containerdConf     string
+	cniConfDir, cniBinDir, kubeletConf string
+	kubeletRoot, cgroupRoot            string
 }
 
 func (st *State) kubePaths(n *Node) kubeNodePaths {
@@ -31,6 +31,7 @@ func (st *State) kubePaths(n *Node) kubeNodePaths {
 		containerdSock: filepath.Join(dir, "containerd", "containerd.sock"),
 		containerdConf: filepath.Join(dir, "containerd.toml"),
 		cniConfDir:     filepath.Join(dir, "cni", "net.d"),
+		cniBinDir:      filepath.Join(dir, "cni", "bin"),
 		kubeletConf:    filepath.Join(dir, "kubelet.yaml"),
 		kubeletRoot:    filepath.Join(data, "kubelet"),
 		cgroupRoot:     "/" + n.NetNS,
@@ -86,6 +87,9 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 	}
 	if err := st.startKubeProxy(n, kp); err != nil {
 		return err
+	}
+	if st.Config.AgentMode != AgentHost {
+		return nil // the DaemonSet brings the agent
 	}
 	return st.run(n.Name+"/weir-agent", n.NetNS, filepath.Join(st.Config.BinDir, "weir-agent"),
 		"--kubernetes", "--kubeconfig", st.kubeconfigPath("weir-agent"),
@@ -158,7 +162,16 @@ state = %q
   stream_server_address = "127.0.0.1"
 `, filepath.Join(kp.data, "containerd"), filepath.Join(kp.dir, "containerd", "state"),
 		kp.containerdSock, kp.containerdSock+".ttrpc", PauseImage,
-		st.Config.BinDir, kp.cniConfDir, filepath.Join(kp.dir, "runc"))
+		st.cniBinDir(kp), kp.cniConfDir, filepath.Join(kp.dir, "runc"))
+}
+
+// cniBinDir is where the node's runtime finds weir-cni: installed by the
+// DaemonSet's init container, or the lab's build directory for host agents.
+func (st *State) cniBinDir(kp kubeNodePaths) string {
+	if st.Config.AgentMode == AgentHost {
+		return st.Config.BinDir
+	}
+	return kp.cniBinDir
 }
 
 // kubeletConfig is one node's kubelet: cgroup v1 through cgroupfs under a

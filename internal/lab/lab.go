@@ -32,7 +32,17 @@ type Config struct {
 	// Kubernetes node agent. Pods then come from the API, not from
 	// PodsPerNode.
 	Kubernetes bool `json:"kubernetes,omitempty"`
+	// AgentMode is how a Kubernetes lab runs weir-agent: AgentDaemonSet
+	// (default), the way users deploy it, or AgentHost, a process per
+	// node started by the lab, for development.
+	AgentMode string `json:"agentMode,omitempty"`
 }
+
+// How a Kubernetes lab runs its agents.
+const (
+	AgentDaemonSet = "daemonset"
+	AgentHost      = "host"
+)
 
 // DefaultName is the lab the CLI manages unless told otherwise.
 const DefaultName = "weir-lab"
@@ -60,6 +70,13 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("CNI %q: want %s or %s", c.CNI, CNIWeir, CNIBridge)
+	}
+	switch c.AgentMode {
+	case "":
+		c.AgentMode = AgentDaemonSet
+	case AgentDaemonSet, AgentHost:
+	default:
+		return fmt.Errorf("agent mode %q: want %s or %s", c.AgentMode, AgentDaemonSet, AgentHost)
 	}
 	if !c.ClusterCIDR.IsValid() {
 		c.ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")

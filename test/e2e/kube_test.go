@@ -58,8 +58,8 @@ spec:
 // kube-proxy, CoreDNS) and checks what an operator relies on: pods get
 // Weir addresses and reach each other, Services and DNS names work,
 // exec and logs work, deleted pods free their addresses, the datapath
-// survives an agent crash and a 60 s API server outage, and changes made
-// after the outage are applied.
+// survives an agent crash, a rolling restart of the agent DaemonSet and a
+// 60 s API server outage, and changes made after the outage are applied.
 func TestKubernetes(t *testing.T) {
 	st := newKubeLab(t)
 	ctx := context.Background()
@@ -115,19 +115,19 @@ func TestKubernetes(t *testing.T) {
 		}
 		// Backends on both nodes answer through the Service.
 		seen := map[string]bool{}
+		nodes := map[string]bool{}
 		from := onNode(t, pods, "n1")
-		for i := 0; i < 20 && len(seen) < 3; i++ {
+		for i := 0; i < 30 && len(nodes) < 2; i++ {
 			out, err := st.Kubectl(ctx, nil, "exec", from.Name, "--", "sh", "-c",
 				fmt.Sprintf(`printf 'GET /hostname HTTP/1.0\r\n\r\n' | nc %s 80 | tail -n 1`, svc.Spec.ClusterIP))
 			if err != nil {
 				t.Fatal(err)
 			}
 			seen[strings.TrimSpace(string(out))] = true
-		}
-		nodes := map[string]bool{}
-		for _, p := range pods {
-			if seen[p.Name] {
-				nodes[p.Spec.NodeName] = true
+			for _, p := range pods {
+				if seen[p.Name] {
+					nodes[p.Spec.NodeName] = true
+				}
 			}
 		}
 		if len(nodes) < 2 {
@@ -171,15 +171,12 @@ func TestKubernetes(t *testing.T) {
 		ifindexes := hostIfindexes(t, st)
 		traffic := keepTalking(conn)
 		for _, n := range []string{"n1", "n2"} {
-			if err := st.KillServer(n + "/weir-agent"); err != nil {
+			// kubelet restarts the DaemonSet's container.
+			if err := st.KillAgent(n); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(time.Second) // no agent at all on this node
-			if err := st.StartServer(n + "/weir-agent"); err != nil {
-				t.Fatal(err)
-			}
+			waitAgents(t, st)
 		}
-		waitAgents(t, st)
 		sent, err := traffic.stop()
 		if err != nil {
 			t.Fatalf("connection broke across agent crashes: %v", err)
@@ -194,7 +191,35 @@ func TestKubernetes(t *testing.T) {
 		if got := hostIfindexes(t, st); fmt.Sprint(got) != fmt.Sprint(ifindexes) {
 			t.Fatalf("pods were re-plumbed: host veths %v -> %v", ifindexes, got)
 		}
-		t.Logf("%d echoes across two agent crashes, %d endpoints adopted unchanged", sent, len(ifindexes))
+		t.Logf("%d echoes across two agent crashes (kubelet restarted them), %d endpoints adopted unchanged", sent, len(ifindexes))
+	})
+
+	t.Run("rolling restart of the agent DaemonSet drops nothing", func(t *testing.T) {
+		pods := webPods(t, c)
+		client, server := onNode(t, pods, "n2"), onNode(t, pods, "n1")
+		conn, stopEcho := echoBetween(t, st, client, server)
+		defer stopEcho()
+		before := endpointsByNode(t, st)
+		ifindexes := hostIfindexes(t, st)
+		traffic := keepTalking(conn)
+		if _, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "restart", "daemonset/weir-agent"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "status", "daemonset/weir-agent", "--timeout=3m"); err != nil {
+			t.Fatal(err)
+		}
+		waitAgents(t, st)
+		sent, err := traffic.stop()
+		if err != nil {
+			t.Fatalf("connection broke during the rollout: %v", err)
+		}
+		if after := endpointsByNode(t, st); fmt.Sprint(before) != fmt.Sprint(after) {
+			t.Fatalf("endpoints changed across the rollout:\n%v\n%v", before, after)
+		}
+		if got := hostIfindexes(t, st); fmt.Sprint(got) != fmt.Sprint(ifindexes) {
+			t.Fatalf("pods were re-plumbed: host veths %v -> %v", ifindexes, got)
+		}
+		t.Logf("%d echoes across a rolling restart of both agents", sent)
 	})
 
 	t.Run("API server outage", func(t *testing.T) {
@@ -233,14 +258,18 @@ func TestKubernetes(t *testing.T) {
 		waitAgents(t, st)
 
 		// Changes made after the API server returns are applied.
+		back := time.Now()
 		waitFor(t, 90*time.Second, func() error {
 			_, err := st.Kubectl(ctx, nil, "scale", "deployment/web", "--replicas=8")
 			return err
 		})
+		t.Logf("API server answering %s after its start", time.Since(back).Round(100*time.Millisecond))
 		if err := st.WaitDeployment(ctx, "default", "web", 2*time.Minute); err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("scaled to 8 after %s", time.Since(back).Round(100*time.Millisecond))
 		waitFor(t, 60*time.Second, func() error { return ipamMatchesAPI(st, c) })
+		t.Logf("agents' leases match the API after %s", time.Since(back).Round(100*time.Millisecond))
 		fresh := webPods(t, c)
 		for _, p := range fresh {
 			c := dialIn(t, clientNS, net.JoinHostPort(p.Status.PodIP, "8080"))

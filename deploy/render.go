@@ -1,0 +1,58 @@
+package deploy
+
+import (
+	"bytes"
+	"fmt"
+	"text/template"
+)
+
+// AgentParams are the knobs of the agent DaemonSet. Paths are host paths,
+// mounted at the same place in the container; $(NODE_NAME) in a path
+// argument is expanded by Kubernetes, which lets several nodes share one
+// host file system (the lab).
+type AgentParams struct {
+	Image, PullPolicy        string
+	Mode, ClusterCIDR        string
+	StateDir, Socket, PinDir string
+	CNIConfDir, CNIBinDir    string
+	Mounts                   []Mount
+}
+
+// Mount is a host directory the agent needs.
+type Mount struct {
+	Name, Path string
+	// Propagation is empty, HostToContainer (mounts the host makes later
+	// must reach the agent: pod network namespaces) or Bidirectional
+	// (mounts the agent makes must reach the host: bpffs).
+	Propagation string
+}
+
+// DefaultAgentParams are the paths of an ordinary node.
+func DefaultAgentParams(image string) AgentParams {
+	return AgentParams{
+		Image: image, PullPolicy: "IfNotPresent", Mode: "vxlan", ClusterCIDR: "10.244.0.0/16",
+		StateDir: "/var/lib/weir", Socket: "/run/weir/agent.sock", PinDir: "/sys/fs/bpf/weir",
+		CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin",
+		Mounts: []Mount{
+			{Name: "state", Path: "/var/lib/weir"}, {Name: "run", Path: "/run/weir"},
+			{Name: "bpffs", Path: "/sys/fs/bpf", Propagation: "Bidirectional"},
+			// Where runtimes mount pod network namespaces; the agent
+			// plumbs veths into namespaces made after it started.
+			{Name: "netns", Path: "/var/run/netns", Propagation: "HostToContainer"},
+			{Name: "cni-conf", Path: "/etc/cni/net.d"}, {Name: "cni-bin", Path: "/opt/cni/bin"},
+		},
+	}
+}
+
+// RenderAgent renders the agent DaemonSet.
+func RenderAgent(p AgentParams) ([]byte, error) {
+	t, err := template.ParseFS(Manifests, "weir-agent.yaml.tmpl")
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, p); err != nil {
+		return nil, fmt.Errorf("render weir-agent DaemonSet: %w", err)
+	}
+	return b.Bytes(), nil
+}
