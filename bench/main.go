@@ -58,6 +58,17 @@ func newRoot() *cobra.Command {
 			return rerunReport(args[0], os.Stdout)
 		},
 	}
-	root.AddCommand(dp, rep)
+	pl := &cobra.Command{
+		Use:   "pod-launch",
+		Short: "Time from pod create to Ready and the CNI ADD inside it, Weir vs the bridge plugin on one Kubernetes cluster",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runPodLaunch(cmd.Context(), o, os.Stdout)
+		},
+	}
+	pl.Flags().IntVar(&o.pods, "pods", 30, "pods launched per setup")
+	pl.Flags().StringVar(&o.out, "out", "bench/results", "directory for pod-launch.{json,md,png}")
+	pl.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir, weir-agent, weir-cni and weir-pause (built with CGO_ENABLED=0)")
+	root.AddCommand(dp, pl, rep)
 	return root
 }

@@ -14,6 +14,8 @@ def main(src, dst):
     with open(src) as f:
         r = json.load(f)
     summary = r["summary"]
+    if r["scenario"] == "pod-launch":
+        return plot_pod_launch(r, dst)
 
     def rows(path, metric):
         return [s for s in summary if s["path"] == path and s["metric"] == metric]
@@ -47,6 +49,31 @@ def main(src, dst):
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"Weir {r['scenario']} benchmark — {r['reps']} reps, medians\n{r['command']}")
     fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(dst, dpi=90)
+
+
+def plot_pod_launch(r, dst):
+    """Per setup: p50 bars with p99 whiskers for each launch metric."""
+    panels = [
+        ("ready_ms", "create to Ready (ms)"),
+        ("add_ms", "CNI ADD (ms)"),
+        ("add_share_pct", "ADD share of the launch (%)"),
+        ("del_ms", "CNI DEL (ms), all pods deleted at once"),
+    ]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4.5))
+    for ax, (metric, title) in zip(axes, panels):
+        data = [s for s in r["summary"] if s["path"] == "launch" and s["metric"] == metric]
+        data.sort(key=lambda d: (not d["setup"].startswith("weir"), d["setup"]))
+        names = [d["setup"] for d in data]
+        med = [d["median"] for d in data]
+        hi = [d["p99"] - d["median"] for d in data]
+        colors = ["#1f77b4" if n.startswith("weir") else "#999999" for n in names]
+        ax.bar(names, med, yerr=[[0] * len(data), hi], capsize=4, color=colors)
+        ax.set_title(title + "\np50 bar, p99 whisker")
+        for i, v in enumerate(med):
+            ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"Weir pod-launch benchmark — {r['reps']} pods per setup\n{r['command']}")
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     fig.savefig(dst, dpi=90)
 
 

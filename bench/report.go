@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/weirnet/weir/internal/lab"
 )
 
 type sample struct {
@@ -121,8 +123,30 @@ func (r *result) pairedRatio(a, pathA, b, pathB, metric string) float64 {
 	return quantile(ratios, 0.5)
 }
 
-// judge compares the paired ratios with the issue's targets.
+// judge compares the run with its scenario's targets.
 func (r *result) judge() {
+	if r.Scenario == "pod-launch" {
+		r.judgePodLaunch()
+		return
+	}
+	r.judgeDatapath()
+}
+
+// judgePodLaunch: Weir must not make pods slower to start than the
+// reference plugin, and its ADD stays within the datapath scenario's bound.
+func (r *result) judgePodLaunch() {
+	ready := r.median(launchWeir, "launch", "ready_ms") / r.median(launchBridge, "launch", "ready_ms")
+	add := r.p99(launchWeir, "launch", "add_ms")
+	addRatio := r.median(launchWeir, "launch", "add_ms") / r.median(launchBridge, "launch", "add_ms")
+	r.Targets = append(r.Targets,
+		target{"create to Ready median, weir / bridge", "<= 1.00", ready, ready <= 1},
+		target{"CNI ADD median, weir / bridge", "<= 1.00", addRatio, addRatio <= 1},
+		target{"CNI ADD p99 inside a launch (ms)", "< 50", add, add < 50},
+	)
+}
+
+// judgeDatapath compares the paired ratios with the issue's targets.
+func (r *result) judgeDatapath() {
 	tcp := r.pairedRatio(setupWeir, "intra", setupRaw, "intra", "tcp_gbps")
 	rr := r.pairedRatio(setupWeir, "intra", setupRaw, "intra", "rr_avg_us")
 	r.Targets = append(r.Targets,
@@ -189,6 +213,9 @@ var metricTitles = []struct{ key, title string }{
 }
 
 func (r *result) markdown() string {
+	if r.Scenario == "pod-launch" {
+		return r.podLaunchMarkdown()
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
 	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
@@ -221,6 +248,27 @@ func (r *result) markdown() string {
 	b.WriteString("\n## CNI latency (ms, one sample per pod)\n\n| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 |\n|---|---|---|---|---|\n")
 	for _, s := range []string{setupWeir, setupBridge} {
 		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f |\n", s, r.median(s, "cni", "add_ms"), r.p99(s, "cni", "add_ms"), r.median(s, "cni", "del_ms"), r.p99(s, "cni", "del_ms"))
+	}
+	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
+	}
+	return b.String()
+}
+
+func (r *result) podLaunchMarkdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
+	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	fmt.Fprintf(&b, "One two-node Kubernetes %s cluster; %d pods per setup launched one at a time, the setups alternating. "+
+		"Weir pods use the default runtime handler, bridge pods the `bridge` RuntimeClass (reference bridge + host-local plugins) on the same nodes. "+
+		"Create to Ready is the client's view (create call to the watch showing Ready); CNI ADD is timed around the real plugin by a wrapper the runtime calls.\n\n", lab.KubernetesVersion, r.Reps)
+	b.WriteString("| metric | weir p50 | weir p99 | bridge p50 | bridge p99 |\n|---|---|---|---|---|\n")
+	for _, m := range []struct{ key, title string }{
+		{"ready_ms", "create to Ready (ms)"}, {"add_ms", "CNI ADD (ms)"}, {"add_share_pct", "ADD share of the launch (%)"}, {"del_ms", "CNI DEL (ms), all pods deleted at once"},
+	} {
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f |\n", m.title, r.median(launchWeir, "launch", m.key), r.p99(launchWeir, "launch", m.key),
+			r.median(launchBridge, "launch", m.key), r.p99(launchBridge, "launch", m.key))
 	}
 	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
 	for _, t := range r.Targets {

@@ -6,11 +6,11 @@ import (
 	"io"
 	"io/fs"
 	"net"
-	"os"
-	"strconv"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,6 +67,12 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	}
 	if st.Config.AgentMode != AgentHost {
 		if err := st.deployAgents(ctx); err != nil {
+			return err
+		}
+	}
+	if st.Config.BridgeRuntime {
+		rc := "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: bridge}\nhandler: bridge\n"
+		if _, err := st.Kubectl(ctx, strings.NewReader(rc), "apply", "-f", "-"); err != nil {
 			return err
 		}
 	}

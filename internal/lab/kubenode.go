@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -61,6 +64,11 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 	}
 	if err := os.WriteFile(kp.containerdConf, []byte(st.containerdConfig(n, kp)), 0o644); err != nil {
 		return err
+	}
+	if st.Config.BridgeRuntime {
+		if err := st.writeBridgeConf(kp, nodeIndex(n)); err != nil {
+			return err
+		}
 	}
 	if err := st.run(n.Name+"/containerd", n.NetNS, st.kubeBin("containerd"), "--config", kp.containerdConf); err != nil {
 		return err
@@ -160,14 +168,53 @@ state = %q
 
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
-`, filepath.Join(kp.data, "containerd"), filepath.Join(kp.dir, "containerd", "state"),
+%s`, filepath.Join(kp.data, "containerd"), filepath.Join(kp.dir, "containerd", "state"),
 		kp.containerdSock, kp.containerdSock+".ttrpc", PauseImage,
-		st.cniBinDir(kp), kp.cniConfDir, filepath.Join(kp.dir, "runc"))
+		st.cniBinDir(kp), kp.cniConfDir, filepath.Join(kp.dir, "runc"), st.bridgeRuntime(kp))
+}
+
+// bridgeRuntime is the containerd runtime handler of the "bridge"
+// RuntimeClass: runc like the default, with its own CNI config directory
+// holding the reference bridge plugin's config.
+func (st *State) bridgeRuntime(kp kubeNodePaths) string {
+	if !st.Config.BridgeRuntime {
+		return ""
+	}
+	return fmt.Sprintf(`
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.bridge]
+  runtime_type = "io.containerd.runc.v2"
+  cni_conf_dir = %q
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.bridge.options]
+    BinaryName = "/usr/sbin/runc"
+    Root = %q
+    SystemdCgroup = false
+`, filepath.Join(kp.dir, "cni", "bridge.d"), filepath.Join(kp.dir, "runc"))
+}
+
+// BridgeSubnet is node i's (1-based) range for pods of the bridge
+// RuntimeClass, apart from Weir's cluster CIDR.
+func BridgeSubnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(i), 0}), 24)
+}
+
+// writeBridgeConf writes the bridge runtime's CNI config on node i.
+func (st *State) writeBridgeConf(kp kubeNodePaths, i int) error {
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"bridge","plugins":[{"type":"bridge","bridge":"cni0","isGateway":true,"ipMasq":false,`+
+		`"ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}}]}`,
+		BridgeSubnet(i).String(), filepath.Join(kp.dir, "cni", "host-local"))
+	dir := filepath.Join(kp.dir, "cni", "bridge.d")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "10-bridge.conflist"), []byte(conf), 0o644)
 }
 
 // cniBinDir is where the node's runtime finds weir-cni: installed by the
 // DaemonSet's init container, or the lab's build directory for host agents.
 func (st *State) cniBinDir(kp kubeNodePaths) string {
+	if st.Config.CNIBinDir != "" {
+		return st.Config.CNIBinDir
+	}
 	if st.Config.AgentMode == AgentHost {
 		return st.Config.BinDir
 	}
@@ -269,4 +316,10 @@ func waitSocket(ctx context.Context, path string, timeout time.Duration) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// nodeIndex is the 1-based number in a node's name (n1 -> 1).
+func nodeIndex(n *Node) int {
+	i, _ := strconv.Atoi(strings.TrimPrefix(n.Name, "n"))
+	return i
 }

@@ -36,6 +36,14 @@ type Config struct {
 	// (default), the way users deploy it, or AgentHost, a process per
 	// node started by the lab, for development.
 	AgentMode string `json:"agentMode,omitempty"`
+	// BridgeRuntime adds a second runtime handler, "bridge", whose pods are
+	// attached by the reference bridge + host-local plugins, and a
+	// RuntimeClass of that name: benchmarks compare both on one cluster.
+	BridgeRuntime bool `json:"bridgeRuntime,omitempty"`
+	// CNIBinDir, if set, is the only directory the nodes' runtimes look
+	// for CNI plugins in (host agent mode), e.g. a benchmark's timing
+	// wrappers.
+	CNIBinDir string `json:"cniBinDir,omitempty"`
 }
 
 // How a Kubernetes lab runs its agents.
@@ -70,6 +78,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("CNI %q: want %s or %s", c.CNI, CNIWeir, CNIBridge)
+	}
+	if c.CNIBinDir != "" && c.AgentMode != AgentHost {
+		return fmt.Errorf("a CNI bin dir of its own needs agent mode %s (the DaemonSet installs weir-cni itself)", AgentHost)
 	}
 	switch c.AgentMode {
 	case "":
