@@ -1,0 +1,50 @@
+package deploy
+
+import (
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+func TestRenderAgentDefaults(t *testing.T) {
+	b, err := RenderAgent(DefaultAgentParams("example/weir-agent:v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
+		t.Fatalf("rendered DaemonSet does not decode strictly: %v\n%s", err, b)
+	}
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork || spec.ServiceAccountName != "weir-agent" || len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists {
+		t.Fatalf("pod spec %+v: want host network, the weir-agent account, every taint tolerated", spec)
+	}
+	agent := spec.Containers[0]
+	if agent.SecurityContext == nil || agent.SecurityContext.Privileged == nil || !*agent.SecurityContext.Privileged {
+		t.Fatal("agent must be privileged")
+	}
+	if agent.ReadinessProbe == nil || agent.ReadinessProbe.Exec.Command[1] != "health" {
+		t.Fatalf("readiness probe %+v", agent.ReadinessProbe)
+	}
+	prop := map[string]corev1.MountPropagationMode{}
+	for _, m := range agent.VolumeMounts {
+		if m.MountPropagation != nil {
+			prop[m.MountPath] = *m.MountPropagation
+		}
+	}
+	if prop["/var/run/netns"] != corev1.MountPropagationHostToContainer || prop["/sys/fs/bpf"] != corev1.MountPropagationBidirectional {
+		t.Fatalf("propagation %v: pod netns must reach the agent, its bpffs mounts the host", prop)
+	}
+	if len(spec.Volumes) != len(agent.VolumeMounts) || len(spec.InitContainers) != 1 {
+		t.Fatalf("%d volumes for %d mounts, %d init containers", len(spec.Volumes), len(agent.VolumeMounts), len(spec.InitContainers))
+	}
+	want := map[string]bool{"--kubernetes": true, "--node-name=$(NODE_NAME)": true, "--cni-conf-dir=/etc/cni/net.d": true, "--socket=/run/weir/agent.sock": true}
+	for _, a := range agent.Args {
+		delete(want, a)
+	}
+	if len(want) > 0 {
+		t.Fatalf("args %v lack %v", agent.Args, want)
+	}
+}

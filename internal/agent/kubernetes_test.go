@@ -1,0 +1,44 @@
+package agent
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/k8s"
+)
+
+func TestPeersFromSkipsNodesNotReadyForPods(t *testing.T) {
+	s := k8s.Snapshot{Nodes: []k8s.Node{
+		{Name: "n1", InternalIP: netip.MustParseAddr("10.0.0.1"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}},
+		{Name: "n2", InternalIP: netip.MustParseAddr("10.0.0.2")}, // no CIDR yet
+		{Name: "n3", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}, // no address yet
+		{Name: "n4", InternalIP: netip.MustParseAddr("10.0.0.4"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00::/64"), netip.MustParsePrefix("10.244.4.0/24")}},
+	}}
+	got := peersFrom(s)
+	if len(got) != 2 || got[0].Name != "n1" || got[1].Name != "n4" || got[1].PodCIDR != netip.MustParsePrefix("10.244.4.0/24") {
+		t.Fatalf("peers %+v: want n1 and n4 (its IPv4 CIDR)", got)
+	}
+}
+
+func TestSamePeersIgnoresSelfAndOrder(t *testing.T) {
+	self := netip.MustParseAddr("10.0.0.1")
+	p := func(name, ip, cidr string) api.Peer {
+		return api.Peer{Name: name, NodeIP: netip.MustParseAddr(ip), PodCIDR: netip.MustParsePrefix(cidr)}
+	}
+	have := []api.Peer{p("n2", "10.0.0.2", "10.244.1.0/24"), p("n3", "10.0.0.3", "10.244.2.0/24")}
+	for _, tc := range []struct {
+		name string
+		want []api.Peer
+		same bool
+	}{
+		{"same, with self, reordered", []api.Peer{p("n3", "10.0.0.3", "10.244.2.0/24"), p("n1", "10.0.0.1", "10.244.0.0/24"), p("n2", "10.0.0.2", "10.244.1.0/24")}, true},
+		{"one gone", []api.Peer{p("n2", "10.0.0.2", "10.244.1.0/24")}, false},
+		{"one moved", []api.Peer{p("n2", "10.0.0.9", "10.244.1.0/24"), p("n3", "10.0.0.3", "10.244.2.0/24")}, false},
+		{"one more", append(append([]api.Peer{}, have...), p("n4", "10.0.0.4", "10.244.3.0/24")), false},
+	} {
+		if got := samePeers(have, tc.want, self); got != tc.same {
+			t.Errorf("%s: samePeers = %v", tc.name, got)
+		}
+	}
+}

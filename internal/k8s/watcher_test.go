@@ -1,0 +1,134 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func node(name, ip, cidr string) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}},
+		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}, {Type: corev1.NodeInternalIP, Address: ip}}},
+	}
+}
+
+func pod(ns, name, nodeName, ip string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, UID: types.UID("uid-" + name)},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{
+			Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {ContainerPort: 53, Protocol: corev1.ProtocolUDP}},
+		}}},
+		Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: ip}}},
+	}
+}
+
+func TestWatcherSnapshotsNodesAndOwnPods(t *testing.T) {
+	c := fake.NewSimpleClientset(
+		node("n2", "10.99.0.12", "10.244.1.0/24"), node("n1", "10.99.0.11", "10.244.0.0/24"),
+		pod("default", "web", "n1", "10.244.0.5", map[string]string{"app": "web"}),
+		pod("default", "other", "n2", "10.244.1.5", nil),
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w := NewWatcher(c, "n1", 0)
+	w.Start(ctx)
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := w.Snapshot()
+	if len(s.Nodes) != 2 || s.Nodes[0].Name != "n1" {
+		t.Fatalf("nodes %+v, want n1 and n2 sorted", s.Nodes)
+	}
+	n1, ok := s.Node("n1")
+	cidr, has := n1.PodCIDR4()
+	if !ok || !has || cidr != netip.MustParsePrefix("10.244.0.0/24") || n1.InternalIP != netip.MustParseAddr("10.99.0.11") {
+		t.Fatalf("n1 = %+v", n1)
+	}
+	if len(s.Pods) != 1 || s.Pods[0].Name != "web" || s.Pods[0].Labels["app"] != "web" {
+		t.Fatalf("pods %+v, want only this node's web pod", s.Pods)
+	}
+	want := []ContainerPort{{Name: "http", Port: 8080, Protocol: "TCP"}, {Port: 53, Protocol: "UDP"}}
+	if got := s.Pods[0].Ports; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("ports %+v, want %+v (protocol defaults to TCP)", got, want)
+	}
+
+	// A new node arrives: one signal, and the next snapshot has it.
+	drain(w)
+	if _, err := c.CoreV1().Nodes().Create(ctx, node("n3", "10.99.0.13", "10.244.2.0/24"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Changes():
+	case <-ctx.Done():
+		t.Fatal("no change signalled for a new node")
+	}
+	waitNodes(t, w, 3)
+}
+
+func drain(w *Watcher) {
+	for {
+		select {
+		case <-w.Changes():
+		default:
+			return
+		}
+	}
+}
+
+func waitNodes(t *testing.T, w *Watcher, n int) {
+	t.Helper()
+	for i := 0; i < 100; i++ {
+		if len(w.Snapshot().Nodes) == n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("snapshot never had %d nodes", n)
+}
+
+func TestNodeWithoutCIDROrAddressIsIncomplete(t *testing.T) {
+	n := nodeFrom(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: corev1.NodeSpec{PodCIDR: "not-a-cidr"}})
+	if _, ok := n.PodCIDR4(); ok || n.InternalIP.IsValid() {
+		t.Fatalf("%+v: a malformed CIDR and no address must leave both unset", n)
+	}
+}
+
+func TestReportNodeSetsConditionAndAnnotation(t *testing.T) {
+	c := fake.NewSimpleClientset(node("n1", "10.99.0.11", "10.244.0.0/24"))
+	ctx := context.Background()
+	if err := ReportNode(ctx, c, "n1", AgentState{Ready: true, Mode: "vxlan", PodCIDR: "10.244.0.0/24", Peers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st AgentState
+	if err := json.Unmarshal([]byte(n.Annotations[AgentAnnotation]), &st); err != nil || !st.Ready || st.Mode != "vxlan" {
+		t.Fatalf("annotation %q: %v", n.Annotations[AgentAnnotation], err)
+	}
+	var found bool
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeNetworkUnavailable {
+			found = true
+			if cond.Status != corev1.ConditionFalse || cond.Reason != ConditionReason {
+				t.Fatalf("condition %+v, want NetworkUnavailable=False by %s", cond, ConditionReason)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no NetworkUnavailable condition in %+v", n.Status.Conditions)
+	}
+	if err := ReportNode(ctx, c, "gone", AgentState{}); err == nil {
+		t.Fatal("reporting on a missing node must fail")
+	}
+}
