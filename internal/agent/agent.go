@@ -91,16 +91,27 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.Kubernetes {
 		return runKubernetes(ctx, cfg, log)
 	}
-	node, err := datapath.SetupNode(cfg.nodeConfig())
-	if err != nil {
-		return fmt.Errorf("set up datapath: %w", err)
-	}
-	defer node.Close()
-	a, err := New(cfg, node, log)
+	a, node, err := start(cfg, log)
 	if err != nil {
 		return err
 	}
+	defer node.Close()
 	return a.Serve(ctx)
+}
+
+// start programs the node's datapath and builds the agent over it; the
+// caller closes the node (its pinned programs keep running).
+func start(cfg Config, log *slog.Logger) (*Agent, *datapath.Node, error) {
+	node, err := datapath.SetupNode(cfg.nodeConfig())
+	if err != nil {
+		return nil, nil, fmt.Errorf("set up datapath: %w", err)
+	}
+	a, err := New(cfg, node, log)
+	if err != nil {
+		node.Close()
+		return nil, nil, err
+	}
+	return a, node, nil
 }
 
 // Serve answers the local API on cfg.Socket until ctx ends.

@@ -15,7 +15,6 @@ import (
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/cni"
-	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/fsutil"
 	"github.com/weirnet/weir/internal/k8s"
 )
@@ -87,15 +86,11 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg, err = learnNode(ctx, w, cfg, log); err != nil {
 		return err
 	}
-	node, err := datapath.SetupNode(cfg.nodeConfig())
-	if err != nil {
-		return fmt.Errorf("set up datapath: %w", err)
-	}
-	defer node.Close()
-	a, err := New(cfg, node, log)
+	a, node, err := start(cfg, log)
 	if err != nil {
 		return err
 	}
+	defer node.Close()
 	a.kube = &api.KubeStatus{}
 	ln, err := a.Listen()
 	if err != nil {

@@ -165,60 +165,33 @@ func TestKubernetes(t *testing.T) {
 	t.Run("agent crash keeps connections and pods", func(t *testing.T) {
 		pods := webPods(t, c)
 		client, server := onNode(t, pods, "n1"), onNode(t, pods, "n2")
-		conn, stopEcho := echoBetween(t, st, client, server)
-		defer stopEcho()
-		before := endpointsByNode(t, st)
-		ifindexes := hostIfindexes(t, st)
-		traffic := keepTalking(conn)
-		for _, n := range []string{"n1", "n2"} {
-			// kubelet restarts the DaemonSet's container.
-			if err := st.KillAgent(n); err != nil {
-				t.Fatal(err)
+		sent, adopted := undisturbed(t, st, client, server, func() {
+			for _, n := range []string{"n1", "n2"} {
+				// kubelet restarts the DaemonSet's container.
+				if err := st.KillAgent(n); err != nil {
+					t.Fatal(err)
+				}
+				waitAgents(t, st)
 			}
-			waitAgents(t, st)
-		}
-		sent, err := traffic.stop()
-		if err != nil {
-			t.Fatalf("connection broke across agent crashes: %v", err)
-		}
+		})
 		if sent < 50 {
 			t.Fatalf("only %d echoes went through", sent)
 		}
-		after := endpointsByNode(t, st)
-		if fmt.Sprint(before) != fmt.Sprint(after) {
-			t.Fatalf("endpoints changed across restart:\n%v\n%v", before, after)
-		}
-		if got := hostIfindexes(t, st); fmt.Sprint(got) != fmt.Sprint(ifindexes) {
-			t.Fatalf("pods were re-plumbed: host veths %v -> %v", ifindexes, got)
-		}
-		t.Logf("%d echoes across two agent crashes (kubelet restarted them), %d endpoints adopted unchanged", sent, len(ifindexes))
+		t.Logf("%d echoes across two agent crashes (kubelet restarted them), %d endpoints adopted unchanged", sent, adopted)
 	})
 
 	t.Run("rolling restart of the agent DaemonSet drops nothing", func(t *testing.T) {
 		pods := webPods(t, c)
 		client, server := onNode(t, pods, "n2"), onNode(t, pods, "n1")
-		conn, stopEcho := echoBetween(t, st, client, server)
-		defer stopEcho()
-		before := endpointsByNode(t, st)
-		ifindexes := hostIfindexes(t, st)
-		traffic := keepTalking(conn)
-		if _, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "restart", "daemonset/weir-agent"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "status", "daemonset/weir-agent", "--timeout=3m"); err != nil {
-			t.Fatal(err)
-		}
-		waitAgents(t, st)
-		sent, err := traffic.stop()
-		if err != nil {
-			t.Fatalf("connection broke during the rollout: %v", err)
-		}
-		if after := endpointsByNode(t, st); fmt.Sprint(before) != fmt.Sprint(after) {
-			t.Fatalf("endpoints changed across the rollout:\n%v\n%v", before, after)
-		}
-		if got := hostIfindexes(t, st); fmt.Sprint(got) != fmt.Sprint(ifindexes) {
-			t.Fatalf("pods were re-plumbed: host veths %v -> %v", ifindexes, got)
-		}
+		sent, _ := undisturbed(t, st, client, server, func() {
+			if _, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "restart", "daemonset/weir-agent"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "status", "daemonset/weir-agent", "--timeout=3m"); err != nil {
+				t.Fatal(err)
+			}
+			waitAgents(t, st)
+		})
 		t.Logf("%d echoes across a rolling restart of both agents", sent)
 	})
 
@@ -438,23 +411,34 @@ func podNS(t *testing.T, st *lab.State, p corev1.Pod) string {
 func echoBetween(t *testing.T, st *lab.State, client, server corev1.Pod) (net.Conn, func()) {
 	t.Helper()
 	ln := listenIn(t, podNS(t, st, server), ":9000")
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			c.Write([]byte(line))
-		}
-	}()
+	go serveEcho(ln)
 	conn := dialIn(t, podNS(t, st, client), net.JoinHostPort(server.Status.PodIP, "9000"))
 	return conn, func() { conn.Close(); ln.Close() }
+}
+
+// undisturbed runs disrupt while a connection from client to server is
+// kept busy, and fails unless every echo came back and every node's
+// endpoints and pod veths are exactly as before (adopted, not re-plumbed).
+// It returns the echoes and the number of pod veths.
+func undisturbed(t *testing.T, st *lab.State, client, server corev1.Pod, disrupt func()) (int, int) {
+	t.Helper()
+	conn, stopEcho := echoBetween(t, st, client, server)
+	defer stopEcho()
+	before := endpointsByNode(t, st)
+	ifindexes := hostIfindexes(t, st)
+	traffic := keepTalking(conn)
+	disrupt()
+	sent, err := traffic.stop()
+	if err != nil {
+		t.Fatalf("connection broke: %v", err)
+	}
+	if after := endpointsByNode(t, st); fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatalf("endpoints changed:\n%v\n%v", before, after)
+	}
+	if got := hostIfindexes(t, st); fmt.Sprint(got) != fmt.Sprint(ifindexes) {
+		t.Fatalf("pods were re-plumbed: host veths %v -> %v", ifindexes, got)
+	}
+	return sent, len(ifindexes)
 }
 
 // talker keeps one connection busy with echoed lines.

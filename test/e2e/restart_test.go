@@ -23,21 +23,7 @@ func TestAgentRestartKeepsTraffic(t *testing.T) {
 
 	ln := listenIn(t, lab.PodNSPath(*server), ":9000")
 	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		r := bufio.NewReader(c)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			c.Write([]byte(line))
-		}
-	}()
+	go serveEcho(ln)
 	conn := dialIn(t, lab.PodNSPath(*client), net.JoinHostPort(server.IP.String(), "9000"))
 	defer conn.Close()
 
@@ -109,6 +95,23 @@ func endpointsByNode(t *testing.T, st *lab.State) map[string][]string {
 		out[n.Name] = append(out[n.Name], fmt.Sprintf("map=%d", s.MapEntries))
 	}
 	return out
+}
+
+// serveEcho answers the first connection ln accepts line by line.
+func serveEcho(ln net.Listener) {
+	c, err := ln.Accept()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		c.Write([]byte(line))
+	}
 }
 
 func listenIn(t *testing.T, nsPath, addr string) net.Listener {
