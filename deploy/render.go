@@ -15,7 +15,11 @@ type AgentParams struct {
 	Mode, ClusterCIDR        string
 	StateDir, Socket, PinDir string
 	CNIConfDir, CNIBinDir    string
-	Mounts                   []Mount
+	// APIServerHost and APIServerPort, if set, are where the agent reaches
+	// the API server instead of the kubernetes Service, which needs
+	// kube-proxy (or Weir's own service handling) to be working first.
+	APIServerHost, APIServerPort string
+	Mounts                       []Mount
 }
 
 // Mount is a host directory the agent needs.

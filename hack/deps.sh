@@ -6,7 +6,7 @@ set -euo pipefail
 weir_packages=(
   clang-19 llvm-19 libbpf-dev linux-libc-dev   # compiling bpf/ (bpf2go)
   bpftool iproute2 util-linux procps           # inspecting the datapath, nsenter
-  iperf3 sockperf python3-matplotlib           # benchmarks
+  iperf3 sockperf wrk python3-matplotlib       # benchmarks (also in the lab's loadtools image)
   runc nftables busybox-static                 # the Kubernetes lab: runtime, kube-proxy, test images
   git ca-certificates
 )

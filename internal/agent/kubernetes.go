@@ -25,8 +25,12 @@ import (
 var ErrPodCIDRChanged = errors.New("node pod CIDR changed")
 
 // reportEvery is how often the agent refreshes its state on the Node even
-// when nothing changed, so a failed report is retried.
-const reportEvery = 30 * time.Second
+// when nothing changed; a failed report is retried sooner, from
+// reportRetryMin doubling up to reportEvery.
+const (
+	reportEvery    = 30 * time.Second
+	reportRetryMin = time.Second
+)
 
 // nodeState is what the agent last learned from the API server. It is
 // kept on disk so that an agent restarted while the API server is
@@ -157,8 +161,20 @@ func learnNode(ctx context.Context, w *k8s.Watcher, cfg Config, log *slog.Logger
 // follow applies every change the watcher reports and keeps the Node's
 // report fresh, until ctx ends or the API server socket fails.
 func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.Watcher, served <-chan error) error {
-	tick := time.NewTicker(reportEvery)
+	tick := time.NewTimer(reportEvery)
 	defer tick.Stop()
+	retry := reportRetryMin
+	// report, then schedule the next one: soon after a failure, later
+	// after a success.
+	reportAndSchedule := func() {
+		if a.report(ctx, client) {
+			retry = reportRetryMin
+			tick.Reset(reportEvery)
+			return
+		}
+		tick.Reset(retry)
+		retry = min(2*retry, reportEvery)
+	}
 	// learnNode may have consumed the informers' first events; ask for a
 	// delivery once they have listed everything.
 	go func() {
@@ -166,7 +182,7 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 			w.Poke()
 		}
 	}()
-	a.report(ctx, client)
+	reportAndSchedule()
 	for {
 		select {
 		case <-ctx.Done():
@@ -174,7 +190,7 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 		case err := <-served:
 			return err
 		case <-tick.C:
-			a.report(ctx, client)
+			reportAndSchedule()
 		case <-w.Changes():
 			if !w.Synced() {
 				continue
@@ -184,7 +200,7 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 				a.log.Error("apply cluster state", "err", err)
 			}
 			if changed {
-				a.report(ctx, client)
+				reportAndSchedule()
 			}
 		}
 	}
@@ -238,10 +254,10 @@ func samePeers(have, want []api.Peer, self netip.Addr) bool {
 	return n == len(have)
 }
 
-// report writes the agent's state on its Node; a failure is recorded and
-// retried on the next tick, never fatal: the datapath does not depend on
-// the API server.
-func (a *Agent) report(ctx context.Context, client kubernetes.Interface) {
+// report writes the agent's state on its Node and says whether it could;
+// a failure is recorded and retried, never fatal: the datapath does not
+// depend on the API server.
+func (a *Agent) report(ctx context.Context, client kubernetes.Interface) bool {
 	a.mu.Lock()
 	st := k8s.AgentState{
 		Ready: true, Mode: string(a.cfg.Mode), PodCIDR: a.cfg.PodCIDR.String(),
@@ -258,10 +274,11 @@ func (a *Agent) report(ctx context.Context, client kubernetes.Interface) {
 			a.log.Warn("cannot report to the API server; the datapath keeps running", "err", err)
 		}
 		a.kube.ReportError = err.Error()
-		return
+		return false
 	}
 	if a.kube.ReportError != "" {
 		a.log.Info("reporting to the API server again")
 	}
 	a.kube.Reported, a.kube.ReportError = time.Now(), ""
+	return true
 }

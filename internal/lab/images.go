@@ -29,6 +29,8 @@ const (
 	BusyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
 	AgentImage   = "weir.local/weir-agent:dev"
 	CoreDNSImage = "weir.local/coredns:" + CoreDNSVersion
+	// LoadToolsImage holds iperf3, sockperf and wrk for benchmarks in pods.
+	LoadToolsImage = "weir.local/loadtools:dev"
 )
 
 // imageSpec is a container image built from files on this machine.
@@ -36,6 +38,9 @@ type imageSpec struct {
 	Refs       []string          // every name the image is tagged with
 	Files      map[string]string // path in the image -> file on the host
 	Busybox    bool              // add /bin/busybox and a link per applet
+	// SharedLibs carries the shared libraries (and the dynamic loader) of
+	// dynamically linked Files, as ldd resolves them on this machine.
+	SharedLibs bool
 	Entrypoint []string
 	Cmd        []string
 }
@@ -52,6 +57,10 @@ func labImages(binDir string, bins map[string]string) []imageSpec {
 			"/usr/bin/weir-cni":   filepath.Join(binDir, "weir-cni"),
 		}, Busybox: true, Entrypoint: []string{"/usr/bin/weir-agent"}},
 		{Refs: []string{CoreDNSImage}, Files: map[string]string{"/coredns": filepath.Join(bins["coredns"], "coredns")}, Entrypoint: []string{"/coredns"}},
+		// The benchmarks' load generators, Debian's builds with their libraries.
+		{Refs: []string{LoadToolsImage}, Files: map[string]string{
+			"/usr/bin/iperf3": "/usr/bin/iperf3", "/usr/bin/sockperf": "/usr/bin/sockperf", "/usr/bin/wrk": "/usr/bin/wrk",
+		}, SharedLibs: true, Busybox: true, Cmd: []string{"sh"}},
 	}
 }
 
@@ -65,13 +74,19 @@ func (s imageSpec) build() (string, error) {
 	for k, v := range s.Files {
 		files[k] = v
 	}
+	if s.SharedLibs {
+		if err := addSharedLibs(files); err != nil {
+			return "", fmt.Errorf("image %s: %w", s.Refs[0], err)
+		}
+	} else {
+		for dst, src := range files {
+			if err := checkStatic(src); err != nil {
+				return "", fmt.Errorf("image %s: %s: %w", s.Refs[0], dst, err)
+			}
+		}
+	}
 	if s.Busybox {
 		files["/bin/busybox"] = busyboxPath
-	}
-	for dst, src := range files {
-		if err := checkStatic(src); err != nil {
-			return "", fmt.Errorf("image %s: %s: %w", s.Refs[0], dst, err)
-		}
 	}
 	key, err := s.key(files)
 	if err != nil {
@@ -237,6 +252,29 @@ func busyboxApplets() ([]string, error) {
 		return nil, fmt.Errorf("list busybox applets (install busybox-static): %w", err)
 	}
 	return strings.Fields(string(out)), nil
+}
+
+// addSharedLibs adds to files every library ldd says its binaries load,
+// at the same path, and the dynamic loader.
+func addSharedLibs(files map[string]string) error {
+	for _, src := range sortedKeys(files) {
+		out, err := exec.Command("ldd", files[src]).Output()
+		if err != nil {
+			return fmt.Errorf("ldd %s (is it installed?): %w", files[src], err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			switch {
+			case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+				files[f[2]] = f[2]
+			case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+				files[f[0]] = f[0] // the loader
+			case strings.Contains(line, "not found"):
+				return fmt.Errorf("%s: %s", files[src], strings.TrimSpace(line))
+			}
+		}
+	}
+	return nil
 }
 
 // checkStatic fails for a dynamically linked binary: the images have no

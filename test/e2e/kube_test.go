@@ -147,6 +147,50 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("the benchmarks' load tools run in pods", func(t *testing.T) {
+		tools := `
+apiVersion: v1
+kind: Pod
+metadata: {name: iperf-server, labels: {app: tools}}
+spec:
+  nodeName: n2
+  terminationGracePeriodSeconds: 0
+  containers: [{name: s, image: ` + lab.LoadToolsImage + `, imagePullPolicy: Never, command: [iperf3, -s]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: tools-client, labels: {app: tools}}
+spec:
+  nodeName: n1
+  terminationGracePeriodSeconds: 0
+  containers: [{name: c, image: ` + lab.LoadToolsImage + `, imagePullPolicy: Never, command: [sleep, "3600"]}]
+`
+		if _, err := st.Kubectl(ctx, strings.NewReader(tools), "apply", "-f", "-"); err != nil {
+			t.Fatal(err)
+		}
+		defer st.Kubectl(ctx, nil, "delete", "pod", "-l", "app=tools", "--wait=false")
+		if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Ready", "pod", "-l", "app=tools", "--timeout=60s"); err != nil {
+			t.Fatal(err)
+		}
+		srv, err := c.CoreV1().Pods("default").Get(ctx, "iperf-server", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		waitFor(t, 10*time.Second, func() error { // until iperf3 listens
+			out, err = st.Kubectl(ctx, nil, "exec", "tools-client", "--", "iperf3", "-c", srv.Status.PodIP, "-t", "1")
+			return err
+		})
+		if !strings.Contains(string(out), "receiver") {
+			t.Fatalf("iperf3 across nodes: %s", out)
+		}
+		for _, tool := range [][]string{{"sockperf", "--version"}, {"wrk", "--version"}} {
+			if out, err := st.Kubectl(ctx, nil, append([]string{"exec", "tools-client", "--"}, tool...)...); err != nil && !strings.Contains(string(out), "wrk ") {
+				t.Errorf("%s in the loadtools image: %v %s", tool[0], err, out)
+			}
+		}
+	})
+
 	t.Run("deleting pods frees their addresses", func(t *testing.T) {
 		if _, err := st.Kubectl(ctx, nil, "scale", "deployment/web", "--replicas=4"); err != nil {
 			t.Fatal(err)
@@ -249,14 +293,18 @@ func TestKubernetes(t *testing.T) {
 			c.Close()
 		}
 		for _, n := range st.Nodes {
-			s, err := n.Client().Status(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s.Kubernetes == nil || !s.Kubernetes.Synced || s.Kubernetes.ReportError != "" {
-				t.Errorf("agent %s after the outage: %+v", n.Name, s.Kubernetes)
-			}
+			waitFor(t, 60*time.Second, func() error {
+				s, err := n.Client().Status(ctx)
+				if err != nil {
+					return err
+				}
+				if k := s.Kubernetes; k == nil || !k.Synced || k.ReportError != "" || k.Reported.Before(back) {
+					return fmt.Errorf("agent %s has not reported since the API server returned: %+v", n.Name, k)
+				}
+				return nil
+			})
 		}
+		t.Logf("agents reported to the API server again after %s", time.Since(back).Round(100*time.Millisecond))
 	})
 }
 
@@ -428,6 +476,7 @@ func undisturbed(t *testing.T, st *lab.State, client, server corev1.Pod, disrupt
 	ifindexes := hostIfindexes(t, st)
 	traffic := keepTalking(conn)
 	disrupt()
+	time.Sleep(time.Second) // and traffic still flows after it
 	sent, err := traffic.stop()
 	if err != nil {
 		t.Fatalf("connection broke: %v", err)
