@@ -11,7 +11,7 @@ import (
 func TestPeersFromSkipsNodesNotReadyForPods(t *testing.T) {
 	s := k8s.Snapshot{Nodes: []k8s.Node{
 		{Name: "n1", InternalIP: netip.MustParseAddr("10.0.0.1"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}},
-		{Name: "n2", InternalIP: netip.MustParseAddr("10.0.0.2")}, // no CIDR yet
+		{Name: "n2", InternalIP: netip.MustParseAddr("10.0.0.2")},                      // no CIDR yet
 		{Name: "n3", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}}, // no address yet
 		{Name: "n4", InternalIP: netip.MustParseAddr("10.0.0.4"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00::/64"), netip.MustParsePrefix("10.244.4.0/24")}},
 	}}

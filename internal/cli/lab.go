@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"sort"
 	"syscall"
@@ -323,7 +322,7 @@ func newLabKubectlCommand() *cobra.Command {
 			if st.Kube == nil {
 				return fmt.Errorf("lab %s runs no Kubernetes (it was brought up with --bare)", name)
 			}
-			c := exec.CommandContext(cmd.Context(), st.KubectlPath(), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
+			c := st.KubectlCommand(cmd.Context(), args...)
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return c.Run()
 		},

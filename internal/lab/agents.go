@@ -2,29 +2,14 @@ package lab
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 )
 
-// startAgent runs the node's weir-agent inside the node namespace. nsenter
-// enters only the network namespace (ip netns exec would also remount /sys
-// and hide bpffs and cgroups), then execs the agent, so the recorded PID
-// is the agent's own. The agent gets its own session and outlives `weir lab up`.
+// startAgent runs the node's weir-agent inside the node namespace
+// (startProc); it outlives `weir lab up` and is stopped by its PID.
 func (st *State) startAgent(ctx context.Context, n *Node) error {
-	if err := os.MkdirAll(filepath.Dir(n.Log), 0o755); err != nil {
-		return err
-	}
-	logf, err := os.OpenFile(n.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	args := []string{
-		"--net=" + nsPath(n.NetNS), "--",
+	p, err := startProc(n.Name+"/weir-agent", n.NetNS, n.Log, []string{
 		filepath.Join(st.Config.BinDir, "weir-agent"),
 		"--node-name", n.Name,
 		"--mode", string(st.Config.Mode),
@@ -36,16 +21,11 @@ func (st *State) startAgent(ctx context.Context, n *Node) error {
 		"--bpf-pin-dir", n.PinDir,
 		"--socket", n.Socket,
 		"--peers-file", filepath.Join(st.RunDir, "peers.json"),
+	}, nil)
+	if err != nil {
+		return err
 	}
-	cmd := exec.Command("nsenter", args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start agent of %s: %w", n.Name, err)
-	}
-	n.AgentPID = cmd.Process.Pid
-	// Reap the child if it exits while we are still around; Down signals by PID.
-	go cmd.Wait()
+	n.AgentPID = p.PID
 	return waitHealthy(ctx, n.Client(), n.AgentPID, n.Log)
 }
 

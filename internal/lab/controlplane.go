@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -184,15 +185,7 @@ func (st *State) run(name, netns string, argv ...string) error {
 	return nil
 }
 
-func sanitize(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c == '/' {
-			b[i] = '-'
-		}
-	}
-	return string(b)
-}
+func sanitize(s string) string { return strings.ReplaceAll(s, "/", "-") }
 
 // StopServer stops one of the lab's servers by name ("kube-apiserver",
 // "n1/weir-agent", ...); StartServer starts it again with the same command.

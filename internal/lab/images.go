@@ -35,9 +35,9 @@ const (
 
 // imageSpec is a container image built from files on this machine.
 type imageSpec struct {
-	Refs       []string          // every name the image is tagged with
-	Files      map[string]string // path in the image -> file on the host
-	Busybox    bool              // add /bin/busybox and a link per applet
+	Refs    []string          // every name the image is tagged with
+	Files   map[string]string // path in the image -> file on the host
+	Busybox bool              // add /bin/busybox and a link per applet
 	// SharedLibs carries the shared libraries (and the dynamic loader) of
 	// dynamically linked Files, as ldd resolves them on this machine.
 	SharedLibs bool

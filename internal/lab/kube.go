@@ -7,9 +7,9 @@ import (
 	"io/fs"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -147,7 +147,7 @@ func (st *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (
 	if st.Kube == nil {
 		return nil, fmt.Errorf("lab %s runs no Kubernetes", st.Config.Name)
 	}
-	cmd := exec.CommandContext(ctx, st.kubeBin("kubectl"), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
+	cmd := st.KubectlCommand(ctx, args...)
 	cmd.Stdin = stdin
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -156,8 +156,10 @@ func (st *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (
 	return out, nil
 }
 
-// KubectlPath is the lab's kubectl binary.
-func (st *State) KubectlPath() string { return st.kubeBin("kubectl") }
+// KubectlCommand is the lab's kubectl with the admin kubeconfig and args.
+func (st *State) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, st.kubeBin("kubectl"), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
+}
 
 // applyManifests applies embedded manifests with kubectl, as an operator
 // would, after replacing their placeholders with r (nil: none).
@@ -309,28 +311,11 @@ func (st *State) KillAgent(node string) error {
 
 // agentPID finds the weir-agent process serving socket.
 func agentPID(socket string) (int, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
+	pids := procsMatching(func(args []string) bool {
+		return filepath.Base(args[0]) == "weir-agent" && slices.Contains(args[1:], "--socket="+socket)
+	})
+	if len(pids) == 0 {
+		return 0, fmt.Errorf("no weir-agent process serves %s", socket)
 	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmd), "\x00")
-		if filepath.Base(args[0]) != "weir-agent" {
-			continue
-		}
-		for _, a := range args[1:] {
-			if a == "--socket="+socket {
-				return pid, nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("no weir-agent process serves %s", socket)
+	return pids[0], nil
 }

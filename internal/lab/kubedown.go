@@ -96,30 +96,21 @@ func removeSandboxes(sock string, timeout time.Duration) error {
 // outlive containerd by design; these are found by the socket path they
 // were started with, which only this lab uses.
 func killShims(sock string) error {
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return err
-	}
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmdline), "\x00")
-		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-runc-v2" {
-			continue
-		}
-		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "-address" && args[i+1] == sock {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
+	for _, pid := range procsMatching(func(args []string) bool {
+		return filepath.Base(args[0]) == "containerd-shim-runc-v2" && hasArgPair(args, "-address", sock)
+	}) {
+		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	return nil
+}
+
+func hasArgPair(args []string, flag, value string) bool {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag && args[i+1] == value {
+			return true
+		}
+	}
+	return false
 }
 
 // removeCgroupRoot kills every process left in a node's cgroups and

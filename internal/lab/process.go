@@ -111,3 +111,28 @@ func processAlive(pid int) bool {
 	}
 	return true
 }
+
+// procsMatching lists the PIDs whose command line (argv) match says yes
+// to: how the lab finds processes it did not start itself (shims, agents
+// in pods) by what they serve, never by a name alone.
+func procsMatching(match func(argv []string) bool) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(cmd) == 0 {
+			continue
+		}
+		if match(strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
