@@ -1,0 +1,545 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Compiler turns snapshots into Results. It keeps only the numbering of
+// CIDR identities and rules between runs, so an unchanged prefix or rule
+// keeps its number and Diff stays small.
+type Compiler struct {
+	cidrs idAllocator[netip.Prefix]
+	rules idAllocator[RuleRef]
+}
+
+// NewCompiler returns a compiler with fresh numbering.
+func NewCompiler() *Compiler {
+	return &Compiler{
+		cidrs: newIDAllocator[netip.Prefix](uint32(MinCIDRIdentity)),
+		rules: newIDAllocator[RuleRef](uint32(RuleNodeTraffic) + 1),
+	}
+}
+
+// compilation is the working state of one Compile.
+type compilation struct {
+	s        *Snapshot
+	c        *Compiler
+	res      *Result
+	sets     []*labelSet
+	selector *selectorCache
+	cidrIDs  map[netip.Prefix]Identity
+	podByIP  map[netip.Addr]*Pod
+	usedCIDR map[netip.Prefix]bool
+	usedRule map[RuleRef]bool
+}
+
+// Compile compiles s. It never fails as a whole: a policy it cannot read
+// is reported in Result.Errors and closes its subjects instead.
+func (c *Compiler) Compile(s *Snapshot) *Result {
+	cp := &compilation{
+		s: s, c: c,
+		res: &Result{
+			Endpoints: map[string]*EndpointPolicy{},
+			IPCache:   map[netip.Addr]Identity{},
+			CIDRs:     map[netip.Prefix]Identity{},
+			Rules:     map[RuleID]RuleRef{},
+		},
+		usedCIDR: map[netip.Prefix]bool{},
+		usedRule: map[RuleRef]bool{},
+	}
+	cp.buildLabelSets()
+	cp.buildIPCache()
+	cp.buildCIDRs()
+	cp.buildEndpoints()
+	for _, p := range sortedPolicies(s.Policies) {
+		if err := cp.applyPolicy(p); err != nil {
+			cp.res.Errors = append(cp.res.Errors, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err))
+		}
+	}
+	c.cidrs.keepOnly(cp.usedCIDR)
+	c.rules.keepOnly(cp.usedRule)
+	return cp.res
+}
+
+func sortedPolicies(ps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+	out := append([]*networkingv1.NetworkPolicy(nil), ps...)
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// buildLabelSets groups pod-network pods by identity label set.
+func (cp *compilation) buildLabelSets() {
+	byKey := map[string]*labelSet{}
+	for i := range cp.s.Pods {
+		p := &cp.s.Pods[i]
+		if p.HostNetwork {
+			continue
+		}
+		ns := cp.s.namespace(p.Namespace)
+		key := IdentityLabels(ns, p.Labels).Key()
+		set, ok := byKey[key]
+		if !ok {
+			set = &labelSet{key: key, namespace: ns.Name,
+				podLabels: labels.Set(p.Labels), nsLabels: labels.Set(ns.Labels)}
+			set.id = cp.s.Identities[key]
+			byKey[key] = set
+			cp.sets = append(cp.sets, set)
+			if set.id == 0 {
+				cp.res.Unallocated = append(cp.res.Unallocated, key)
+			}
+		}
+		set.pods = append(set.pods, p)
+	}
+	sort.Slice(cp.sets, func(i, j int) bool { return cp.sets[i].key < cp.sets[j].key })
+	sort.Strings(cp.res.Unallocated)
+	cp.selector = newSelectorCache(cp.sets)
+	cp.podByIP = map[netip.Addr]*Pod{}
+	for _, set := range cp.sets {
+		for _, p := range set.pods {
+			for _, a := range p.IPs {
+				cp.podByIP[a] = p
+			}
+		}
+	}
+}
+
+func (cp *compilation) buildIPCache() {
+	for _, a := range cp.s.RemoteNodeIPs {
+		cp.res.IPCache[a] = IdentityRemoteNode
+	}
+	for _, a := range cp.s.HostIPs {
+		cp.res.IPCache[a] = IdentityHost
+	}
+	for _, set := range cp.sets {
+		if set.id == 0 {
+			continue
+		}
+		for _, p := range set.pods {
+			for _, a := range p.IPs {
+				cp.res.IPCache[a] = set.id
+			}
+		}
+	}
+}
+
+// buildCIDRs numbers every prefix any ipBlock names, so the longest match
+// of an address decides every ipBlock at once.
+func (cp *compilation) buildCIDRs() {
+	cp.cidrIDs = map[netip.Prefix]Identity{}
+	add := func(s string) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return // reported when the policy is applied
+		}
+		p = p.Masked()
+		if _, ok := cp.cidrIDs[p]; ok {
+			return
+		}
+		id := Identity(cp.c.cidrs.get(p))
+		cp.cidrIDs[p], cp.res.CIDRs[p] = id, id
+		cp.usedCIDR[p] = true
+	}
+	for _, pol := range cp.s.Policies {
+		forEachPeer(pol, func(_ Direction, _ int, peer networkingv1.NetworkPolicyPeer) {
+			if peer.IPBlock == nil {
+				return
+			}
+			add(peer.IPBlock.CIDR)
+			for _, e := range peer.IPBlock.Except {
+				add(e)
+			}
+		})
+	}
+	cp.addPodPrefixes(add)
+}
+
+// addPodPrefixes gives the address of each pod that declares a port some
+// egress rule names its own prefix. An egress named port resolves against
+// the destination pod, and pods with one identity may number a name
+// differently, so such keys name the pod's address, not its identity.
+func (cp *compilation) addPodPrefixes(add func(string)) {
+	names := map[string]bool{}
+	for _, pol := range cp.s.Policies {
+		for _, r := range pol.Spec.Egress {
+			for _, p := range r.Ports {
+				if p.Port != nil && p.Port.Type == intstr.String {
+					names[p.Port.StrVal] = true
+				}
+			}
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	for a, pod := range cp.podByIP {
+		for _, port := range pod.Ports {
+			if names[port.Name] {
+				add(netip.PrefixFrom(a, a.BitLen()).String())
+				break
+			}
+		}
+	}
+}
+
+func forEachPeer(p *networkingv1.NetworkPolicy, f func(Direction, int, networkingv1.NetworkPolicyPeer)) {
+	for i, r := range p.Spec.Ingress {
+		for _, peer := range r.From {
+			f(Ingress, i, peer)
+		}
+	}
+	for i, r := range p.Spec.Egress {
+		for _, peer := range r.To {
+			f(Egress, i, peer)
+		}
+	}
+}
+
+func (cp *compilation) buildEndpoints() {
+	for _, set := range cp.sets {
+		for _, p := range set.pods {
+			if !p.Local {
+				continue
+			}
+			cp.res.Endpoints[p.Key()] = &EndpointPolicy{Pod: p.Key(), Identity: set.id, Allow: map[Key]RuleID{}}
+		}
+	}
+}
+
+// policyDirections returns which directions p governs: policyTypes when
+// given, else ingress always and egress when it has egress rules.
+func policyDirections(p *networkingv1.NetworkPolicy) (ingress, egress bool, err error) {
+	if len(p.Spec.PolicyTypes) == 0 {
+		return true, len(p.Spec.Egress) > 0, nil
+	}
+	for _, t := range p.Spec.PolicyTypes {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			ingress = true
+		case networkingv1.PolicyTypeEgress:
+			egress = true
+		default:
+			return false, false, fmt.Errorf("policyType %q: %w", t, ErrInvalidPolicy)
+		}
+	}
+	return ingress, egress, nil
+}
+
+// subjects are the local endpoints p selects.
+func (cp *compilation) subjects(p *networkingv1.NetworkPolicy) ([]*Pod, error) {
+	sel, err := asSelector(&p.Spec.PodSelector)
+	if err != nil {
+		return nil, fmt.Errorf("podSelector: %w", err)
+	}
+	var out []*Pod
+	for _, set := range cp.sets {
+		if set.namespace != p.Namespace || !sel.Matches(set.podLabels) {
+			continue
+		}
+		for _, pod := range set.pods {
+			if pod.Local {
+				out = append(out, pod)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
+	ingress, egress, dirErr := policyDirections(p)
+	subjects, err := cp.subjects(p)
+	if err != nil {
+		return err // selects nothing it can name: nothing to close
+	}
+	if dirErr != nil {
+		// Unknown policyTypes: close both directions of its subjects.
+		ingress, egress = true, true
+	}
+	for _, pod := range subjects {
+		ep := cp.res.Endpoints[pod.Key()]
+		name := p.Namespace + "/" + p.Name
+		if ingress {
+			cp.enforce(ep, Ingress, name)
+		}
+		if egress {
+			cp.enforce(ep, Egress, name)
+		}
+	}
+	if dirErr != nil {
+		return dirErr
+	}
+	var errs []error
+	if ingress {
+		for i, r := range p.Spec.Ingress {
+			if err := cp.applyRule(p, Ingress, i, r.From, r.Ports, subjects); err != nil {
+				errs = append(errs, fmt.Errorf("ingress[%d]: %w", i, err))
+			}
+		}
+	}
+	if egress {
+		for i, r := range p.Spec.Egress {
+			if err := cp.applyRule(p, Egress, i, r.To, r.Ports, subjects); err != nil {
+				errs = append(errs, fmt.Errorf("egress[%d]: %w", i, err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return joinErrors(errs)
+	}
+	return nil
+}
+
+// enforce marks ep enforced in d and adds the node-traffic allowance.
+func (cp *compilation) enforce(ep *EndpointPolicy, d Direction, policy string) {
+	if !ep.Enforced[d] {
+		ep.Enforced[d] = true
+		ep.Allow[Key{Direction: d, Peer: IdentityHost, Proto: ProtoAny}] = RuleNodeTraffic
+		cp.res.Rules[RuleNodeTraffic] = RuleRef{Direction: d}
+	}
+	ep.Policies[d] = append(ep.Policies[d], policy)
+}
+
+// peerTarget is one peer a rule allows: an identity and what resolves
+// named ports on egress: the label set's pods for a pod peer, the pod for
+// the single-address prefix of a pod inside an ipBlock.
+type peerTarget struct {
+	id  Identity
+	set *labelSet
+	pod *Pod
+}
+
+// portSpec is one entry of a rule's ports, parsed.
+type portSpec struct {
+	proto uint8
+	name  string // a named port, resolved per target
+	ports []PortPrefix
+}
+
+func (cp *compilation) applyRule(p *networkingv1.NetworkPolicy, d Direction, index int,
+	peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, subjects []*Pod) error {
+	if len(subjects) == 0 {
+		return nil
+	}
+	targets, err := cp.peerTargets(p.Namespace, peers)
+	if err != nil {
+		return err
+	}
+	specs, err := parsePorts(ports)
+	if err != nil {
+		return err
+	}
+	ref := RuleRef{Namespace: p.Namespace, Name: p.Name, Direction: d, Index: index}
+	rule := RuleID(cp.c.rules.get(ref))
+	used := false
+	for _, subj := range subjects {
+		ep := cp.res.Endpoints[subj.Key()]
+		for _, k := range ruleKeys(d, targets, specs, subj, cp.sets, cp.cidrIDs) {
+			used = true
+			if _, ok := ep.Allow[k]; !ok {
+				ep.Allow[k] = rule
+			}
+		}
+	}
+	if used {
+		cp.res.Rules[rule] = ref
+		cp.usedRule[ref] = true
+	}
+	return nil
+}
+
+// peerTargets resolves a rule's peers. No peers means any peer at all.
+func (cp *compilation) peerTargets(policyNS string, peers []networkingv1.NetworkPolicyPeer) ([]peerTarget, error) {
+	if len(peers) == 0 {
+		return []peerTarget{{id: IdentityAny}}, nil
+	}
+	var out []peerTarget
+	for _, peer := range peers {
+		switch {
+		case peer.IPBlock != nil:
+			if peer.PodSelector != nil || peer.NamespaceSelector != nil {
+				return nil, fmt.Errorf("ipBlock with a selector: %w", ErrInvalidPolicy)
+			}
+			targets, err := cp.ipBlockTargets(peer.IPBlock)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, targets...)
+		case peer.PodSelector != nil || peer.NamespaceSelector != nil:
+			sets, err := cp.selector.selectPeers(policyNS, peer.NamespaceSelector, peer.PodSelector)
+			if err != nil {
+				return nil, err
+			}
+			for _, s := range sets {
+				if s.id != 0 {
+					out = append(out, peerTarget{id: s.id, set: s})
+				}
+			}
+		default:
+			return nil, fmt.Errorf("empty peer: %w", ErrInvalidPolicy)
+		}
+	}
+	return out, nil
+}
+
+// ipBlockTargets returns the CIDR identities whose prefix lies inside the
+// block's cidr and inside none of its excepts: exactly the longest matches
+// of the addresses the block contains.
+func (cp *compilation) ipBlockTargets(b *networkingv1.IPBlock) ([]peerTarget, error) {
+	cidr, err := netip.ParsePrefix(b.CIDR)
+	if err != nil {
+		return nil, fmt.Errorf("ipBlock cidr %q: %w", b.CIDR, ErrInvalidPolicy)
+	}
+	cidr = cidr.Masked()
+	var except []netip.Prefix
+	for _, e := range b.Except {
+		ep, err := netip.ParsePrefix(e)
+		if err != nil {
+			return nil, fmt.Errorf("ipBlock except %q: %w", e, ErrInvalidPolicy)
+		}
+		except = append(except, ep.Masked())
+	}
+	var out []peerTarget
+	for p, id := range cp.cidrIDs {
+		if !prefixCovers(cidr, p) {
+			continue
+		}
+		excluded := false
+		for _, e := range except {
+			if prefixCovers(e, p) {
+				excluded = true
+				break
+			}
+		}
+		if excluded {
+			continue
+		}
+		t := peerTarget{id: id}
+		if p.IsSingleIP() {
+			t.pod = cp.podByIP[p.Addr()]
+		}
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out, nil
+}
+
+// prefixCovers reports whether outer contains all of inner.
+func prefixCovers(outer, inner netip.Prefix) bool {
+	return outer.Addr().BitLen() == inner.Addr().BitLen() &&
+		outer.Bits() <= inner.Bits() && outer.Contains(inner.Addr())
+}
+
+func parsePorts(ports []networkingv1.NetworkPolicyPort) ([]portSpec, error) {
+	if len(ports) == 0 {
+		return []portSpec{{proto: ProtoAny, ports: []PortPrefix{AllPorts}}}, nil
+	}
+	out := make([]portSpec, 0, len(ports))
+	for _, p := range ports {
+		proto, err := protoNumber(p.Protocol)
+		if err != nil {
+			return nil, err
+		}
+		spec := portSpec{proto: proto}
+		switch {
+		case p.Port == nil:
+			spec.ports = []PortPrefix{AllPorts}
+		case p.Port.Type == intstr.String:
+			if p.EndPort != nil {
+				return nil, fmt.Errorf("endPort with named port %q: %w", p.Port.StrVal, ErrInvalidPolicy)
+			}
+			spec.name = p.Port.StrVal
+		default:
+			lo := p.Port.IntVal
+			hi := lo
+			if p.EndPort != nil {
+				hi = *p.EndPort
+			}
+			if lo < 1 || hi > 65535 || hi < lo {
+				return nil, fmt.Errorf("port range %d-%d: %w", lo, hi, ErrInvalidPolicy)
+			}
+			spec.ports = RangePrefixes(uint16(lo), uint16(hi))
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+// ruleKeys expands one rule for one subject. Named ports resolve against
+// the subject on ingress and against each peer pod on egress; an address
+// peer (ipBlock, or any peer) has no named ports of its own, so on egress
+// a named port to "any peer" means every pod that declares it.
+func ruleKeys(d Direction, targets []peerTarget, specs []portSpec, subj *Pod, sets []*labelSet, cidrIDs map[netip.Prefix]Identity) []Key {
+	var out []Key
+	for _, spec := range specs {
+		if spec.name == "" {
+			for _, t := range targets {
+				for _, pp := range spec.ports {
+					out = append(out, Key{d, t.id, spec.proto, pp})
+				}
+			}
+			continue
+		}
+		if d == Ingress {
+			port, ok := namedPort(subj.Ports, spec.name, spec.proto)
+			if !ok {
+				continue
+			}
+			for _, t := range targets {
+				out = append(out, Key{d, t.id, spec.proto, PortPrefix{port, 16}})
+			}
+			continue
+		}
+		for _, t := range targets {
+			for _, pod := range t.namedPortPods(sets) {
+				port, ok := namedPort(pod.Ports, spec.name, spec.proto)
+				if !ok {
+					continue
+				}
+				for _, id := range podPrefixIdentities(pod, cidrIDs) {
+					out = append(out, Key{d, id, spec.proto, PortPrefix{port, 16}})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// namedPortPods are the pods an egress named port resolves against for
+// this target: the pod of a single-address prefix, the pods of a label
+// set, every pod for any peer.
+func (t peerTarget) namedPortPods(sets []*labelSet) []*Pod {
+	switch {
+	case t.pod != nil:
+		return []*Pod{t.pod}
+	case t.set != nil:
+		return t.set.pods
+	case t.id == IdentityAny:
+		var out []*Pod
+		for _, s := range sets {
+			out = append(out, s.pods...)
+		}
+		return out
+	}
+	return nil
+}
+
+// podPrefixIdentities are the CIDR identities of a pod's own prefixes.
+func podPrefixIdentities(pod *Pod, cidrIDs map[netip.Prefix]Identity) []Identity {
+	var out []Identity
+	for _, a := range pod.IPs {
+		if id, ok := cidrIDs[netip.PrefixFrom(a, a.BitLen())]; ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}

@@ -1,0 +1,94 @@
+package policy
+
+import (
+	"net/netip"
+	"sort"
+)
+
+// Diff is the least change that turns one Result's datapath state into
+// another's. A loader applies it in the order of the fields: new ipcache
+// and CIDR entries, then each endpoint's new keys before its enforced
+// flags are raised (and its flags lowered before keys go), then stale
+// ipcache and CIDR entries. So a change never opens more than either
+// state allows, and never closes what both allow.
+type Diff struct {
+	IPCacheUpsert map[netip.Addr]Identity
+	CIDRUpsert    map[netip.Prefix]Identity
+	Endpoints     []EndpointDiff // sorted by Pod
+	IPCacheDelete []netip.Addr
+	CIDRDelete    []netip.Prefix
+}
+
+// EndpointDiff is the change to one endpoint's policy.
+type EndpointDiff struct {
+	Pod string
+	// Gone: the endpoint left the Result; delete all it had.
+	Gone bool
+	// Enforced is the new state; FlagsChanged says it differs (or the
+	// endpoint is new).
+	Enforced     [2]bool
+	FlagsChanged bool
+	Upsert       map[Key]RuleID
+	Delete       []Key
+}
+
+// Empty reports whether applying d would change nothing.
+func (d *Diff) Empty() bool {
+	return len(d.IPCacheUpsert) == 0 && len(d.CIDRUpsert) == 0 && len(d.Endpoints) == 0 &&
+		len(d.IPCacheDelete) == 0 && len(d.CIDRDelete) == 0
+}
+
+// DiffResults computes the change from prev (nil: nothing loaded) to next.
+func DiffResults(prev, next *Result) Diff {
+	if prev == nil {
+		prev = &Result{}
+	}
+	var d Diff
+	d.IPCacheUpsert, d.IPCacheDelete = diffMap(prev.IPCache, next.IPCache)
+	d.CIDRUpsert, d.CIDRDelete = diffMap(prev.CIDRs, next.CIDRs)
+	sort.Slice(d.IPCacheDelete, func(i, j int) bool { return d.IPCacheDelete[i].Less(d.IPCacheDelete[j]) })
+	sort.Slice(d.CIDRDelete, func(i, j int) bool { return d.CIDRDelete[i].String() < d.CIDRDelete[j].String() })
+	for pod, ep := range next.Endpoints {
+		old := prev.Endpoints[pod]
+		ed := EndpointDiff{Pod: pod, Enforced: ep.Enforced}
+		var oldAllow map[Key]RuleID
+		if old == nil {
+			ed.FlagsChanged = true
+		} else {
+			ed.FlagsChanged = old.Enforced != ep.Enforced
+			oldAllow = old.Allow
+		}
+		ed.Upsert, ed.Delete = diffMap(oldAllow, ep.Allow)
+		if ed.FlagsChanged || len(ed.Upsert) > 0 || len(ed.Delete) > 0 {
+			d.Endpoints = append(d.Endpoints, ed)
+		}
+	}
+	for pod, old := range prev.Endpoints {
+		if _, ok := next.Endpoints[pod]; !ok {
+			ed := EndpointDiff{Pod: pod, Gone: true, FlagsChanged: true}
+			_, ed.Delete = diffMap(old.Allow, nil)
+			d.Endpoints = append(d.Endpoints, ed)
+		}
+	}
+	sort.Slice(d.Endpoints, func(i, j int) bool { return d.Endpoints[i].Pod < d.Endpoints[j].Pod })
+	return d
+}
+
+// diffMap returns the entries of next that prev lacks or holds with another
+// value, and the keys of prev that next lacks.
+func diffMap[K comparable, V comparable](prev, next map[K]V) (upsert map[K]V, del []K) {
+	for k, v := range next {
+		if old, ok := prev[k]; !ok || old != v {
+			if upsert == nil {
+				upsert = map[K]V{}
+			}
+			upsert[k] = v
+		}
+	}
+	for k := range prev {
+		if _, ok := next[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	return upsert, del
+}

@@ -1,0 +1,232 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// The generator builds small random clusters in the shape cyclonus uses:
+// namespaces x, y, z with pods a, b, c, and policies drawn from every
+// construct NetworkPolicy v1 has.
+
+var (
+	genNamespaces = []string{"x", "y", "z"}
+	genPods       = []string{"a", "b", "c"}
+	genHost       = netip.MustParseAddr("192.168.0.1")
+	genRemoteNode = netip.MustParseAddr("192.168.0.2")
+	genExternal   = netip.MustParseAddr("172.16.5.5")
+)
+
+func genPodIP(ns, pod int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 0, byte(ns + 1), byte(pod + 1)})
+}
+
+// genPorts are a pod's ports. "web" is 80 on some pods and 81 on others,
+// even among pods with the same labels, as Deployments being rolled can be.
+func genPorts(r *rand.Rand) []NamedPort {
+	ports := []NamedPort{
+		{Name: "serve-80-tcp", Port: 80, Protocol: ProtoTCP},
+		{Name: "serve-81-udp", Port: 81, Protocol: ProtoUDP},
+	}
+	switch r.IntN(3) {
+	case 0:
+		ports = append(ports, NamedPort{Name: "web", Port: 80, Protocol: ProtoTCP})
+	case 1:
+		ports = append(ports, NamedPort{Name: "web", Port: 81, Protocol: ProtoTCP})
+	}
+	return ports
+}
+
+func genSnapshot(r *rand.Rand, policies int) *Snapshot {
+	s := &Snapshot{
+		Namespaces:    map[string]Namespace{},
+		Identities:    map[string]Identity{},
+		HostIPs:       []netip.Addr{genHost},
+		RemoteNodeIPs: []netip.Addr{genRemoteNode},
+	}
+	for i, ns := range genNamespaces {
+		s.Namespaces[ns] = Namespace{Name: ns, Labels: map[string]string{
+			"ns": ns, "kubernetes.io/metadata.name": ns, "tier": fmt.Sprint(i % 2)}}
+		for j, pod := range genPods {
+			labels := map[string]string{"pod": pod}
+			if r.IntN(3) == 0 {
+				labels["app"] = "web"
+			}
+			if r.IntN(4) == 0 { // two pods with one label set
+				labels = map[string]string{"app": "web"}
+			}
+			s.Pods = append(s.Pods, Pod{
+				Namespace: ns, Name: pod, Labels: labels,
+				IPs:   []netip.Addr{genPodIP(i, j)},
+				Ports: genPorts(r),
+				Local: r.IntN(4) != 0,
+			})
+		}
+	}
+	for _, p := range s.Pods {
+		key := IdentityLabels(s.namespace(p.Namespace), p.Labels).Key()
+		if _, ok := s.Identities[key]; !ok {
+			s.Identities[key] = MinClusterIdentity + Identity(len(s.Identities))
+		}
+	}
+	for i := 0; i < policies; i++ {
+		s.Policies = append(s.Policies, genPolicy(r, fmt.Sprintf("p%d", i)))
+	}
+	return s
+}
+
+func genSelector(r *rand.Rand, key string, values []string) *metav1.LabelSelector {
+	switch r.IntN(4) {
+	case 0:
+		return &metav1.LabelSelector{}
+	case 1:
+		return &metav1.LabelSelector{MatchLabels: map[string]string{key: values[r.IntN(len(values))]}}
+	case 2:
+		return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: key, Operator: metav1.LabelSelectorOpIn,
+			Values: []string{values[r.IntN(len(values))], values[r.IntN(len(values))]}}}}
+	default:
+		return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "app", Operator: metav1.LabelSelectorOpExists}}}
+	}
+}
+
+func genPeer(r *rand.Rand) networkingv1.NetworkPolicyPeer {
+	switch r.IntN(5) {
+	case 0:
+		return networkingv1.NetworkPolicyPeer{PodSelector: genSelector(r, "pod", genPods)}
+	case 1:
+		return networkingv1.NetworkPolicyPeer{NamespaceSelector: genSelector(r, "ns", genNamespaces)}
+	case 2:
+		return networkingv1.NetworkPolicyPeer{
+			PodSelector:       genSelector(r, "pod", genPods),
+			NamespaceSelector: genSelector(r, "ns", genNamespaces)}
+	case 3:
+		blocks := []networkingv1.IPBlock{
+			{CIDR: "10.0.0.0/16", Except: []string{"10.0.1.0/24"}},
+			{CIDR: "10.0.1.0/24", Except: []string{genPodIP(0, 1).String() + "/32"}},
+			{CIDR: genPodIP(1, 2).String() + "/32"},
+			{CIDR: "0.0.0.0/0", Except: []string{"10.0.0.0/8"}},
+			{CIDR: "172.16.0.0/12"},
+		}
+		b := blocks[r.IntN(len(blocks))]
+		return networkingv1.NetworkPolicyPeer{IPBlock: &b}
+	default:
+		return networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{
+			MatchLabels: map[string]string{"tier": "1"}}}
+	}
+}
+
+func protoPtr(p corev1.Protocol) *corev1.Protocol { return &p }
+
+func genPort(r *rand.Rand) networkingv1.NetworkPolicyPort {
+	intPort := func(n int) *intstr.IntOrString { v := intstr.FromInt32(int32(n)); return &v }
+	switch r.IntN(7) {
+	case 0:
+		return networkingv1.NetworkPolicyPort{Port: intPort(80)}
+	case 1:
+		return networkingv1.NetworkPolicyPort{Protocol: protoPtr(corev1.ProtocolUDP), Port: intPort(81)}
+	case 2:
+		v := intstr.FromString([]string{"serve-80-tcp", "serve-81-udp", "web"}[r.IntN(3)])
+		proto := corev1.ProtocolTCP
+		if v.StrVal == "serve-81-udp" {
+			proto = corev1.ProtocolUDP
+		}
+		return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &v}
+	case 3:
+		end := int32(81)
+		return networkingv1.NetworkPolicyPort{Port: intPort(79), EndPort: &end}
+	case 4:
+		return networkingv1.NetworkPolicyPort{Protocol: protoPtr(corev1.ProtocolUDP)}
+	case 5:
+		return networkingv1.NetworkPolicyPort{Protocol: protoPtr(corev1.ProtocolSCTP), Port: intPort(80)}
+	default:
+		end := int32(1023)
+		return networkingv1.NetworkPolicyPort{Protocol: protoPtr(corev1.ProtocolTCP), Port: intPort(81), EndPort: &end}
+	}
+}
+
+func genPolicy(r *rand.Rand, name string) *networkingv1.NetworkPolicy {
+	p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{
+		Namespace: genNamespaces[r.IntN(len(genNamespaces))], Name: name}}
+	p.Spec.PodSelector = *genSelector(r, "pod", genPods)
+	switch r.IntN(4) {
+	case 0: // policyTypes absent: ingress, plus egress if it has egress rules
+	case 1:
+		p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	case 2:
+		p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	default:
+		p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	}
+	for i := r.IntN(3); i > 0; i-- {
+		var rule networkingv1.NetworkPolicyIngressRule
+		for j := r.IntN(3); j > 0; j-- {
+			rule.From = append(rule.From, genPeer(r))
+		}
+		for j := r.IntN(3); j > 0; j-- {
+			rule.Ports = append(rule.Ports, genPort(r))
+		}
+		p.Spec.Ingress = append(p.Spec.Ingress, rule)
+	}
+	for i := r.IntN(3); i > 0; i-- {
+		var rule networkingv1.NetworkPolicyEgressRule
+		for j := r.IntN(3); j > 0; j-- {
+			rule.To = append(rule.To, genPeer(r))
+		}
+		for j := r.IntN(3); j > 0; j-- {
+			rule.Ports = append(rule.Ports, genPort(r))
+		}
+		p.Spec.Egress = append(p.Spec.Egress, rule)
+	}
+	return p
+}
+
+// genPeers are the addresses a packet may come from or go to.
+func genPeers() []netip.Addr {
+	out := []netip.Addr{genHost, genRemoteNode, genExternal}
+	for i := range genNamespaces {
+		for j := range genPods {
+			out = append(out, genPodIP(i, j))
+		}
+	}
+	return out
+}
+
+var (
+	genProtos    = []uint8{ProtoTCP, ProtoUDP, ProtoSCTP, 1 /* ICMP */}
+	genPortsUsed = []uint16{0, 79, 80, 81, 82, 1023, 1024}
+)
+
+// checkAgainstEvaluate compares the compiled lookup with Evaluate for
+// every local pod, direction, peer, protocol and port. It returns the
+// first disagreement.
+func checkAgainstEvaluate(s *Snapshot, res *Result) error {
+	for i := range s.Pods {
+		pod := &s.Pods[i]
+		if !pod.Local {
+			continue
+		}
+		for _, d := range []Direction{Ingress, Egress} {
+			for _, peer := range genPeers() {
+				for _, proto := range genProtos {
+					for _, port := range genPortsUsed {
+						want, _ := Evaluate(s, pod, d, peer, proto, port)
+						got, rule := res.Lookup(pod.Key(), d, peer, proto, port)
+						if got != want {
+							return fmt.Errorf("%s %s peer %s proto %s port %d: compiled %v (rule %v), evaluated %v",
+								pod.Key(), d, peer, ProtoName(proto), port, got, res.Rules[rule], want)
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
