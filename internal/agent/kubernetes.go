@@ -85,7 +85,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w := k8s.NewWatcher(client, cfg.NodeName, 0)
+	w := k8s.NewWatcher(client, nil, cfg.NodeName, 0)
 	w.Start(ctx)
 	if cfg, err = learnNode(ctx, w, cfg, log); err != nil {
 		return err

@@ -33,7 +33,8 @@ func nodeFrom(n *corev1.Node) Node {
 func podFrom(p *corev1.Pod) Pod {
 	out := Pod{
 		Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
-		HostNetwork: p.Spec.HostNetwork,
+		HostNetwork: p.Spec.HostNetwork, NodeName: p.Spec.NodeName,
+		Terminal: p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
 	}
 	if len(p.Labels) > 0 {
 		out.Labels = make(map[string]string, len(p.Labels))

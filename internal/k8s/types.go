@@ -3,6 +3,10 @@ package k8s
 import (
 	"net/netip"
 	"sort"
+
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/weirnet/weir/internal/policy"
 )
 
 // Node is what the agent needs of a Node: where it is and which pod
@@ -40,6 +44,9 @@ type Pod struct {
 	IPs         []netip.Addr      `json:"ips,omitempty"`
 	Ports       []ContainerPort   `json:"ports,omitempty"`
 	HostNetwork bool              `json:"hostNetwork,omitempty"`
+	NodeName    string            `json:"nodeName,omitempty"`
+	// Terminal pods (Succeeded, Failed) have given their address back.
+	Terminal bool `json:"terminal,omitempty"`
 }
 
 // Key is namespace/name.
@@ -47,8 +54,16 @@ func (p Pod) Key() string { return p.Namespace + "/" + p.Name }
 
 // Snapshot is the cluster state the agent acts on, taken at one moment.
 type Snapshot struct {
-	Nodes []Node // sorted by name
-	Pods  []Pod  // this node's pods, sorted by namespace/name
+	Nodes       []Node // sorted by name
+	Pods        []Pod  // this node's pods, sorted by namespace/name
+	ClusterPods []Pod  // every scheduled pod, this node's too, sorted
+	// Namespaces maps each namespace to its labels.
+	Namespaces map[string]map[string]string
+	Policies   []*networkingv1.NetworkPolicy // sorted by namespace/name
+	// Identities maps label set keys to their cluster identity;
+	// IdentityObjects are the objects it was read from.
+	Identities      map[string]policy.Identity
+	IdentityObjects []IdentityObject
 }
 
 // Node finds a node by name.

@@ -7,47 +7,61 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/weirnet/weir/internal/policy"
 )
 
-// Watcher keeps informers on every Node and on this node's Pods and hands
-// the agent a fresh Snapshot after each burst of changes. While the API
-// server is unreachable the informers keep their last state and retry;
-// nothing is delivered until they have news, so the datapath stays as it
-// was.
+// Watcher keeps informers on Nodes, Pods, Namespaces, NetworkPolicies and
+// SecurityIdentities and hands the agent a fresh Snapshot after each burst
+// of changes. While the API server is unreachable the informers keep their
+// last state and retry; nothing is delivered until they have news, so the
+// datapath stays as it was.
 type Watcher struct {
-	nodeName string
-	factory  informers.SharedInformerFactory
-	podsF    informers.SharedInformerFactory
-	nodes    cache.SharedIndexInformer
-	pods     cache.SharedIndexInformer
+	nodeName   string
+	factory    informers.SharedInformerFactory
+	dynFactory dynamicinformer.DynamicSharedInformerFactory
+	nodes      cache.SharedIndexInformer
+	pods       cache.SharedIndexInformer
+	namespaces cache.SharedIndexInformer
+	policies   cache.SharedIndexInformer
+	identities cache.SharedIndexInformer // nil without a dynamic client
 	// changed has one slot: any number of events between two deliveries
 	// become one snapshot.
 	changed chan struct{}
 }
 
-// NewWatcher sets up (but does not start) the informers.
-func NewWatcher(client kubernetes.Interface, nodeName string, resync time.Duration) *Watcher {
+// NewWatcher sets up (but does not start) the informers. dyn may be nil,
+// and then identities are not watched.
+func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName string, resync time.Duration) *Watcher {
 	w := &Watcher{nodeName: nodeName, changed: make(chan struct{}, 1)}
 	w.factory = informers.NewSharedInformerFactory(client, resync)
-	w.podsF = informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-		}))
 	w.nodes = w.factory.Core().V1().Nodes().Informer()
-	w.pods = w.podsF.Core().V1().Pods().Informer()
+	// Every pod, not only this node's: the ipcache maps remote pods to
+	// their identities, and egress named ports resolve on them.
+	w.pods = w.factory.Core().V1().Pods().Informer()
+	w.namespaces = w.factory.Core().V1().Namespaces().Informer()
+	w.policies = w.factory.Networking().V1().NetworkPolicies().Informer()
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.poke() },
 		UpdateFunc: func(any, any) { w.poke() },
 		DeleteFunc: func(any) { w.poke() },
 	}
 	// Registering a handler only fails on a stopped informer.
-	_, _ = w.nodes.AddEventHandler(h)
-	_, _ = w.pods.AddEventHandler(h)
+	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies} {
+		_, _ = inf.AddEventHandler(h)
+	}
+	if dyn != nil {
+		w.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, resync)
+		w.identities = w.dynFactory.ForResource(IdentityResource).Informer()
+		_, _ = w.identities.AddEventHandler(h)
+	}
 	return w
 }
 
@@ -64,26 +78,47 @@ func (w *Watcher) poke() {
 // Start runs the informers until ctx ends.
 func (w *Watcher) Start(ctx context.Context) {
 	w.factory.Start(ctx.Done())
-	w.podsF.Start(ctx.Done())
+	if w.dynFactory != nil {
+		w.dynFactory.Start(ctx.Done())
+	}
 }
 
-// WaitSynced blocks until both caches hold a full list, or ctx ends.
+func (w *Watcher) informers() []cache.SharedIndexInformer {
+	out := []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies}
+	if w.identities != nil {
+		out = append(out, w.identities)
+	}
+	return out
+}
+
+// WaitSynced blocks until every cache holds a full list, or ctx ends.
 func (w *Watcher) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), w.nodes.HasSynced, w.pods.HasSynced) {
-		return fmt.Errorf("wait for node and pod informers: %w", ctx.Err())
+	var synced []cache.InformerSynced
+	for _, inf := range w.informers() {
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("wait for informers: %w", ctx.Err())
 	}
 	return nil
 }
 
-// Synced reports whether both caches have listed at least once.
-func (w *Watcher) Synced() bool { return w.nodes.HasSynced() && w.pods.HasSynced() }
+// Synced reports whether every cache has listed at least once.
+func (w *Watcher) Synced() bool {
+	for _, inf := range w.informers() {
+		if !inf.HasSynced() {
+			return false
+		}
+	}
+	return true
+}
 
 // Changes delivers a signal after each burst of changes.
 func (w *Watcher) Changes() <-chan struct{} { return w.changed }
 
 // Snapshot is the informers' current state.
 func (w *Watcher) Snapshot() Snapshot {
-	var s Snapshot
+	s := Snapshot{Namespaces: map[string]map[string]string{}, Identities: map[string]policy.Identity{}}
 	for _, o := range w.nodes.GetStore().List() {
 		if n, ok := o.(*corev1.Node); ok {
 			s.Nodes = append(s.Nodes, nodeFrom(n))
@@ -91,12 +126,54 @@ func (w *Watcher) Snapshot() Snapshot {
 	}
 	for _, o := range w.pods.GetStore().List() {
 		p, ok := o.(*corev1.Pod)
-		if !ok || p.Spec.NodeName != w.nodeName {
-			continue
+		if !ok || p.Spec.NodeName == "" {
+			continue // not scheduled: no address, no endpoint
 		}
-		s.Pods = append(s.Pods, podFrom(p))
+		pod := podFrom(p)
+		s.ClusterPods = append(s.ClusterPods, pod)
+		if p.Spec.NodeName == w.nodeName {
+			s.Pods = append(s.Pods, pod)
+		}
+	}
+	for _, o := range w.namespaces.GetStore().List() {
+		if ns, ok := o.(*corev1.Namespace); ok {
+			s.Namespaces[ns.Name] = ns.Labels
+		}
+	}
+	for _, o := range w.policies.GetStore().List() {
+		if p, ok := o.(*networkingv1.NetworkPolicy); ok {
+			s.Policies = append(s.Policies, p)
+		}
+	}
+	if w.identities != nil {
+		s.IdentityObjects = identitiesFrom(w.identities.GetStore().List())
+		for _, id := range s.IdentityObjects {
+			key := id.Labels.Key()
+			// Two objects for one label set only after a lost race or by
+			// hand: the lowest number wins everywhere.
+			if have, ok := s.Identities[key]; !ok || id.ID < have {
+				s.Identities[key] = id.ID
+			}
+		}
 	}
 	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].Name < s.Nodes[j].Name })
 	sort.Slice(s.Pods, func(i, j int) bool { return s.Pods[i].Key() < s.Pods[j].Key() })
+	sort.Slice(s.ClusterPods, func(i, j int) bool { return s.ClusterPods[i].Key() < s.ClusterPods[j].Key() })
+	sort.Slice(s.Policies, func(i, j int) bool {
+		return s.Policies[i].Namespace+"/"+s.Policies[i].Name < s.Policies[j].Namespace+"/"+s.Policies[j].Name
+	})
 	return s
+}
+
+func identitiesFrom(objs []any) []IdentityObject {
+	var out []IdentityObject
+	for _, o := range objs {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			if id, ok := identityFrom(u); ok {
+				out = append(out, id)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
 }

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/weirnet/weir/internal/policy"
 )
 
 func node(name, ip, cidr string) *corev1.Node {
@@ -39,7 +41,8 @@ func TestWatcherSnapshotsNodesAndOwnPods(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w := NewWatcher(c, "n1", 0)
+	dyn := newFakeDynamic(identityObject(300, policy.Labels{policy.LabelNamespace + "=default", "k8s:app=web"}))
+	w := NewWatcher(c, dyn, "n1", 0)
 	w.Start(ctx)
 	if err := w.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
@@ -55,6 +58,12 @@ func TestWatcherSnapshotsNodesAndOwnPods(t *testing.T) {
 	}
 	if len(s.Pods) != 1 || s.Pods[0].Name != "web" || s.Pods[0].Labels["app"] != "web" {
 		t.Fatalf("pods %+v, want only this node's web pod", s.Pods)
+	}
+	if len(s.ClusterPods) != 2 || s.ClusterPods[0].Name != "other" || s.ClusterPods[0].NodeName != "n2" {
+		t.Fatalf("cluster pods %+v, want both, sorted, with their node", s.ClusterPods)
+	}
+	if got := s.Identities[policy.LabelNamespace+"=default\nk8s:app=web"]; got != 300 {
+		t.Fatalf("identities %v, want the web label set at 300", s.Identities)
 	}
 	want := []ContainerPort{{Name: "http", Port: 8080, Protocol: "TCP"}, {Port: 53, Protocol: "UDP"}}
 	if got := s.Pods[0].Ports; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {

@@ -57,8 +57,12 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	if err := st.startControlPlane(ctx, p, out); err != nil {
 		return err
 	}
-	if err := st.applyManifests(ctx, deploy.Manifests, nil, "rbac.yaml"); err != nil {
+	if err := st.applyManifests(ctx, deploy.Manifests, nil, "crds.yaml", "rbac.yaml"); err != nil {
 		return err
+	}
+	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/securityidentities.weir.io"); err != nil {
+		return fmt.Errorf("weir CRDs: %w", err)
 	}
 	for i := range st.Nodes {
 		if err := st.startKubeNode(ctx, p, &st.Nodes[i], images); err != nil {
