@@ -2,9 +2,11 @@
 /*
  * host.c: from_netdev, attached to tcx ingress of the node's underlay device
  * in native-routing mode. Packets another node routed to one of our pods go
- * straight into the pod; everything else continues into the node's stack.
+ * straight into the pod once its ingress policy allows (conntrack.h);
+ * everything else continues into the node's stack.
  */
 #include "lib/common.h"
+#include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
 
@@ -22,7 +24,10 @@ int from_netdev(struct __sk_buff *skb)
 	if (!ip)
 		return TC_ACT_OK; /* not ours to judge: the stack drops bad headers */
 	ep = endpoint_lookup_v4(ip->daddr);
-	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
+	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr))) {
+		if (ct_policy_v4(skb, ip, sizeof(struct ethhdr)) != TC_ACT_OK)
+			return TC_ACT_SHOT;
 		return endpoint_deliver(skb, ep);
+	}
 	return TC_ACT_OK;
 }

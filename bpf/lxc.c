@@ -1,16 +1,23 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * lxc.c: from_container, attached to tcx ingress of every pod's host-side
- * veth, so it sees every packet a pod sends.
+ * lxc.c: the programs on every pod's host-side veth.
+ *
+ * from_container (tcx ingress) sees every packet a pod sends:
  *
  *   ARP          -> answered here (arp.h)
+ *   IPv4 of a flow the stack NATed -> the stack, to reverse it (nfct.h)
+ *   IPv4, denied by policy -> dropped (conntrack.h)
  *   IPv4, local  -> straight into the destination pod (endpoint.h)
  *   IPv4, remote -> to the owning node, overlay or FIB (tunnel.h)
- *   IPv4 of a flow the stack NATed -> the stack, to reverse it (nfct.h)
  *   anything else-> the node's stack (node addresses, masquerade to outside)
+ *
+ * to_container (tcx egress) sees what the node's stack delivers to the pod:
+ * traffic from the node itself and flows the stack translated. Packets
+ * Weir delivers itself skip it (redirect_peer), having been judged already.
  */
 #include "lib/common.h"
 #include "lib/arp.h"
+#include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
 #include "lib/tunnel.h"
@@ -39,6 +46,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
 	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
+	if (ct_policy_v4(skb, ip, sizeof(struct ethhdr)) != TC_ACT_OK)
+		return TC_ACT_SHOT;
 	if (dst)
 		return endpoint_deliver(skb, dst);
 	if (remote)
@@ -61,4 +70,19 @@ int from_container(struct __sk_buff *skb)
 		metric_inc(METRIC_PASS_HOST);
 		return TC_ACT_OK;
 	}
+}
+
+SEC("tcx/egress")
+int to_container(struct __sk_buff *skb)
+{
+	struct iphdr *ip;
+
+	if (eth_proto(skb) != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	ip = ipv4_hdr(skb);
+	if (!ip) {
+		metric_inc(METRIC_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	return ct_policy_v4(skb, ip, sizeof(struct ethhdr));
 }

@@ -3,14 +3,17 @@
  * overlay.c: the node's collect-metadata VXLAN device.
  *
  * from_overlay (tcx ingress) delivers decapsulated packets for local pods
- * straight into them (unless the stack must reverse its NAT: nfct.h) and marks the rest as addressed to this host: the inner
- * frame carries the sending node's MAC, which the stack would otherwise drop.
+ * straight into them once their ingress policy allows (conntrack.h), unless
+ * the stack must reverse its NAT (nfct.h; to_container judges those), and
+ * marks the rest as addressed to this host: the inner frame carries the
+ * sending node's MAC, which the stack would otherwise drop.
  *
  * to_overlay (tcx egress) gives packets the host itself routes into the
  * device (node to remote pod) the tunnel key that from_container sets for
  * pod traffic; without it the device has nowhere to send them.
  */
 #include "lib/common.h"
+#include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
 #include "lib/tunnel.h"
@@ -31,8 +34,11 @@ int from_overlay(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	ep = endpoint_lookup_v4(ip->daddr);
-	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
+	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr))) {
+		if (ct_policy_v4(skb, ip, sizeof(struct ethhdr)) != TC_ACT_OK)
+			return TC_ACT_SHOT;
 		return endpoint_deliver(skb, ep);
+	}
 
 to_host:
 	if (skb->pkt_type == PACKET_OTHERHOST)

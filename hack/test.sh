@@ -34,6 +34,7 @@ go test -count=1 -timeout 40m ./... 2>&1 | tee /tmp/weir-test.log
 
 echo "==> fuzz smoke run"
 go test -run '^$' -fuzz FuzzAllocateRelease -fuzztime 20s ./internal/ipam
+go test -run '^$' -fuzz FuzzCompile -fuzztime 15s ./internal/policy
 
 left=$(ip netns list 2>/dev/null | grep -E '^(we2e|wk[0-9]|weir-lab|wbench|cni-)' || true)
 if [[ -n "$left" ]]; then

@@ -21,6 +21,10 @@ enum weir_metric {
 	METRIC_DROP_MALFORMED,     /* truncated or unparsable header */
 	METRIC_DROP_TUNNEL,        /* tunnel key could not be set */
 	METRIC_PASS_STACK_NAT,     /* handed to the stack to reverse its NAT (nfct.h) */
+	METRIC_DROP_POLICY,        /* denied by network policy (conntrack.h) */
+	METRIC_CT_NEW,             /* a new flow allowed and tracked */
+	METRIC_CT_FULL,            /* a flow allowed but not tracked: table full */
+	METRIC_EVENT_LOST,         /* a verdict event lost: ring buffer full */
 	METRIC_MAX,
 };
 

@@ -62,8 +62,14 @@ type Agent struct {
 	peers []api.Peer
 	// pods is this node's pods as the API server describes them, by
 	// namespace/name (Kubernetes mode only).
-	pods map[string]k8s.Pod
-	kube *api.KubeStatus
+	pods   map[string]k8s.Pod
+	kube   *api.KubeStatus
+	policy policyState
+	// identities allocates and collects security identities (Kubernetes
+	// mode only).
+	identities *identityWork
+	// onEndpoint, if set, is called after an endpoint is added.
+	onEndpoint func()
 }
 
 // New builds an agent over an already set-up datapath, adopting the

@@ -1,6 +1,9 @@
 package agent
 
-import "github.com/weirnet/weir/internal/datapath"
+import (
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/policy"
+)
 
 // Datapath is what the agent needs from the node's datapath. The ADD steps
 // are separate methods so a failure between any two can be rolled back and
@@ -18,6 +21,8 @@ type Datapath interface {
 	SweepOrphans(keep map[string]bool) ([]string, error)
 
 	SetPeers([]datapath.Peer) error
+	ApplyPolicy(policy.Diff, map[string]datapath.PolicyEndpoint) error
+	PrunePolicy(*policy.Result, map[string]datapath.PolicyEndpoint) error
 	Endpoints() ([]datapath.EndpointEntry, error)
 	Metrics() (map[string]uint64, error)
 	PodMTU() int

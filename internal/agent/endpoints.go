@@ -91,6 +91,9 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 			return nil, stepError(s.name, err)
 		}
 	}
+	if a.onEndpoint != nil {
+		a.onEndpoint() // compile policy for it now, not at the next API event
+	}
 	a.log.Info("endpoint added", "attachment", owner, "addr", lease.Addr, "host", ep.Spec.HostIfName(), "pod", req.PodNamespace+"/"+req.PodName, "took", time.Since(start))
 	return &api.AddResponse{
 		IfName:     req.IfName,

@@ -81,11 +81,12 @@ func peersFrom(s k8s.Snapshot) []api.Peer {
 // then tell the runtime and the Node that the network is ready and follow
 // the cluster's changes until ctx ends.
 func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
-	client, err := k8s.NewClient(cfg.Kubeconfig)
+	clients, err := k8s.NewClients(cfg.Kubeconfig)
 	if err != nil {
 		return err
 	}
-	w := k8s.NewWatcher(client, nil, cfg.NodeName, 0)
+	client := clients.Kube
+	w := k8s.NewWatcher(client, clients.Dynamic, cfg.NodeName, 0)
 	w.Start(ctx)
 	if cfg, err = learnNode(ctx, w, cfg, log); err != nil {
 		return err
@@ -109,6 +110,10 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		log.Info("CNI config written; the runtime may now create pods", "path", path)
 	}
+	a.identities = newIdentityWork(clients)
+	a.mu.Lock()
+	a.onEndpoint = w.Poke
+	a.mu.Unlock()
 	return a.follow(ctx, client, w, served)
 }
 
@@ -163,6 +168,8 @@ func learnNode(ctx context.Context, w *k8s.Watcher, cfg Config, log *slog.Logger
 func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.Watcher, served <-chan error) error {
 	tick := time.NewTimer(reportEvery)
 	defer tick.Stop()
+	gc := time.NewTicker(identityGCEvery)
+	defer gc.Stop()
 	retry := reportRetryMin
 	// report, then schedule the next one: soon after a failure, later
 	// after a success.
@@ -191,11 +198,15 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 			return err
 		case <-tick.C:
 			reportAndSchedule()
+		case <-gc.C:
+			if w.Synced() {
+				a.collectIdentities(ctx, w.Snapshot())
+			}
 		case <-w.Changes():
 			if !w.Synced() {
 				continue
 			}
-			changed, err := a.applySnapshot(w.Snapshot())
+			changed, err := a.applySnapshot(ctx, w.Snapshot())
 			if err != nil {
 				a.log.Error("apply cluster state", "err", err)
 			}
@@ -208,10 +219,11 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 
 // applySnapshot programs the peers of a snapshot and records its pods. It
 // reports whether the set of peers changed.
-func (a *Agent) applySnapshot(s k8s.Snapshot) (bool, error) {
+func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot) (bool, error) {
 	peers := peersFrom(s)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	defer func() { a.identities.allocate(ctx, a, a.applyPolicyLocked(s)) }()
 	before := len(a.peers)
 	changed := !samePeers(a.peers, peers, a.cfg.NodeIP)
 	if changed {

@@ -70,16 +70,18 @@ func (n *Node) SweepOrphans(keep map[string]bool) (removed []string, _ error) {
 		}
 		removed = append(removed, "veth "+name)
 	}
-	pins, err := os.ReadDir(filepath.Join(n.cfg.PinDir, "links"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("list link pins: %w", err))
-	}
-	for _, p := range pins {
-		if !IsHostIfName(p.Name()) || keep[p.Name()] {
-			continue
+	for _, dir := range []string{"links", "links-egress"} {
+		pins, err := os.ReadDir(filepath.Join(n.cfg.PinDir, dir))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("list link pins: %w", err))
 		}
-		errs = append(errs, detachPinned(filepath.Join(n.cfg.PinDir, "links", p.Name())))
-		removed = append(removed, "pin "+p.Name())
+		for _, p := range pins {
+			if !IsHostIfName(p.Name()) || keep[p.Name()] {
+				continue
+			}
+			errs = append(errs, detachPinned(filepath.Join(n.cfg.PinDir, dir, p.Name())))
+			removed = append(removed, "pin "+dir+"/"+p.Name())
+		}
 	}
 	entries, err := n.endpoints.list()
 	if err != nil {

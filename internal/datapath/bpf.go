@@ -3,6 +3,6 @@ package datapath
 // The programs are compiled for the oldest instruction set the node kernels
 // we support all have (v3: 32-bit jumps and ALU), with BTF kept so the
 // verifier and bpftool can show source lines.
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type weir_addr -type endpoint_info -type tunnel_key -type tunnel_info lxc ../../bpf/lxc.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type weir_addr -type endpoint_info -type tunnel_key -type tunnel_info -type cidr_key -type ep_policy -type policy_key -type policy_entry -type ct_key -type ct_entry -type verdict_event lxc ../../bpf/lxc.c
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel overlay ../../bpf/overlay.c
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel host ../../bpf/host.c

@@ -159,10 +159,13 @@ func (n *Node) ConfigureHost(ep *Endpoint) error {
 	return nil
 }
 
-// AttachProgram attaches from_container to the node end and pins the link,
-// so the program outlives the agent process.
+// AttachProgram attaches from_container and to_container to the node end
+// and pins the links, so the programs outlive the agent process.
 func (n *Node) AttachProgram(ep *Endpoint) error {
 	return n.do(func() error {
+		if err := attachPinned(n.progs.ToContainer, ep.HostIfindex, ebpf.AttachTCXEgress, n.endpointEgressPin(ep.Spec.HostIfName())); err != nil {
+			return err
+		}
 		return attachPinned(n.progs.FromContainer, ep.HostIfindex, ebpf.AttachTCXIngress, n.endpointPin(ep.Spec.HostIfName()))
 	})
 }
@@ -203,7 +206,7 @@ func (n *Node) RemoveEndpoint(spec EndpointSpec) error {
 	// Unpinning after the veth is gone releases a link the kernel has
 	// already detached; unpinning first would wait out one more RCU grace
 	// period for a detach the device deletion does anyway.
-	errs = append(errs, detachPinned(n.endpointPin(hostName)))
+	errs = append(errs, detachPinned(n.endpointPin(hostName)), detachPinned(n.endpointEgressPin(hostName)))
 	return errors.Join(errs...)
 }
 
@@ -245,6 +248,10 @@ func (n *Node) CheckEndpoint(spec EndpointSpec) error {
 
 func (n *Node) endpointPin(hostIfName string) string {
 	return filepath.Join(n.cfg.PinDir, "links", hostIfName)
+}
+
+func (n *Node) endpointEgressPin(hostIfName string) string {
+	return filepath.Join(n.cfg.PinDir, "links-egress", hostIfName)
 }
 
 func (n *Node) ifindexAlive(idx int) bool {

@@ -13,12 +13,59 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type hostCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      hostWeirAddr
+}
+
+type hostCtEntry struct {
+	_      structs.HostLayout
+	LastNs uint64
+	Rev    uint32
+	Pad    uint32
+}
+
+type hostCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type hostEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Flags   uint32
 	Mac     [6]uint8
 	NodeMac [6]uint8
+}
+
+type hostEpPolicy struct {
+	_        structs.HostLayout
+	Identity uint32
+	Enforce  [2]uint8
+	Pad      [2]uint8
+}
+
+type hostPolicyEntry struct {
+	_    structs.HostLayout
+	Rule uint32
+}
+
+type hostPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Dir       uint8
+	Pad1      [3]uint8
+	Identity  uint32
+	Proto     uint8
+	Pad2      uint8
+	Dport     uint16
 }
 
 type hostWeirAddr struct {
@@ -32,12 +79,20 @@ type hostWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	hostMapWeirEndpoints   = "weir_endpoints"
-	hostMapWeirMetrics     = "weir_metrics"
-	hostProgFromNetdev     = "from_netdev"
-	hostVarOVERLAY_IFINDEX = "OVERLAY_IFINDEX"
-	hostVarTUNNEL_MODE     = "TUNNEL_MODE"
-	hostVarTUNNEL_VNI      = "TUNNEL_VNI"
+	hostMapWeirCidrIds        = "weir_cidr_ids"
+	hostMapWeirCt             = "weir_ct"
+	hostMapWeirEndpoints      = "weir_endpoints"
+	hostMapWeirEpPolicy       = "weir_ep_policy"
+	hostMapWeirEvents         = "weir_events"
+	hostMapWeirIpcache        = "weir_ipcache"
+	hostMapWeirMetrics        = "weir_metrics"
+	hostMapWeirPolicy         = "weir_policy"
+	hostMapWeirPolicyRev      = "weir_policy_rev"
+	hostProgFromNetdev        = "from_netdev"
+	hostVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
+	hostVarTUNNEL_MODE        = "TUNNEL_MODE"
+	hostVarTUNNEL_VNI         = "TUNNEL_VNI"
+	hostVarUnusedVerdictEvent = "unused_verdict_event"
 )
 
 // loadHost returns the embedded CollectionSpec for host.
@@ -89,17 +144,25 @@ type hostProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostMapSpecs struct {
+	WeirCidrIds   *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt        *ebpf.MapSpec `ebpf:"weir_ct"`
 	WeirEndpoints *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy  *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents    *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirIpcache   *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 }
 
 // hostVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostVariableSpecs struct {
-	OVERLAY_IFINDEX *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	TUNNEL_MODE     *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
+	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
+	UnusedVerdictEvent *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // hostObjects contains all objects after they have been loaded into the kernel.
@@ -122,14 +185,28 @@ func (o *hostObjects) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostMaps struct {
+	WeirCidrIds   *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt        *ebpf.Map `ebpf:"weir_ct"`
 	WeirEndpoints *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy  *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents    *ebpf.Map `ebpf:"weir_events"`
+	WeirIpcache   *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
 }
 
 func (m *hostMaps) Close() error {
 	return _HostClose(
+		m.WeirCidrIds,
+		m.WeirCt,
 		m.WeirEndpoints,
+		m.WeirEpPolicy,
+		m.WeirEvents,
+		m.WeirIpcache,
 		m.WeirMetrics,
+		m.WeirPolicy,
+		m.WeirPolicyRev,
 	)
 }
 
@@ -137,9 +214,10 @@ func (m *hostMaps) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostVariables struct {
-	OVERLAY_IFINDEX *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	TUNNEL_MODE     *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.Variable `ebpf:"TUNNEL_VNI"`
+	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`
+	UnusedVerdictEvent *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // hostPrograms contains all programs after they have been loaded into the kernel.

@@ -49,6 +49,7 @@ type ProgramConfig struct {
 // Programs are the loaded programs of one node and the maps they share.
 type Programs struct {
 	FromContainer *ebpf.Program
+	ToContainer   *ebpf.Program
 	FromOverlay   *ebpf.Program
 	ToOverlay     *ebpf.Program
 	FromNetdev    *ebpf.Program
@@ -56,6 +57,15 @@ type Programs struct {
 	Endpoints *ebpf.Map
 	Tunnels   *ebpf.Map
 	Metrics   *ebpf.Map
+
+	// Policy state (bpf/lib/identity.h, policy.h, conntrack.h, events.h).
+	IPCache   *ebpf.Map
+	CIDRIDs   *ebpf.Map
+	EpPolicy  *ebpf.Map
+	Policy    *ebpf.Map
+	PolicyRev *ebpf.Map
+	CT        *ebpf.Map
+	Events    *ebpf.Map
 }
 
 // LoadPrograms loads every entry object with cfg's constants. Maps are
@@ -79,21 +89,26 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	if err := loadWithConsts(loadLxc, consts, &lxc, opts); err != nil {
 		return nil, fmt.Errorf("load from_container: %w", err)
 	}
-	p.FromContainer, p.Endpoints, p.Tunnels, p.Metrics = lxc.FromContainer, lxc.WeirEndpoints, lxc.WeirTunnels, lxc.WeirMetrics
+	p.FromContainer, p.ToContainer = lxc.FromContainer, lxc.ToContainer
+	p.Endpoints, p.Tunnels, p.Metrics = lxc.WeirEndpoints, lxc.WeirTunnels, lxc.WeirMetrics
+	p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy = lxc.WeirIpcache, lxc.WeirCidrIds, lxc.WeirEpPolicy, lxc.WeirPolicy
+	p.PolicyRev, p.CT, p.Events = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents
 
 	var ov overlayObjects
 	if err := loadWithConsts(loadOverlay, consts, &ov, opts); err != nil {
 		return nil, fmt.Errorf("load overlay programs: %w", err)
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
-	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirMetrics)
+	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirEvents)
 
 	var host hostObjects
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
 		return nil, fmt.Errorf("load from_netdev: %w", err)
 	}
 	p.FromNetdev = host.FromNetdev
-	closeMaps(host.WeirEndpoints, host.WeirMetrics)
+	closeMaps(host.WeirEndpoints, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirEvents)
 	return p, nil
 }
 
@@ -125,7 +140,8 @@ func closeMaps(ms ...*ebpf.Map) {
 
 // Close releases the handles; pinned maps and links stay in the kernel.
 func (p *Programs) Close() {
-	for _, c := range []interface{ Close() error }{p.FromContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev, p.Endpoints, p.Tunnels, p.Metrics} {
+	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
+		p.Endpoints, p.Tunnels, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

@@ -13,12 +13,59 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type lxcCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      lxcWeirAddr
+}
+
+type lxcCtEntry struct {
+	_      structs.HostLayout
+	LastNs uint64
+	Rev    uint32
+	Pad    uint32
+}
+
+type lxcCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type lxcEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Flags   uint32
 	Mac     [6]uint8
 	NodeMac [6]uint8
+}
+
+type lxcEpPolicy struct {
+	_        structs.HostLayout
+	Identity uint32
+	Enforce  [2]uint8
+	Pad      [2]uint8
+}
+
+type lxcPolicyEntry struct {
+	_    structs.HostLayout
+	Rule uint32
+}
+
+type lxcPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Dir       uint8
+	Pad1      [3]uint8
+	Identity  uint32
+	Proto     uint8
+	Pad2      uint8
+	Dport     uint16
 }
 
 type lxcTunnelInfo struct {
@@ -33,6 +80,23 @@ type lxcTunnelKey struct {
 	Dst       lxcWeirAddr
 }
 
+type lxcVerdictEvent struct {
+	_       structs.HostLayout
+	TsNs    uint64
+	Ifindex uint32
+	PeerId  uint32
+	Rule    uint32
+	Saddr   uint32
+	Daddr   uint32
+	Sport   uint16
+	Dport   uint16
+	Proto   uint8
+	Dir     uint8
+	Verdict uint8
+	Pad     uint8
+	_       [4]byte
+}
+
 type lxcWeirAddr struct {
 	_      structs.HostLayout
 	Family uint8
@@ -44,13 +108,22 @@ type lxcWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lxcMapWeirEndpoints   = "weir_endpoints"
-	lxcMapWeirMetrics     = "weir_metrics"
-	lxcMapWeirTunnels     = "weir_tunnels"
-	lxcProgFromContainer  = "from_container"
-	lxcVarOVERLAY_IFINDEX = "OVERLAY_IFINDEX"
-	lxcVarTUNNEL_MODE     = "TUNNEL_MODE"
-	lxcVarTUNNEL_VNI      = "TUNNEL_VNI"
+	lxcMapWeirCidrIds        = "weir_cidr_ids"
+	lxcMapWeirCt             = "weir_ct"
+	lxcMapWeirEndpoints      = "weir_endpoints"
+	lxcMapWeirEpPolicy       = "weir_ep_policy"
+	lxcMapWeirEvents         = "weir_events"
+	lxcMapWeirIpcache        = "weir_ipcache"
+	lxcMapWeirMetrics        = "weir_metrics"
+	lxcMapWeirPolicy         = "weir_policy"
+	lxcMapWeirPolicyRev      = "weir_policy_rev"
+	lxcMapWeirTunnels        = "weir_tunnels"
+	lxcProgFromContainer     = "from_container"
+	lxcProgToContainer       = "to_container"
+	lxcVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
+	lxcVarTUNNEL_MODE        = "TUNNEL_MODE"
+	lxcVarTUNNEL_VNI         = "TUNNEL_VNI"
+	lxcVarUnusedVerdictEvent = "unused_verdict_event"
 )
 
 // loadLxc returns the embedded CollectionSpec for lxc.
@@ -96,14 +169,22 @@ type lxcSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcProgramSpecs struct {
 	FromContainer *ebpf.ProgramSpec `ebpf:"from_container"`
+	ToContainer   *ebpf.ProgramSpec `ebpf:"to_container"`
 }
 
 // lxcMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcMapSpecs struct {
+	WeirCidrIds   *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt        *ebpf.MapSpec `ebpf:"weir_ct"`
 	WeirEndpoints *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy  *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents    *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirIpcache   *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirTunnels   *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
@@ -111,9 +192,10 @@ type lxcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcVariableSpecs struct {
-	OVERLAY_IFINDEX *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	TUNNEL_MODE     *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
+	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
+	UnusedVerdictEvent *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // lxcObjects contains all objects after they have been loaded into the kernel.
@@ -136,15 +218,29 @@ func (o *lxcObjects) Close() error {
 //
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcMaps struct {
+	WeirCidrIds   *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt        *ebpf.Map `ebpf:"weir_ct"`
 	WeirEndpoints *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy  *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents    *ebpf.Map `ebpf:"weir_events"`
+	WeirIpcache   *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirTunnels   *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
 func (m *lxcMaps) Close() error {
 	return _LxcClose(
+		m.WeirCidrIds,
+		m.WeirCt,
 		m.WeirEndpoints,
+		m.WeirEpPolicy,
+		m.WeirEvents,
+		m.WeirIpcache,
 		m.WeirMetrics,
+		m.WeirPolicy,
+		m.WeirPolicyRev,
 		m.WeirTunnels,
 	)
 }
@@ -153,9 +249,10 @@ func (m *lxcMaps) Close() error {
 //
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcVariables struct {
-	OVERLAY_IFINDEX *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	TUNNEL_MODE     *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.Variable `ebpf:"TUNNEL_VNI"`
+	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`
+	UnusedVerdictEvent *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // lxcPrograms contains all programs after they have been loaded into the kernel.
@@ -163,11 +260,13 @@ type lxcVariables struct {
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcPrograms struct {
 	FromContainer *ebpf.Program `ebpf:"from_container"`
+	ToContainer   *ebpf.Program `ebpf:"to_container"`
 }
 
 func (p *lxcPrograms) Close() error {
 	return _LxcClose(
 		p.FromContainer,
+		p.ToContainer,
 	)
 }
 

@@ -104,7 +104,7 @@ func SetupNode(cfg NodeConfig) (_ *Node, retErr error) {
 	if _, err := EnsureBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
 		return nil, err
 	}
-	for _, sub := range []string{"links", "devices"} {
+	for _, sub := range []string{"links", "links-egress", "devices"} {
 		if err := os.MkdirAll(filepath.Join(cfg.PinDir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("create pin directory: %w", err)
 		}

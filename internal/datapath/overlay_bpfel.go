@@ -13,12 +13,59 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type overlayCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      overlayWeirAddr
+}
+
+type overlayCtEntry struct {
+	_      structs.HostLayout
+	LastNs uint64
+	Rev    uint32
+	Pad    uint32
+}
+
+type overlayCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type overlayEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
 	Flags   uint32
 	Mac     [6]uint8
 	NodeMac [6]uint8
+}
+
+type overlayEpPolicy struct {
+	_        structs.HostLayout
+	Identity uint32
+	Enforce  [2]uint8
+	Pad      [2]uint8
+}
+
+type overlayPolicyEntry struct {
+	_    structs.HostLayout
+	Rule uint32
+}
+
+type overlayPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Dir       uint8
+	Pad1      [3]uint8
+	Identity  uint32
+	Proto     uint8
+	Pad2      uint8
+	Dport     uint16
 }
 
 type overlayTunnelInfo struct {
@@ -44,14 +91,22 @@ type overlayWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	overlayMapWeirEndpoints   = "weir_endpoints"
-	overlayMapWeirMetrics     = "weir_metrics"
-	overlayMapWeirTunnels     = "weir_tunnels"
-	overlayProgFromOverlay    = "from_overlay"
-	overlayProgToOverlay      = "to_overlay"
-	overlayVarOVERLAY_IFINDEX = "OVERLAY_IFINDEX"
-	overlayVarTUNNEL_MODE     = "TUNNEL_MODE"
-	overlayVarTUNNEL_VNI      = "TUNNEL_VNI"
+	overlayMapWeirCidrIds        = "weir_cidr_ids"
+	overlayMapWeirCt             = "weir_ct"
+	overlayMapWeirEndpoints      = "weir_endpoints"
+	overlayMapWeirEpPolicy       = "weir_ep_policy"
+	overlayMapWeirEvents         = "weir_events"
+	overlayMapWeirIpcache        = "weir_ipcache"
+	overlayMapWeirMetrics        = "weir_metrics"
+	overlayMapWeirPolicy         = "weir_policy"
+	overlayMapWeirPolicyRev      = "weir_policy_rev"
+	overlayMapWeirTunnels        = "weir_tunnels"
+	overlayProgFromOverlay       = "from_overlay"
+	overlayProgToOverlay         = "to_overlay"
+	overlayVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
+	overlayVarTUNNEL_MODE        = "TUNNEL_MODE"
+	overlayVarTUNNEL_VNI         = "TUNNEL_VNI"
+	overlayVarUnusedVerdictEvent = "unused_verdict_event"
 )
 
 // loadOverlay returns the embedded CollectionSpec for overlay.
@@ -104,8 +159,15 @@ type overlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayMapSpecs struct {
+	WeirCidrIds   *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt        *ebpf.MapSpec `ebpf:"weir_ct"`
 	WeirEndpoints *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy  *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents    *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirIpcache   *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirTunnels   *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
@@ -113,9 +175,10 @@ type overlayMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayVariableSpecs struct {
-	OVERLAY_IFINDEX *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	TUNNEL_MODE     *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
+	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
+	UnusedVerdictEvent *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // overlayObjects contains all objects after they have been loaded into the kernel.
@@ -138,15 +201,29 @@ func (o *overlayObjects) Close() error {
 //
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayMaps struct {
+	WeirCidrIds   *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt        *ebpf.Map `ebpf:"weir_ct"`
 	WeirEndpoints *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy  *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents    *ebpf.Map `ebpf:"weir_events"`
+	WeirIpcache   *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirTunnels   *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
 func (m *overlayMaps) Close() error {
 	return _OverlayClose(
+		m.WeirCidrIds,
+		m.WeirCt,
 		m.WeirEndpoints,
+		m.WeirEpPolicy,
+		m.WeirEvents,
+		m.WeirIpcache,
 		m.WeirMetrics,
+		m.WeirPolicy,
+		m.WeirPolicyRev,
 		m.WeirTunnels,
 	)
 }
@@ -155,9 +232,10 @@ func (m *overlayMaps) Close() error {
 //
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayVariables struct {
-	OVERLAY_IFINDEX *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	TUNNEL_MODE     *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.Variable `ebpf:"TUNNEL_VNI"`
+	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`
+	UnusedVerdictEvent *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // overlayPrograms contains all programs after they have been loaded into the kernel.

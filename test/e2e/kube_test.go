@@ -147,6 +147,75 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("network policy denies silently, allows by label and port, revokes", func(t *testing.T) {
+		pods := webPods(t, c)
+		client := onNode(t, pods, "n1")
+		servers := []corev1.Pod{onNode(t, pods, "n1"), onNode(t, pods, "n2")}
+		if servers[0].Name == client.Name {
+			for _, p := range pods {
+				if p.Spec.NodeName == "n1" && p.Name != client.Name {
+					servers[0] = p
+				}
+			}
+		}
+		// probe reports "ok", or agnhost's TIMEOUT (dropped) / REFUSED
+		// (delivered, nothing listening).
+		probe := func(server corev1.Pod, port string) string {
+			out, err := st.Kubectl(ctx, nil, "exec", client.Name, "--", "/agnhost", "connect", server.Status.PodIP+":"+port, "--timeout=2s")
+			if err == nil {
+				return "ok"
+			}
+			for _, r := range []string{"TIMEOUT", "REFUSED"} {
+				if strings.Contains(string(out), r) {
+					return r
+				}
+			}
+			return string(out)
+		}
+		expect := func(port, want string) {
+			t.Helper()
+			waitFor(t, 10*time.Second, func() error {
+				for _, srv := range servers {
+					if got := probe(srv, port); got != want {
+						return fmt.Errorf("%s -> %s (%s) port %s: %s, want %s", client.Spec.NodeName, srv.Name, srv.Spec.NodeName, port, got, want)
+					}
+				}
+				return nil
+			})
+		}
+		apply := func(yaml string) {
+			t.Helper()
+			if out, err := st.Kubectl(ctx, strings.NewReader(yaml), "apply", "-f", "-"); err != nil {
+				t.Fatalf("apply: %v %s", err, out)
+			}
+		}
+		del := func(name string) {
+			if out, err := st.Kubectl(ctx, nil, "delete", "networkpolicy", name, "--ignore-not-found"); err != nil {
+				t.Errorf("delete %s: %v %s", name, err, out)
+			}
+		}
+		defer del("deny-web")
+		defer del("allow-backend")
+
+		apply("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-web}\n" +
+			"spec: {podSelector: {matchLabels: {app: web}}, policyTypes: [Ingress]}\n")
+		expect("8080", "TIMEOUT") // dropped, not refused: the client times out
+		apply("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: allow-backend}\n" +
+			"spec:\n  podSelector: {matchLabels: {app: web}}\n" +
+			"  ingress: [{from: [{podSelector: {matchLabels: {tier: backend}}}], ports: [{port: http}]}]\n")
+		expect("8080", "ok")      // the named port resolves to 8080 on each server
+		expect("8081", "TIMEOUT") // other ports stay closed
+		del("allow-backend")
+		expect("8080", "TIMEOUT")
+		del("deny-web")
+		expect("8080", "ok")
+
+		out, err := st.Kubectl(ctx, nil, "get", "securityidentities", "-l", "weir.io/namespace=default", "-o", "name")
+		if err != nil || len(strings.Fields(string(out))) == 0 {
+			t.Errorf("no SecurityIdentity for the default namespace's pods: %v %s", err, out)
+		}
+	})
+
 	t.Run("the benchmarks' load tools run in pods", func(t *testing.T) {
 		tools := `
 apiVersion: v1

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * events.h: verdict events for `weir observe`.
+ *
+ * weir_events: ring buffer of struct verdict_event, one per drop and one
+ * per newly allowed connection (not per packet), naming the endpoint, the
+ * peer identity and the rule. A full ring drops the event, never the
+ * packet; the loss is counted (METRIC_EVENT_LOST).
+ */
+#ifndef WEIR_LIB_EVENTS_H
+#define WEIR_LIB_EVENTS_H
+
+#include "common.h"
+#include "metrics.h"
+
+#define VERDICT_ALLOWED 1
+#define VERDICT_DENIED 2
+
+struct verdict_event {
+	__u64 ts_ns;
+	__u32 ifindex;  /* the local endpoint the verdict is about */
+	__u32 peer_id;  /* the peer's label identity */
+	__u32 rule;     /* deciding RuleID; 0: no policy enforces */
+	__be32 saddr;   /* the flow as its first packet had it */
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;       /* POLICY_INGRESS / POLICY_EGRESS of ifindex */
+	__u8 verdict;   /* VERDICT_* */
+	__u8 pad;
+};
+
+/* The ring buffer has no value type; this keeps the event's layout in BTF
+ * for the Go reader's generated struct. */
+const struct verdict_event *unused_verdict_event __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_events SEC(".maps");
+
+__always_inline_fn void event_emit(const struct verdict_event *ev)
+{
+	if (bpf_ringbuf_output(&weir_events, (void *)ev, sizeof(*ev), 0) < 0)
+		metric_inc(METRIC_EVENT_LOST);
+}
+
+#endif /* WEIR_LIB_EVENTS_H */

@@ -1,0 +1,288 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/k8s"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// policyState is what the agent has loaded into the datapath's policy
+// maps: the compiled result and where each endpoint's entries live.
+type policyState struct {
+	compiler  *policy.Compiler
+	loaded    *policy.Result
+	endpoints map[string]datapath.PolicyEndpoint
+	pruned    bool
+	lastErr   string
+	applied   time.Time
+}
+
+// policySnapshot converts the cluster state into the compiler's input.
+// Local endpoints come from this node's leases, so a pod is enforced on
+// as soon as its veth exists, before the API server has its address.
+func (a *Agent) policySnapshot(s k8s.Snapshot, local map[string]datapath.PolicyEndpoint, localIPs map[string][]netip.Addr) *policy.Snapshot {
+	ps := &policy.Snapshot{
+		Namespaces: map[string]policy.Namespace{},
+		Policies:   s.Policies,
+		Identities: s.Identities,
+		HostIPs:    []netip.Addr{a.cfg.NodeIP},
+	}
+	for name, labels := range s.Namespaces {
+		ps.Namespaces[name] = policy.Namespace{Name: name, Labels: labels}
+	}
+	for _, n := range s.Nodes {
+		if n.InternalIP.IsValid() && n.InternalIP != a.cfg.NodeIP {
+			ps.RemoteNodeIPs = append(ps.RemoteNodeIPs, n.InternalIP)
+		}
+	}
+	for _, p := range s.ClusterPods {
+		if p.Terminal {
+			continue
+		}
+		pp := policy.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, IPs: p.IPs, HostNetwork: p.HostNetwork}
+		if p.NodeName == a.cfg.NodeName {
+			_, pp.Local = local[p.Key()]
+			if ips, ok := localIPs[p.Key()]; ok {
+				pp.IPs = ips
+			}
+		}
+		for _, cp := range p.Ports {
+			if proto, ok := protoNumber(cp.Protocol); ok && cp.Port > 0 && cp.Port < 65536 {
+				pp.Ports = append(pp.Ports, policy.NamedPort{Name: cp.Name, Port: uint16(cp.Port), Protocol: proto})
+			}
+		}
+		ps.Pods = append(ps.Pods, pp)
+	}
+	return ps
+}
+
+func protoNumber(p string) (uint8, bool) {
+	switch p {
+	case "TCP", "":
+		return policy.ProtoTCP, true
+	case "UDP":
+		return policy.ProtoUDP, true
+	case "SCTP":
+		return policy.ProtoSCTP, true
+	}
+	return 0, false
+}
+
+// localEndpointsLocked maps this node's pods to their veths and addresses.
+func (a *Agent) localEndpointsLocked() (map[string]datapath.PolicyEndpoint, map[string][]netip.Addr, error) {
+	entries, err := a.dp.Endpoints()
+	if err != nil {
+		return nil, nil, err
+	}
+	ifindex := make(map[netip.Addr]int, len(entries))
+	for _, e := range entries {
+		ifindex[e.Addr] = e.HostIfindex
+	}
+	eps := map[string]datapath.PolicyEndpoint{}
+	ips := map[string][]netip.Addr{}
+	for _, l := range a.ipam.List() {
+		idx, ok := ifindex[l.Addr]
+		if !ok || l.PodName == "" {
+			continue // not published yet, or not a pod
+		}
+		key := l.PodNamespace + "/" + l.PodName
+		eps[key] = datapath.PolicyEndpoint{Ifindex: idx}
+		ips[key] = append(ips[key], l.Addr)
+	}
+	return eps, ips, nil
+}
+
+// applyPolicyLocked compiles the snapshot and loads the difference. It
+// returns the label sets of local pods that still need an identity.
+func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
+	st := &a.policy
+	if st.compiler == nil {
+		st.compiler = policy.NewCompiler()
+	}
+	eps, ips, err := a.localEndpointsLocked()
+	if err != nil {
+		a.log.Error("list endpoints for policy", "err", err)
+		return nil
+	}
+	res := st.compiler.Compile(a.policySnapshot(s, eps, ips))
+	for _, e := range res.Errors {
+		a.log.Warn("network policy not fully compiled; its pods fail closed", "err", e)
+	}
+	for pod, ep := range res.Endpoints {
+		loc := eps[pod]
+		loc.Identity = ep.Identity
+		eps[pod] = loc
+	}
+	prev := a.forgetMovedLocked(eps)
+	d := policy.DiffResults(prev, res)
+	all := mergeEndpoints(st.endpoints, eps)
+	err = a.dp.ApplyPolicy(d, all)
+	if err == nil && !st.pruned {
+		err = a.dp.PrunePolicy(res, eps)
+		st.pruned = err == nil
+	}
+	if err != nil {
+		st.lastErr = err.Error()
+		a.log.Error("load policy", "err", err)
+	} else {
+		st.lastErr = ""
+	}
+	st.loaded, st.endpoints, st.applied = res, eps, time.Now()
+	if !d.Empty() {
+		a.log.Info("policy loaded", "endpoints", len(d.Endpoints), "ipcache+", len(d.IPCacheUpsert),
+			"ipcache-", len(d.IPCacheDelete), "cidrs", len(res.CIDRs), "policies", len(s.Policies))
+	}
+	var missing []policy.Labels
+	local := map[string]bool{}
+	for _, p := range s.Pods {
+		if !p.HostNetwork && !p.Terminal {
+			local[policy.IdentityLabels(policy.Namespace{Name: p.Namespace, Labels: s.Namespaces[p.Namespace]}, p.Labels).Key()] = true
+		}
+	}
+	for _, key := range res.Unallocated {
+		if local[key] {
+			missing = append(missing, policy.ParseLabelsKey(key))
+		}
+	}
+	return missing
+}
+
+// forgetMovedLocked removes from the loaded state every endpoint whose veth
+// changed (a pod re-created under its old name), after deleting its
+// entries under the old veth, so the diff re-adds it in full.
+func (a *Agent) forgetMovedLocked(now map[string]datapath.PolicyEndpoint) *policy.Result {
+	st := &a.policy
+	if st.loaded == nil {
+		return nil
+	}
+	prev := *st.loaded
+	prev.Endpoints = make(map[string]*policy.EndpointPolicy, len(st.loaded.Endpoints))
+	for pod, ep := range st.loaded.Endpoints {
+		old, had := st.endpoints[pod]
+		cur, has := now[pod]
+		if had && has && old.Ifindex != cur.Ifindex {
+			gone := policy.Diff{Endpoints: []policy.EndpointDiff{{Pod: pod, Gone: true, Delete: keysOf(ep.Allow)}}}
+			if err := a.dp.ApplyPolicy(gone, map[string]datapath.PolicyEndpoint{pod: old}); err != nil {
+				a.log.Error("remove policy of a replaced veth", "pod", pod, "err", err)
+			}
+			continue
+		}
+		prev.Endpoints[pod] = ep
+	}
+	return &prev
+}
+
+func keysOf(m map[policy.Key]policy.RuleID) []policy.Key {
+	out := make([]policy.Key, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// mergeEndpoints lets a diff reach endpoints that just left (their entries
+// are deleted under the veth they had).
+func mergeEndpoints(old, now map[string]datapath.PolicyEndpoint) map[string]datapath.PolicyEndpoint {
+	out := make(map[string]datapath.PolicyEndpoint, len(old)+len(now))
+	for k, v := range old {
+		out[k] = v
+	}
+	for k, v := range now {
+		out[k] = v
+	}
+	return out
+}
+
+// allocateIdentities creates the cluster identities local pods lack. It
+// runs outside the agent lock: the identity informer brings the result
+// back as a change.
+func (a *Agent) allocateIdentities(ctx context.Context, alloc func(context.Context, policy.Labels) (policy.Identity, error), missing []policy.Labels) {
+	for _, l := range missing {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		id, err := alloc(actx, l)
+		cancel()
+		if err != nil {
+			a.log.Warn("allocate security identity", "labels", l.Key(), "err", err)
+			continue
+		}
+		a.log.Info("security identity", "id", id, "labels", l)
+	}
+}
+
+// identityGCEvery is how often an agent looks for unused identities;
+// identityGrace how long one must stay unused before it goes.
+const (
+	identityGCEvery = 30 * time.Second
+	identityGrace   = 2 * time.Minute
+)
+
+// identityWork allocates identities in the background, one label set at a
+// time, and never twice at once.
+type identityWork struct {
+	clients   k8s.Clients
+	collector *k8s.IdentityCollector
+	mu        sync.Mutex
+	inflight  map[string]bool
+}
+
+func newIdentityWork(c k8s.Clients) *identityWork {
+	return &identityWork{clients: c, collector: k8s.NewIdentityCollector(c.Dynamic, identityGrace), inflight: map[string]bool{}}
+}
+
+// allocate starts allocations for the label sets not already in flight.
+func (w *identityWork) allocate(ctx context.Context, a *Agent, missing []policy.Labels) {
+	if w == nil || len(missing) == 0 {
+		return
+	}
+	var todo []policy.Labels
+	w.mu.Lock()
+	for _, l := range missing {
+		if !w.inflight[l.Key()] {
+			w.inflight[l.Key()] = true
+			todo = append(todo, l)
+		}
+	}
+	w.mu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
+	go func() {
+		a.allocateIdentities(ctx, func(ctx context.Context, l policy.Labels) (policy.Identity, error) {
+			return k8s.AllocateIdentity(ctx, w.clients.Dynamic, l)
+		}, todo)
+		w.mu.Lock()
+		for _, l := range todo {
+			delete(w.inflight, l.Key())
+		}
+		w.mu.Unlock()
+	}()
+}
+
+// collectIdentities deletes identities no pod in the cluster has used for
+// the grace period.
+func (a *Agent) collectIdentities(ctx context.Context, s k8s.Snapshot) {
+	if a.identities == nil {
+		return
+	}
+	inUse := map[string]bool{}
+	for _, p := range s.ClusterPods {
+		if !p.HostNetwork && !p.Terminal {
+			ns := policy.Namespace{Name: p.Namespace, Labels: s.Namespaces[p.Namespace]}
+			inUse[policy.IdentityLabels(ns, p.Labels).Key()] = true
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	deleted, err := a.identities.collector.Collect(cctx, s.IdentityObjects, inUse)
+	if err != nil {
+		a.log.Warn("collect unused identities", "err", err)
+	}
+	if len(deleted) > 0 {
+		a.log.Info("unused security identities deleted", "ids", deleted)
+	}
+}

@@ -1,0 +1,230 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// Bits of the fixed part of a policy key (bpf/lib/policy.h): ifindex,
+// direction and padding, identity. Protocol and padding follow, then the
+// port.
+const (
+	policyKeyFixedBits = 96
+	policyKeyProtoBits = policyKeyFixedBits + 16
+	cidrKeyPrefixBits  = 32
+)
+
+// ErrPolicyClosed marks an apply that could not write every entry: the
+// endpoints it names were left enforcing with what could be written, so
+// they deny what they could not allow, never the reverse.
+var ErrPolicyClosed = errors.New("policy update failed; affected endpoints fail closed")
+
+// policyKey builds the LPM key of one allow entry of an endpoint.
+func policyKey(ifindex int, k policy.Key) lxcPolicyKey {
+	key := lxcPolicyKey{Ifindex: uint32(ifindex), Dir: uint8(k.Direction), Identity: uint32(k.Peer)}
+	switch {
+	case k.Proto == policy.ProtoAny:
+		key.Prefixlen = policyKeyFixedBits
+	default:
+		key.Proto = k.Proto
+		key.Prefixlen = policyKeyProtoBits + uint32(k.Ports.Bits)
+		// The port is stored in network byte order so its prefix is its
+		// top bits; the struct field holds the raw bytes.
+		var b [2]byte
+		binary.BigEndian.PutUint16(b[:], k.Ports.Port)
+		key.Dport = binary.NativeEndian.Uint16(b[:])
+	}
+	return key
+}
+
+func cidrKey(p netip.Prefix) (lxcCidrKey, error) {
+	a, err := bpfAddr(p.Masked().Addr())
+	if err != nil {
+		return lxcCidrKey{}, err
+	}
+	return lxcCidrKey{Prefixlen: uint32(cidrKeyPrefixBits + p.Bits()), Addr: a}, nil
+}
+
+// PolicyEndpoint locates a compiled endpoint in the datapath.
+type PolicyEndpoint struct {
+	Ifindex  int
+	Identity policy.Identity
+}
+
+// ApplyPolicy writes a policy diff in the order policy.Diff documents and
+// then bumps the policy revision, so established flows are judged again
+// on their next packet. endpoints resolves each diff's pod to its host
+// veth; an endpoint it does not know is skipped (it has no veth to guard).
+func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) error {
+	var errs []error
+	for a, id := range d.IPCacheUpsert {
+		errs = append(errs, n.putIPCache(a, id))
+	}
+	for p, id := range d.CIDRUpsert {
+		errs = append(errs, n.putCIDR(p, id))
+	}
+	for _, ed := range d.Endpoints {
+		ep, ok := endpoints[ed.Pod]
+		if !ok {
+			continue
+		}
+		errs = append(errs, n.applyEndpointPolicy(ed, ep))
+	}
+	for _, a := range d.IPCacheDelete {
+		if k, err := bpfAddr(a); err == nil {
+			errs = append(errs, ignoreNotExist(n.progs.IPCache.Delete(k)))
+		}
+	}
+	for _, p := range d.CIDRDelete {
+		if k, err := cidrKey(p); err == nil {
+			errs = append(errs, ignoreNotExist(n.progs.CIDRIDs.Delete(k)))
+		}
+	}
+	errs = append(errs, n.bumpPolicyRevision())
+	return errors.Join(errs...)
+}
+
+func (n *Node) putIPCache(a netip.Addr, id policy.Identity) error {
+	k, err := bpfAddr(a)
+	if err != nil {
+		return err
+	}
+	if err := n.progs.IPCache.Put(k, uint32(id)); err != nil {
+		return fmt.Errorf("ipcache %v -> %d: %w", a, id, err)
+	}
+	return nil
+}
+
+func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
+	k, err := cidrKey(p)
+	if err != nil {
+		return err
+	}
+	if err := n.progs.CIDRIDs.Put(k, uint32(id)); err != nil {
+		return fmt.Errorf("cidr identity %v -> %d: %w", p, id, err)
+	}
+	return nil
+}
+
+// applyEndpointPolicy: new keys, then flags, then stale keys. When a key
+// cannot be written the endpoint is enforced in both directions anyway.
+func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint) error {
+	idx := uint32(ep.Ifindex)
+	if ed.Gone {
+		err := ignoreNotExist(n.progs.EpPolicy.Delete(idx))
+		return errors.Join(err, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
+	}
+	flags := lxcEpPolicy{Identity: uint32(ep.Identity)}
+	for d, on := range ed.Enforced {
+		if on {
+			flags.Enforce[d] = 1
+		}
+	}
+	var failed error
+	for k, rule := range ed.Upsert {
+		if err := n.progs.Policy.Put(policyKey(ep.Ifindex, k), lxcPolicyEntry{Rule: uint32(rule)}); err != nil {
+			failed = fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k, err, ErrPolicyClosed)
+			break
+		}
+	}
+	if failed != nil {
+		flags.Enforce = [2]uint8{1, 1}
+	}
+	if err := n.progs.EpPolicy.Put(idx, flags); err != nil {
+		return errors.Join(failed, fmt.Errorf("endpoint %s flags: %w", ed.Pod, err))
+	}
+	return errors.Join(failed, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
+}
+
+func (n *Node) deletePolicyKeys(ifindex int, keys []policy.Key) error {
+	var errs []error
+	for _, k := range keys {
+		errs = append(errs, ignoreNotExist(n.progs.Policy.Delete(policyKey(ifindex, k))))
+	}
+	return errors.Join(errs...)
+}
+
+// bumpPolicyRevision makes every tracked flow be judged again.
+func (n *Node) bumpPolicyRevision() error {
+	var rev uint32
+	if err := n.progs.PolicyRev.Lookup(uint32(0), &rev); err != nil {
+		return fmt.Errorf("read policy revision: %w", err)
+	}
+	if err := n.progs.PolicyRev.Put(uint32(0), rev+1); err != nil {
+		return fmt.Errorf("bump policy revision: %w", err)
+	}
+	return nil
+}
+
+func ignoreNotExist(err error) error {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
+}
+
+// PrunePolicy deletes every policy, ipcache and CIDR entry that res (as
+// placed by endpoints) does not hold. An agent runs it once after its first
+// apply: the pinned maps may hold what an earlier run loaded, and the
+// first diff, made against nothing, only adds.
+func (n *Node) PrunePolicy(res *policy.Result, endpoints map[string]PolicyEndpoint) error {
+	wantPolicy := map[lxcPolicyKey]bool{}
+	wantEP := map[uint32]bool{}
+	for pod, ep := range res.Endpoints {
+		loc, ok := endpoints[pod]
+		if !ok {
+			continue
+		}
+		wantEP[uint32(loc.Ifindex)] = true
+		for k := range ep.Allow {
+			wantPolicy[policyKey(loc.Ifindex, k)] = true
+		}
+	}
+	wantAddr := map[lxcWeirAddr]bool{}
+	for a := range res.IPCache {
+		if k, err := bpfAddr(a); err == nil {
+			wantAddr[k] = true
+		}
+	}
+	wantCIDR := map[lxcCidrKey]bool{}
+	for p := range res.CIDRs {
+		if k, err := cidrKey(p); err == nil {
+			wantCIDR[k] = true
+		}
+	}
+	return errors.Join(
+		pruneMap(n.progs.Policy, wantPolicy),
+		pruneMap(n.progs.EpPolicy, wantEP),
+		pruneMap(n.progs.IPCache, wantAddr),
+		pruneMap(n.progs.CIDRIDs, wantCIDR),
+	)
+}
+
+// pruneMap deletes the keys of m that want lacks.
+func pruneMap[K comparable](m *ebpf.Map, want map[K]bool) error {
+	var (
+		k     K
+		stale []K
+	)
+	val := make([]byte, m.ValueSize())
+	it := m.Iterate()
+	for it.Next(&k, &val) {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate %s: %w", m, err)
+	}
+	var errs []error
+	for _, k := range stale {
+		errs = append(errs, ignoreNotExist(m.Delete(k)))
+	}
+	return errors.Join(errs...)
+}
