@@ -211,6 +211,10 @@ var MetricNames = []string{
 	"drop_malformed",
 	"drop_tunnel",
 	"pass_stack_nat",
+	"drop_policy",
+	"ct_new",
+	"ct_full",
+	"event_lost",
 }
 
 // readMetrics sums the per-CPU counters.
