@@ -52,25 +52,13 @@ func (a *Agent) policySnapshot(s k8s.Snapshot, local map[string]datapath.PolicyE
 			}
 		}
 		for _, cp := range p.Ports {
-			if proto, ok := protoNumber(cp.Protocol); ok && cp.Port > 0 && cp.Port < 65536 {
+			if proto, err := policy.ParseProtocol(cp.Protocol); err == nil && cp.Port > 0 && cp.Port < 65536 {
 				pp.Ports = append(pp.Ports, policy.NamedPort{Name: cp.Name, Port: uint16(cp.Port), Protocol: proto})
 			}
 		}
 		ps.Pods = append(ps.Pods, pp)
 	}
 	return ps
-}
-
-func protoNumber(p string) (uint8, bool) {
-	switch p {
-	case "TCP", "":
-		return policy.ProtoTCP, true
-	case "UDP":
-		return policy.ProtoUDP, true
-	case "SCTP":
-		return policy.ProtoSCTP, true
-	}
-	return 0, false
 }
 
 // localEndpointsLocked maps this node's pods to their veths and addresses.
@@ -138,12 +126,7 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 			"ipcache-", len(d.IPCacheDelete), "cidrs", len(res.CIDRs), "policies", len(s.Policies))
 	}
 	var missing []policy.Labels
-	local := map[string]bool{}
-	for _, p := range s.Pods {
-		if !p.HostNetwork && !p.Terminal {
-			local[policy.IdentityLabels(policy.Namespace{Name: p.Namespace, Labels: s.Namespaces[p.Namespace]}, p.Labels).Key()] = true
-		}
-	}
+	local := labelKeysInUse(s, s.Pods)
 	for _, key := range res.Unallocated {
 		if local[key] {
 			missing = append(missing, policy.ParseLabelsKey(key))
@@ -269,13 +252,7 @@ func (a *Agent) collectIdentities(ctx context.Context, s k8s.Snapshot) {
 	if a.identities == nil {
 		return
 	}
-	inUse := map[string]bool{}
-	for _, p := range s.ClusterPods {
-		if !p.HostNetwork && !p.Terminal {
-			ns := policy.Namespace{Name: p.Namespace, Labels: s.Namespaces[p.Namespace]}
-			inUse[policy.IdentityLabels(ns, p.Labels).Key()] = true
-		}
-	}
+	inUse := labelKeysInUse(s, s.ClusterPods)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	deleted, err := a.identities.collector.Collect(cctx, s.IdentityObjects, inUse)
@@ -285,4 +262,17 @@ func (a *Agent) collectIdentities(ctx context.Context, s k8s.Snapshot) {
 	if len(deleted) > 0 {
 		a.log.Info("unused security identities deleted", "ids", deleted)
 	}
+}
+
+// labelKeysInUse is the identity label set keys of the pod-network pods
+// among pods that still hold an address.
+func labelKeysInUse(s k8s.Snapshot, pods []k8s.Pod) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range pods {
+		if !p.HostNetwork && !p.Terminal {
+			ns := policy.Namespace{Name: p.Namespace, Labels: s.Namespaces[p.Namespace]}
+			out[policy.IdentityLabels(ns, p.Labels).Key()] = true
+		}
+	}
+	return out
 }

@@ -1,7 +1,5 @@
 package policy
 
-import "errors"
-
 // idAllocator hands out small numbers for keys and takes back the ones a
 // compile no longer uses, so numbers stay stable and bounded.
 type idAllocator[K comparable] struct {
@@ -38,5 +36,3 @@ func (a *idAllocator[K]) keepOnly(used map[K]bool) {
 		}
 	}
 }
-
-func joinErrors(errs []error) error { return errors.Join(errs...) }

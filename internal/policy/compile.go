@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -294,7 +295,7 @@ func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
 		}
 	}
 	if len(errs) > 0 {
-		return joinErrors(errs)
+		return errors.Join(errs...)
 	}
 	return nil
 }

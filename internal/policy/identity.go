@@ -84,24 +84,6 @@ func ParseLabelsKey(key string) Labels {
 	return strings.Split(key, "\n")
 }
 
-// split returns the namespace name, the pod labels and the namespace
-// labels the set was made from.
-func (l Labels) split() (ns string, pod, nsLabels map[string]string) {
-	pod, nsLabels = map[string]string{}, map[string]string{}
-	for _, kv := range l {
-		k, v, _ := strings.Cut(kv, "=")
-		switch {
-		case k == LabelNamespace:
-			ns = v
-		case strings.HasPrefix(k, labelPodPrefix):
-			pod[strings.TrimPrefix(k, labelPodPrefix)] = v
-		case strings.HasPrefix(k, labelNamespacePrefix):
-			nsLabels[strings.TrimPrefix(k, labelNamespacePrefix)] = v
-		}
-	}
-	return ns, pod, nsLabels
-}
-
 // CandidateIdentity is the identity to try for a label set on the given
 // attempt (0, 1, ...). Every agent computes the same sequence, so agents
 // that race to allocate one label set try the same numbers and meet at one

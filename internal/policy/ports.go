@@ -62,15 +62,21 @@ func protoNumber(p *corev1.Protocol) (uint8, error) {
 	if p == nil {
 		return ProtoTCP, nil
 	}
-	switch corev1.Protocol(strings.ToUpper(string(*p))) {
-	case corev1.ProtocolTCP:
+	return ParseProtocol(string(*p))
+}
+
+// ParseProtocol maps a Kubernetes protocol name ("" meaning TCP, as in a
+// container port) to its number.
+func ParseProtocol(name string) (uint8, error) {
+	switch corev1.Protocol(strings.ToUpper(name)) {
+	case "", corev1.ProtocolTCP:
 		return ProtoTCP, nil
 	case corev1.ProtocolUDP:
 		return ProtoUDP, nil
 	case corev1.ProtocolSCTP:
 		return ProtoSCTP, nil
 	}
-	return 0, fmt.Errorf("protocol %q: %w", *p, ErrUnsupportedProtocol)
+	return 0, fmt.Errorf("protocol %q: %w", name, ErrUnsupportedProtocol)
 }
 
 // ProtoName is the protocol's name as Kubernetes spells it.
