@@ -32,9 +32,12 @@ go vet ./...
 echo "==> go test (unit, privileged, stress, end to end)"
 go test -count=1 -timeout 40m ./... 2>&1 | tee /tmp/weir-test.log
 
+# Counted, not timed: a timed run fails with "context deadline exceeded"
+# when the deadline falls inside one slow input (fsync-heavy IPAM cases on
+# a busy disk), which is no finding.
 echo "==> fuzz smoke run"
-go test -run '^$' -fuzz FuzzAllocateRelease -fuzztime 20s ./internal/ipam
-go test -run '^$' -fuzz FuzzCompile -fuzztime 15s ./internal/policy
+go test -run '^$' -fuzz FuzzAllocateRelease -fuzztime 3000x ./internal/ipam
+go test -run '^$' -fuzz FuzzCompile -fuzztime 3000x ./internal/policy
 
 left=$(ip netns list 2>/dev/null | grep -E '^(we2e|wk[0-9]|weir-lab|wbench|cni-)' || true)
 if [[ -n "$left" ]]; then
