@@ -25,6 +25,8 @@ enum weir_metric {
 	METRIC_CT_NEW,             /* a new flow allowed and tracked */
 	METRIC_CT_FULL,            /* a flow allowed but not tracked: table full */
 	METRIC_EVENT_LOST,         /* a verdict event lost: ring buffer full */
+	METRIC_SOCK_LB,            /* a pod's socket sent to a Service backend (sock.c) */
+	METRIC_SOCK_LB_MISS,       /* a Service address left to kube-proxy: no backend slot */
 	METRIC_MAX,
 };
 

@@ -62,9 +62,10 @@ type Agent struct {
 	peers []api.Peer
 	// pods is this node's pods as the API server describes them, by
 	// namespace/name (Kubernetes mode only).
-	pods   map[string]k8s.Pod
-	kube   *api.KubeStatus
-	policy policyState
+	pods     map[string]k8s.Pod
+	kube     *api.KubeStatus
+	policy   policyState
+	services serviceState
 	// identities allocates and collects security identities (Kubernetes
 	// mode only).
 	identities *identityWork

@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/policy"
+	"github.com/weirnet/weir/internal/service"
 )
 
 // Datapath is what the agent needs from the node's datapath. The ADD steps
@@ -23,6 +24,7 @@ type Datapath interface {
 	SetPeers([]datapath.Peer) error
 	ApplyPolicy(policy.Diff, map[string]datapath.PolicyEndpoint) error
 	PrunePolicy(*policy.Result, map[string]datapath.PolicyEndpoint) error
+	SetServices(service.Table) error
 	Endpoints() ([]datapath.EndpointEntry, error)
 	Metrics() (map[string]uint64, error)
 	PodMTU() int

@@ -135,6 +135,9 @@ func (n *testNode) assertClean(context string) {
 	if len(entries) != 0 {
 		n.t.Fatalf("%s: endpoint map entries left: %+v", context, entries)
 	}
+	if nss, err := n.dp.TranslatedNetNS(); err != nil || len(nss) != 0 {
+		n.t.Fatalf("%s: namespaces still registered for service translation: %v (%v)", context, nss, err)
+	}
 	pins, _ := os.ReadDir(filepath.Join(n.cfg.PinDir, "links"))
 	if len(pins) != 0 {
 		n.t.Fatalf("%s: %d link pins left", context, len(pins))

@@ -232,6 +232,7 @@ func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot) (bool, error)
 		}
 		a.log.Info("peers changed", "before", before, "now", len(a.peers))
 	}
+	a.applyServicesLocked(s)
 	a.pods = make(map[string]k8s.Pod, len(s.Pods))
 	for _, p := range s.Pods {
 		a.pods[p.Key()] = p

@@ -16,8 +16,9 @@ var ErrEndpointGone = errors.New("endpoint veth no longer exists")
 
 // AdoptEndpoint takes over an attachment a previous agent made: the veth
 // is found by name and the pod's MAC read from the permanent neighbour
-// entry on it, so the pod's namespace is not entered and nothing is
-// re-plumbed. The program is updated in place and the map entry rewritten.
+// entry on it, so nothing is re-plumbed. The program is updated in place
+// and the map entries rewritten (Publish enters the pod's namespace only
+// to read its cookie).
 func (n *Node) AdoptEndpoint(spec EndpointSpec) (*Endpoint, error) {
 	host, err := n.nl.LinkByName(spec.HostIfName())
 	if err != nil {
@@ -93,6 +94,9 @@ func (n *Node) SweepOrphans(keep map[string]bool) (removed []string, _ error) {
 		}
 		errs = append(errs, n.endpoints.delete(e.Addr))
 		removed = append(removed, "endpoint "+e.Addr.String())
+	}
+	if err := n.forgetNetNS(func(i int) bool { return !alive[i] }); err != nil {
+		errs = append(errs, err)
 	}
 	return removed, errors.Join(errs...)
 }

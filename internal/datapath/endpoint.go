@@ -171,8 +171,16 @@ func (n *Node) AttachProgram(ep *Endpoint) error {
 }
 
 // Publish makes the endpoint reachable: the map entry is written last, once
-// everything it points to exists.
+// everything it points to exists. Before it, the pod's namespace is
+// registered for Service translation at the socket.
 func (n *Node) Publish(ep *Endpoint) error {
+	cookie, err := netnsCookie(ep.Spec.NetNS)
+	if err != nil {
+		return err
+	}
+	if err := n.progs.SockNetNS.Put(cookie, uint32(ep.HostIfindex)); err != nil {
+		return fmt.Errorf("register netns of %s for service translation: %w", ep.Spec.HostIfName(), err)
+	}
 	return n.endpoints.put(ep.entry())
 }
 
@@ -195,6 +203,8 @@ func (n *Node) RemoveEndpoint(spec EndpointSpec) error {
 		}
 	}
 	if linkErr == nil {
+		idx := host.Attrs().Index
+		errs = append(errs, n.forgetNetNS(func(i int) bool { return i == idx }))
 		// Deleting one end removes the pair, its routes and neighbours, and
 		// detaches the program with it.
 		if err := n.nl.LinkDel(host); err != nil && !errors.Is(err, unix.ENODEV) {

@@ -66,6 +66,16 @@ type Programs struct {
 	PolicyRev *ebpf.Map
 	CT        *ebpf.Map
 	Events    *ebpf.Map
+
+	// Socket-level Service translation (bpf/sock.c, bpf/lib/lb.h).
+	SockConnect4     *ebpf.Program
+	SockSendmsg4     *ebpf.Program
+	SockRecvmsg4     *ebpf.Program
+	SockGetpeername4 *ebpf.Program
+	LB4Services      *ebpf.Map
+	LB4Backends      *ebpf.Map
+	LB4RevNAT        *ebpf.Map
+	SockNetNS        *ebpf.Map
 }
 
 // LoadPrograms loads every entry object with cfg's constants. Maps are
@@ -109,6 +119,14 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.FromNetdev = host.FromNetdev
 	closeMaps(host.WeirEndpoints, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
 		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirEvents)
+
+	var sock sockObjects
+	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
+		return nil, fmt.Errorf("load socket programs: %w", err)
+	}
+	p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4 = sock.Sock4Connect, sock.Sock4Sendmsg, sock.Sock4Recvmsg, sock.Sock4Getpeername
+	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
+	closeMaps(sock.WeirMetrics)
 	return p, nil
 }
 
@@ -141,7 +159,8 @@ func closeMaps(ms ...*ebpf.Map) {
 // Close releases the handles; pinned maps and links stay in the kernel.
 func (p *Programs) Close() {
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
-		p.Endpoints, p.Tunnels, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events} {
+		p.Endpoints, p.Tunnels, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events,
+		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

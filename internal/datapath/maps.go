@@ -215,6 +215,8 @@ var MetricNames = []string{
 	"ct_new",
 	"ct_full",
 	"event_lost",
+	"sock_lb",
+	"sock_lb_miss",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -37,6 +37,9 @@ type NodeConfig struct {
 	PodCIDR     netip.Prefix // the addresses this node gives its pods
 	ClusterCIDR netip.Prefix // every pod address in the cluster
 	PinDir      string       // bpffs directory for this node's pins
+	// CgroupRoot is the cgroup v2 directory the socket programs attach to;
+	// empty: the machine's cgroup v2 root (mounted if need be).
+	CgroupRoot string
 	// NetNS, when set, is the namespace the node lives in; otherwise the
 	// caller's. Tests and the lab use it to run many nodes in one process.
 	NetNS string
@@ -104,7 +107,7 @@ func SetupNode(cfg NodeConfig) (_ *Node, retErr error) {
 	if _, err := EnsureBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
 		return nil, err
 	}
-	for _, sub := range []string{"links", "links-egress", "devices"} {
+	for _, sub := range []string{"links", "links-egress", "devices", "cgroup"} {
 		if err := os.MkdirAll(filepath.Join(cfg.PinDir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("create pin directory: %w", err)
 		}
@@ -155,6 +158,9 @@ func (n *Node) setupDevices() error {
 		if err := attachPinned(n.progs.FromNetdev, under.Attrs().Index, ebpf.AttachTCXIngress, filepath.Join(links, n.cfg.UnderlayDev+"_ingress")); err != nil {
 			return err
 		}
+	}
+	if err := n.attachSockets(); err != nil {
+		return err
 	}
 	return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, nil)
 }

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"sort"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/weirnet/weir/internal/policy"
@@ -64,6 +66,10 @@ type Snapshot struct {
 	// IdentityObjects are the objects it was read from.
 	Identities      map[string]policy.Identity
 	IdentityObjects []IdentityObject
+	// Services and EndpointSlices of every namespace, for translation at
+	// the socket (internal/service).
+	Services       []*corev1.Service
+	EndpointSlices []*discoveryv1.EndpointSlice
 }
 
 // Node finds a node by name.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -18,8 +19,8 @@ import (
 	"github.com/weirnet/weir/internal/policy"
 )
 
-// Watcher keeps informers on Nodes, Pods, Namespaces, NetworkPolicies and
-// SecurityIdentities and hands the agent a fresh Snapshot after each burst
+// Watcher keeps informers on Nodes, Pods, Namespaces, NetworkPolicies,
+// Services, EndpointSlices and SecurityIdentities and hands the agent a fresh Snapshot after each burst
 // of changes. While the API server is unreachable the informers keep their
 // last state and retry; nothing is delivered until they have news, so the
 // datapath stays as it was.
@@ -31,6 +32,8 @@ type Watcher struct {
 	pods       cache.SharedIndexInformer
 	namespaces cache.SharedIndexInformer
 	policies   cache.SharedIndexInformer
+	services   cache.SharedIndexInformer
+	slices     cache.SharedIndexInformer
 	identities cache.SharedIndexInformer // nil without a dynamic client
 	// changed has one slot: any number of events between two deliveries
 	// become one snapshot.
@@ -48,13 +51,15 @@ func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName str
 	w.pods = w.factory.Core().V1().Pods().Informer()
 	w.namespaces = w.factory.Core().V1().Namespaces().Informer()
 	w.policies = w.factory.Networking().V1().NetworkPolicies().Informer()
+	w.services = w.factory.Core().V1().Services().Informer()
+	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.poke() },
 		UpdateFunc: func(any, any) { w.poke() },
 		DeleteFunc: func(any) { w.poke() },
 	}
 	// Registering a handler only fails on a stopped informer.
-	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies} {
+	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies, w.services, w.slices} {
 		_, _ = inf.AddEventHandler(h)
 	}
 	if dyn != nil {
@@ -84,7 +89,7 @@ func (w *Watcher) Start(ctx context.Context) {
 }
 
 func (w *Watcher) informers() []cache.SharedIndexInformer {
-	out := []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies}
+	out := []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies, w.services, w.slices}
 	if w.identities != nil {
 		out = append(out, w.identities)
 	}
@@ -143,6 +148,16 @@ func (w *Watcher) Snapshot() Snapshot {
 	for _, o := range w.policies.GetStore().List() {
 		if p, ok := o.(*networkingv1.NetworkPolicy); ok {
 			s.Policies = append(s.Policies, p)
+		}
+	}
+	for _, o := range w.services.GetStore().List() {
+		if svc, ok := o.(*corev1.Service); ok {
+			s.Services = append(s.Services, svc)
+		}
+	}
+	for _, o := range w.slices.GetStore().List() {
+		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
+			s.EndpointSlices = append(s.EndpointSlices, es)
 		}
 	}
 	if w.identities != nil {

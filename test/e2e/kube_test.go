@@ -160,8 +160,8 @@ func TestKubernetes(t *testing.T) {
 		}
 		// probe reports "ok", or agnhost's TIMEOUT (dropped) / REFUSED
 		// (delivered, nothing listening).
-		probe := func(server corev1.Pod, port string) string {
-			out, err := st.Kubectl(ctx, nil, "exec", client.Name, "--", "/agnhost", "connect", server.Status.PodIP+":"+port, "--timeout=2s")
+		probeAddr := func(target string) string {
+			out, err := st.Kubectl(ctx, nil, "exec", client.Name, "--", "/agnhost", "connect", target, "--timeout=2s")
 			if err == nil {
 				return "ok"
 			}
@@ -172,6 +172,7 @@ func TestKubernetes(t *testing.T) {
 			}
 			return string(out)
 		}
+		probe := func(server corev1.Pod, port string) string { return probeAddr(server.Status.PodIP + ":" + port) }
 		expect := func(port, want string) {
 			t.Helper()
 			waitFor(t, 10*time.Second, func() error {
@@ -196,6 +197,7 @@ func TestKubernetes(t *testing.T) {
 		}
 		defer del("deny-web")
 		defer del("allow-backend")
+		defer del("client-egress")
 
 		apply("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-web}\n" +
 			"spec: {podSelector: {matchLabels: {app: web}}, policyTypes: [Ingress]}\n")
@@ -209,6 +211,42 @@ func TestKubernetes(t *testing.T) {
 		expect("8080", "TIMEOUT")
 		del("deny-web")
 		expect("8080", "ok")
+
+		// Egress through a Service is judged against the backend it goes
+		// to: the socket programs translate the ClusterIP before a packet
+		// exists. Judged against the ClusterIP, the allow below would
+		// match nothing and every call would time out.
+		svc, err := c.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := st.Kubectl(ctx, nil, "label", "pod", client.Name, "role=client"); err != nil {
+			t.Fatalf("label client: %v %s", err, out)
+		}
+		defer st.Kubectl(ctx, nil, "label", "pod", client.Name, "role-")
+		egress := func(app string) string {
+			return "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: client-egress}\n" +
+				"spec:\n  podSelector: {matchLabels: {role: client}}\n  policyTypes: [Egress]\n" +
+				"  egress: [{to: [{podSelector: {matchLabels: {app: " + app + "}}}], ports: [{port: 8080}]}]\n"
+		}
+		expectService := func(want string) {
+			t.Helper()
+			waitFor(t, 10*time.Second, func() error {
+				for i := 0; i < 6; i++ { // several backends, on both nodes
+					if got := probeAddr(svc.Spec.ClusterIP + ":80"); got != want {
+						return fmt.Errorf("%s -> Service %s:80: %s, want %s", client.Name, svc.Spec.ClusterIP, got, want)
+					}
+				}
+				return nil
+			})
+		}
+		apply(egress("web"))
+		expectService("ok")
+		expect("8081", "TIMEOUT") // the egress allow is for 8080 only
+		apply(egress("nothing"))
+		expectService("TIMEOUT")
+		del("client-egress")
+		expectService("ok")
 
 		out, err := st.Kubectl(ctx, nil, "get", "securityidentities", "-l", "weir.io/namespace=default", "-o", "name")
 		if err != nil || len(strings.Fields(string(out))) == 0 {

@@ -1,0 +1,157 @@
+package service
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func svc(name string, ip string, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec:       corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Ports: ports},
+	}
+}
+
+type ep struct {
+	addr              string
+	node              string
+	ready, terminated bool
+	notServing        bool
+}
+
+func slice(svcName string, ports map[string]int32, eps ...ep) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: svcName + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: svcName}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	for name, port := range ports {
+		proto := corev1.ProtocolTCP
+		s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: &name, Port: &port, Protocol: &proto})
+	}
+	for _, e := range eps {
+		ready, serving, term := e.ready, !e.notServing, e.terminated
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{e.addr},
+			NodeName:   &e.node,
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &term},
+		})
+	}
+	return s
+}
+
+func fe(ip string, port uint16) Frontend {
+	return Frontend{Addr: netip.MustParseAddr(ip), Port: port, Proto: ProtoTCP}
+}
+
+func be(ip string, port uint16) Backend { return Backend{Addr: netip.MustParseAddr(ip), Port: port} }
+
+func TestBuild(t *testing.T) {
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	http := corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}
+	tests := []struct {
+		name   string
+		svcs   []*corev1.Service
+		slices []*discoveryv1.EndpointSlice
+		want   Table
+	}{{
+		name: "ready endpoints of two slices, sorted, duplicates once",
+		svcs: []*corev1.Service{svc("web", "10.96.0.10", http)},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web", map[string]int32{"http": 8080}, ep{addr: "10.0.1.3", ready: true}, ep{addr: "10.0.0.2", ready: true}),
+			slice("web", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true}, ep{addr: "10.0.0.9"}),
+		},
+		want: Table{fe("10.96.0.10", 80): {be("10.0.0.2", 8080), be("10.0.1.3", 8080)}},
+	}, {
+		name: "named target port differs per slice",
+		svcs: []*corev1.Service{svc("web", "10.96.0.10", http)},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true}),
+			slice("web", map[string]int32{"http": 9090}, ep{addr: "10.0.0.3", ready: true}),
+			slice("web", map[string]int32{"metrics": 9100}, ep{addr: "10.0.0.4", ready: true}),
+		},
+		want: Table{fe("10.96.0.10", 80): {be("10.0.0.2", 8080), be("10.0.0.3", 9090)}},
+	}, {
+		name: "terminating serving endpoints only when none is ready",
+		svcs: []*corev1.Service{svc("a", "10.96.0.1", http), svc("b", "10.96.0.2", http)},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("a", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", terminated: true}, ep{addr: "10.0.0.3", ready: true}),
+			slice("b", map[string]int32{"http": 80}, ep{addr: "10.0.0.4", terminated: true}, ep{addr: "10.0.0.5", terminated: true, notServing: true}),
+		},
+		want: Table{fe("10.96.0.1", 80): {be("10.0.0.3", 80)}, fe("10.96.0.2", 80): {be("10.0.0.4", 80)}},
+	}, {
+		name: "no backend: left to kube-proxy",
+		svcs: []*corev1.Service{svc("web", "10.96.0.10", http)},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web", map[string]int32{"http": 80}, ep{addr: "10.0.0.2"}),
+		},
+		want: Table{},
+	}, {
+		name: "internalTrafficPolicy Local keeps this node's endpoints",
+		svcs: func() []*corev1.Service {
+			s := svc("web", "10.96.0.10", http)
+			s.Spec.InternalTrafficPolicy = &local
+			return []*corev1.Service{s}
+		}(),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true, node: "n1"}, ep{addr: "10.0.1.2", ready: true, node: "n2"}),
+		},
+		want: Table{fe("10.96.0.10", 80): {be("10.0.0.2", 80)}},
+	}, {
+		name: "headless, ExternalName, affinity and SCTP are not translated",
+		svcs: func() []*corev1.Service {
+			headless := svc("h", "None", http)
+			ext := svc("e", "", http)
+			ext.Spec.Type = corev1.ServiceTypeExternalName
+			aff := svc("a", "10.96.0.3", http)
+			aff.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			sctp := svc("s", "10.96.0.4", corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolSCTP})
+			return []*corev1.Service{headless, ext, aff, sctp}
+		}(),
+		slices: []*discoveryv1.EndpointSlice{
+			slice("h", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true}),
+			slice("a", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true}),
+			slice("s", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true}),
+		},
+		want: Table{},
+	}, {
+		name: "a slice of another namespace does not count",
+		svcs: []*corev1.Service{svc("web", "10.96.0.10", http)},
+		slices: func() []*discoveryv1.EndpointSlice {
+			s := slice("web", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true})
+			s.Namespace = "other"
+			return []*discoveryv1.EndpointSlice{s}
+		}(),
+		want: Table{},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Build(tt.svcs, tt.slices, "n1")
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("Build:\n got %v\nwant %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildUDPAndDefaultProtocol(t *testing.T) {
+	s := svc("dns", "10.96.0.10",
+		corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+		corev1.ServicePort{Name: "dns-tcp", Port: 53})
+	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
+	name1, name2, p := "dns", "dns-tcp", int32(5353)
+	sl := slice("dns", nil, ep{addr: "10.0.0.7", ready: true})
+	sl.Ports = []discoveryv1.EndpointPort{{Name: &name1, Port: &p, Protocol: &udp}, {Name: &name2, Port: &p, Protocol: &tcp}}
+	got := Build([]*corev1.Service{s}, []*discoveryv1.EndpointSlice{sl}, "n1")
+	want := Table{
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoUDP}: {be("10.0.0.7", 5353)},
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoTCP}: {be("10.0.0.7", 5353)},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Build:\n got %v\nwant %v", got, want)
+	}
+}
