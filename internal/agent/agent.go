@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weirnet/weir/internal/api"
@@ -71,6 +72,9 @@ type Agent struct {
 	identities *identityWork
 	// onEndpoint, if set, is called after an endpoint is added.
 	onEndpoint func()
+	// flows holds recent verdicts; flowNames explains them.
+	flows     *flowLog
+	flowNames atomic.Pointer[flowNames]
 }
 
 // New builds an agent over an already set-up datapath, adopting the
@@ -80,7 +84,7 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc}
+	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc, flows: newFlowLog()}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.adoptLocked(); err != nil {
@@ -103,6 +107,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer node.Close()
+	if err := a.readFlows(ctx, node); err != nil {
+		return err
+	}
 	return a.Serve(ctx)
 }
 
@@ -151,7 +158,9 @@ func (a *Agent) Listen() (net.Listener, error) {
 
 // ServeOn answers the local API on ln until ctx ends.
 func (a *Agent) ServeOn(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Requests inherit ctx, so followed streams end with the agent.
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	a.log.Info("agent ready", "node", a.cfg.NodeName, "socket", a.cfg.Socket, "mode", a.cfg.Mode, "podCIDR", a.cfg.PodCIDR, "mtu", a.dp.PodMTU())

@@ -96,6 +96,9 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer node.Close()
+	if err := a.readFlows(ctx, node); err != nil {
+		return err
+	}
 	a.kube = &api.KubeStatus{}
 	ln, err := a.Listen()
 	if err != nil {

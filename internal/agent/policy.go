@@ -121,6 +121,7 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 		st.lastErr = ""
 	}
 	st.loaded, st.endpoints, st.applied = res, eps, time.Now()
+	a.flowNames.Store(newFlowNames(s, eps, res))
 	if !d.Empty() {
 		a.log.Info("policy loaded", "endpoints", len(d.Endpoints), "ipcache+", len(d.IPCacheUpsert),
 			"ipcache-", len(d.IPCacheDelete), "cidrs", len(res.CIDRs), "policies", len(s.Policies))

@@ -21,6 +21,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("PUT "+api.PathEndpoints+"/check", handle(func(r api.CheckRequest) (any, error) { return struct{}{}, a.Check(r) }))
 	mux.HandleFunc("POST "+api.PathGC, handle(a.GC))
 	mux.HandleFunc("PUT "+api.PathPeers, handle(func(r api.PeersRequest) (any, error) { return struct{}{}, a.SetPeers(r.Peers) }))
+	mux.HandleFunc("GET "+api.PathFlows, a.serveFlows)
 	mux.HandleFunc("GET "+api.PathHealth, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
 	})
@@ -78,5 +79,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	if err := json.NewEncoder(w).Encode(v); err != nil {
 		fmt.Println("weir-agent: write response:", err)
+	}
+}
+
+// lineEncoder writes JSON values one per line, flushing on request so a
+// followed stream is seen as it happens.
+type lineEncoder struct {
+	w   http.ResponseWriter
+	enc *json.Encoder
+}
+
+func newLineEncoder(w http.ResponseWriter) lineEncoder {
+	return lineEncoder{w: w, enc: json.NewEncoder(w)}
+}
+
+func (e lineEncoder) encode(v any) error { return e.enc.Encode(v) }
+
+func (e lineEncoder) flush() {
+	if f, ok := e.w.(http.Flusher); ok {
+		f.Flush()
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -106,4 +107,40 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		}
 	}
 	return nil
+}
+
+// Flows streams the agent's recent flows to fn, oldest first; with
+// q.Follow it goes on with new flows until ctx ends or fn fails.
+func (c *Client) Flows(ctx context.Context, q FlowsQuery, fn func(Flow) error) error {
+	path := PathFlows
+	if q.Follow {
+		path += "?follow=1"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://weir-agent"+path, nil)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	// No overall timeout: a followed stream lasts as long as ctx.
+	resp, err := (&http.Client{Transport: c.http.Transport}).Do(req)
+	if err != nil {
+		return unavailable(c.socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		b, _ := io.ReadAll(resp.Body)
+		return &Error{Code: CodeIOFailure, Msg: fmt.Sprintf("agent answered %s", resp.Status), Details: string(b)}
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var f Flow
+		if err := dec.Decode(&f); err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("decode flow: %w", err)
+		}
+		if err := fn(f); err != nil {
+			return err
+		}
+	}
 }

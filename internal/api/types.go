@@ -13,6 +13,7 @@ const (
 	PathHealth    = "/v1/healthz"
 	PathStatus    = "/v1/status"
 	PathPeers     = "/v1/peers"
+	PathFlows     = "/v1/flows"
 )
 
 // Attachment names one interface of one container.
@@ -149,4 +150,28 @@ type KubeStatus struct {
 	// says why the last attempt failed, if it did.
 	Reported    time.Time `json:"reported,omitzero"`
 	ReportError string    `json:"reportError,omitempty"`
+}
+
+// Flow is one policy verdict of a node's datapath, with the names the
+// agent knows for its parties.
+type Flow struct {
+	Time      time.Time `json:"time"`
+	Node      string    `json:"node"`
+	Verdict   string    `json:"verdict"`   // "allowed" (a new connection) or "denied"
+	Direction string    `json:"direction"` // of the local pod: ingress or egress
+	Pod       string    `json:"pod"`       // the local pod judged, namespace/name
+	Src       string    `json:"src"`       // address:port of the first packet
+	Dst       string    `json:"dst"`
+	Proto     string    `json:"proto"`
+	// Peer is the other end: a pod's namespace/name, a node, or an address.
+	Peer         string   `json:"peer"`
+	PeerIdentity uint32   `json:"peerIdentity"`
+	PeerLabels   []string `json:"peerLabels,omitempty"`
+	// Rule is what decided: a NetworkPolicy rule, or why none did.
+	Rule string `json:"rule"`
+}
+
+// FlowsQuery selects flows; the zero value is every flow the agent holds.
+type FlowsQuery struct {
+	Follow bool // keep streaming new flows
 }

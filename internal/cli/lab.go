@@ -27,7 +27,7 @@ func NewLabCommand() *cobra.Command {
 		Short: "Multi-node Weir clusters on this machine, built from network namespaces",
 	}
 	cmd.AddCommand(newLabUpCommand(), newLabDownCommand(), newLabCheckCommand(), newLabStatusCommand(), newLabBuildCommand(),
-		newLabAPIProxyCommand(), newLabKubectlCommand())
+		newLabAPIProxyCommand(), newLabKubectlCommand(), newLabConformanceCommand())
 	return cmd
 }
 

@@ -15,7 +15,7 @@ func NewRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(NewLabCommand(), NewStatusCommand())
+	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand())
 	return root
 }
 

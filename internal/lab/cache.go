@@ -45,11 +45,14 @@ func referencePluginsBuild() goBuild {
 // goBuild builds main packages of one module version into the cache, in a
 // scratch module of its own so Weir's go.mod is not involved.
 type goBuild struct {
-	Name    string            // cache directory name, with Version appended
-	Module  string            // module to require
-	Version string            // its version
-	Pkgs    []string          // main packages to build; "." means Main below
-	Main    string            // source of a local main package, if any
+	Name    string   // cache directory name, with Version appended
+	Module  string   // module to require
+	Version string   // its version
+	Pkgs    []string // main packages to build; "." means Main below
+	Main    string   // source of a local main package, if any
+	// Test makes Main the source of a test file instead, built with
+	// `go test -c` into a test binary called Name (an upstream e2e suite).
+	Test    bool
 	Replace map[string]string // module => module@version replacements
 	Tags    string            // build tags
 	LDFlags string            // linker flags
@@ -95,7 +98,11 @@ func (b goBuild) run(ctx context.Context, progress io.Writer) (string, error) {
 	}
 	defer os.RemoveAll(scratch)
 	if b.Main != "" {
-		if err := os.WriteFile(filepath.Join(scratch, "main.go"), []byte(b.Main), 0o644); err != nil {
+		file := "main.go"
+		if b.Test {
+			file = "suite_test.go"
+		}
+		if err := os.WriteFile(filepath.Join(scratch, file), []byte(b.Main), 0o644); err != nil {
 			return "", err
 		}
 	}
@@ -116,6 +123,9 @@ func (b goBuild) run(ctx context.Context, progress io.Writer) (string, error) {
 		steps = append(steps, []string{"go", "mod", "tidy"})
 	}
 	build := []string{"go", "build", "-trimpath"}
+	if b.Test {
+		build = []string{"go", "test", "-c", "-trimpath"}
+	}
 	if b.Tags != "" {
 		build = append(build, "-tags", b.Tags)
 	}

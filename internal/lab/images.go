@@ -50,7 +50,7 @@ func labImages(binDir string, bins map[string]string) []imageSpec {
 	agnhostDir := bins["agnhost"]
 	return []imageSpec{
 		{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}},
-		{Refs: []string{AgnhostImage}, Files: map[string]string{"/agnhost": filepath.Join(agnhostDir, "agnhost")}, Busybox: true, Entrypoint: []string{"/agnhost"}},
+		{Refs: []string{AgnhostImage, cyclonusAgnhostImage}, Files: map[string]string{"/agnhost": filepath.Join(agnhostDir, "agnhost")}, Busybox: true, Entrypoint: []string{"/agnhost"}},
 		{Refs: []string{BusyboxImage}, Busybox: true, Cmd: []string{"sh"}},
 		{Refs: []string{AgentImage}, Files: map[string]string{
 			"/usr/bin/weir-agent": filepath.Join(binDir, "weir-agent"),

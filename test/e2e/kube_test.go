@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/lab"
 )
@@ -207,6 +209,11 @@ func TestKubernetes(t *testing.T) {
 			"  ingress: [{from: [{podSelector: {matchLabels: {tier: backend}}}], ports: [{port: http}]}]\n")
 		expect("8080", "ok")      // the named port resolves to 8080 on each server
 		expect("8081", "TIMEOUT") // other ports stay closed
+		// Both verdicts are on record, each naming what decided it.
+		waitFor(t, 5*time.Second, func() error {
+			return flowsInclude(ctx, st, servers[1].Spec.NodeName, "default/"+servers[1].Name,
+				"networkpolicy default/allow-backend ingress[0]", "default deny")
+		})
 		del("allow-backend")
 		expect("8080", "TIMEOUT")
 		del("deny-web")
@@ -251,6 +258,31 @@ func TestKubernetes(t *testing.T) {
 		out, err := st.Kubectl(ctx, nil, "get", "securityidentities", "-l", "weir.io/namespace=default", "-o", "name")
 		if err != nil || len(strings.Fields(string(out))) == 0 {
 			t.Errorf("no SecurityIdentity for the default namespace's pods: %v %s", err, out)
+		}
+	})
+
+	t.Run("NetworkPolicy conformance: fast subsets of cyclonus and the upstream suite", func(t *testing.T) {
+		cyclonus, netpol, err := lab.ConformanceTools(ctx, testWriter{t})
+		if err != nil {
+			t.Fatal(err)
+		}
+		results := t.TempDir()
+		for _, run := range []func() (lab.ConformanceResult, error){
+			func() (lab.ConformanceResult, error) { return lab.RunCyclonus(ctx, st, cyclonus, true, results, testWriter{t}) },
+			func() (lab.ConformanceResult, error) { return lab.RunNetpolE2E(ctx, st, netpol, true, results, testWriter{t}) },
+		} {
+			res, err := run()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s in %.0f s", res, res.Seconds)
+			for _, f := range res.Failed {
+				t.Errorf("%s: FAILED %s", res.Suite, f)
+			}
+		}
+		if t.Failed() {
+			dumpFile(t, filepath.Join(results, "cyclonus.log"), 200)
+			dumpFile(t, filepath.Join(results, "netpol.log"), 200)
 		}
 	})
 
@@ -683,4 +715,44 @@ func waitFor(t *testing.T, timeout time.Duration, f func() error) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// dumpFile logs the last lines of a file, for a failure's context.
+func dumpFile(t *testing.T, path string, lines int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	all := strings.Split(string(b), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	t.Logf("last %d lines of %s:\n%s", len(all), path, strings.Join(all, "\n"))
+}
+
+// flowsInclude checks that a node's agent holds an allowed and a denied
+// flow of pod whose rules contain allowRule and denyRule.
+func flowsInclude(ctx context.Context, st *lab.State, node, pod, allowRule, denyRule string) error {
+	var sock string
+	for _, n := range st.Nodes {
+		if n.Name == node {
+			sock = n.Socket
+		}
+	}
+	var allowed, denied bool
+	err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{}, func(f api.Flow) error {
+		if f.Pod != pod || f.Direction != "ingress" {
+			return nil
+		}
+		allowed = allowed || (f.Verdict == "allowed" && strings.Contains(f.Rule, allowRule))
+		denied = denied || (f.Verdict == "denied" && strings.Contains(f.Rule, denyRule))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !allowed || !denied {
+		return fmt.Errorf("flows of %s on %s: allowed by %q %v, denied by %q %v", pod, node, allowRule, allowed, denyRule, denied)
+	}
+	return nil
 }
