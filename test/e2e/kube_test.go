@@ -268,8 +268,12 @@ func TestKubernetes(t *testing.T) {
 		}
 		results := t.TempDir()
 		for _, run := range []func() (lab.ConformanceResult, error){
-			func() (lab.ConformanceResult, error) { return lab.RunCyclonus(ctx, st, cyclonus, true, results, testWriter{t}) },
-			func() (lab.ConformanceResult, error) { return lab.RunNetpolE2E(ctx, st, netpol, true, results, testWriter{t}) },
+			func() (lab.ConformanceResult, error) {
+				return lab.RunCyclonus(ctx, st, cyclonus, true, results, testWriter{t})
+			},
+			func() (lab.ConformanceResult, error) {
+				return lab.RunNetpolE2E(ctx, st, netpol, true, results, testWriter{t})
+			},
 		} {
 			res, err := run()
 			if err != nil {
