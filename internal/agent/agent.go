@@ -72,6 +72,9 @@ type Agent struct {
 	identities *identityWork
 	// onEndpoint, if set, is called after an endpoint is added.
 	onEndpoint func()
+	// snapshot, if set (Kubernetes mode), reads the cluster state a new
+	// endpoint's policy is compiled from before its ADD returns.
+	snapshot func() (k8s.Snapshot, bool)
 	// flows holds recent verdicts; flowNames explains them.
 	flows     *flowLog
 	flowNames atomic.Pointer[flowNames]

@@ -15,6 +15,7 @@ type Datapath interface {
 	ConfigureHost(*datapath.Endpoint) error
 	AttachProgram(*datapath.Endpoint) error
 	Publish(*datapath.Endpoint) error
+	IsolateEndpoint(*datapath.Endpoint) error
 
 	RemoveEndpoint(datapath.EndpointSpec) error
 	CheckEndpoint(datapath.EndpointSpec) error

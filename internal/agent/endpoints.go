@@ -23,11 +23,15 @@ const stepPublish = "publish endpoint"
 // addSteps are the steps after CreateVeth that run in order; the program
 // attach runs beside them (see Add).
 func (a *Agent) addSteps() []addStep {
-	return []addStep{
+	steps := []addStep{
 		{"configure pod interface", a.dp.ConfigurePod},
 		{"configure host interface", a.dp.ConfigureHost},
-		{stepPublish, a.dp.Publish},
 	}
+	if a.snapshot != nil {
+		// Policy is compiled from the cluster's state: closed until then.
+		steps = append(steps, addStep{"isolate until policy is compiled", a.dp.IsolateEndpoint})
+	}
+	return append(steps, addStep{stepPublish, a.dp.Publish})
 }
 
 // Add attaches a pod interface: lease an address, then plumb it step by
@@ -91,8 +95,15 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 			return nil, stepError(s.name, err)
 		}
 	}
+	if a.snapshot != nil {
+		// Compile before the runtime starts the pod's containers, so they
+		// start under their policy; the poke below allocates its identity.
+		if s, ok := a.snapshot(); ok {
+			a.applyPolicyLocked(s)
+		}
+	}
 	if a.onEndpoint != nil {
-		a.onEndpoint() // compile policy for it now, not at the next API event
+		a.onEndpoint() // compile again with the pod's address as the API server has it
 	}
 	a.log.Info("endpoint added", "attachment", owner, "addr", lease.Addr, "host", ep.Spec.HostIfName(), "pod", req.PodNamespace+"/"+req.PodName, "took", time.Since(start))
 	return &api.AddResponse{

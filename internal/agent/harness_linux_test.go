@@ -135,6 +135,9 @@ func (n *testNode) assertClean(context string) {
 	if len(entries) != 0 {
 		n.t.Fatalf("%s: endpoint map entries left: %+v", context, entries)
 	}
+	if eps, err := n.dp.PolicyEndpoints(); err != nil || len(eps) != 0 {
+		n.t.Fatalf("%s: endpoint policy entries left: %v (%v)", context, eps, err)
+	}
 	if nss, err := n.dp.TranslatedNetNS(); err != nil || len(nss) != 0 {
 		n.t.Fatalf("%s: namespaces still registered for service translation: %v (%v)", context, nss, err)
 	}

@@ -116,6 +116,12 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	a.identities = newIdentityWork(clients)
 	a.mu.Lock()
 	a.onEndpoint = w.Poke
+	a.snapshot = func() (k8s.Snapshot, bool) {
+		if !w.Synced() {
+			return k8s.Snapshot{}, false // nothing to compile from yet: stays isolated
+		}
+		return w.Snapshot(), true
+	}
 	a.mu.Unlock()
 	return a.follow(ctx, client, w, served)
 }

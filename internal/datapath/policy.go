@@ -228,3 +228,32 @@ func pruneMap[K comparable](m *ebpf.Map, want map[K]bool) error {
 	}
 	return errors.Join(errs...)
 }
+
+// IsolateEndpoint closes a new endpoint in both directions until its first
+// policy load replaces the entry: a pod is never reachable, nor able to
+// send, before Weir knows which policies select it.
+func (n *Node) IsolateEndpoint(ep *Endpoint) error {
+	closed := lxcEpPolicy{Enforce: [2]uint8{1, 1}}
+	if err := n.progs.EpPolicy.Put(uint32(ep.HostIfindex), closed); err != nil {
+		return fmt.Errorf("isolate %s until policy is compiled: %w", ep.Spec.HostIfName(), err)
+	}
+	return nil
+}
+
+// PolicyEndpoints reads the endpoint policy map: for each host ifindex,
+// whether ingress and egress are enforced.
+func (n *Node) PolicyEndpoints() (map[int][2]bool, error) {
+	var (
+		idx   uint32
+		flags lxcEpPolicy
+	)
+	out := map[int][2]bool{}
+	it := n.progs.EpPolicy.Iterate()
+	for it.Next(&idx, &flags) {
+		out[int(idx)] = [2]bool{flags.Enforce[0] != 0, flags.Enforce[1] != 0}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate endpoint policy map: %w", err)
+	}
+	return out, nil
+}
