@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/lab/manifests"
 )
 
@@ -82,6 +83,66 @@ func Demo(ctx context.Context, st *State, out io.Writer) error {
 	}
 	if failed > 0 {
 		return fmt.Errorf("demo: %d calls failed", failed)
+	}
+	return st.demoPolicy(ctx, frontends, backends, pods, out)
+}
+
+// demoPolicy isolates the backends to the frontend tier and shows both
+// verdicts: the frontend still gets through, a backend calling another
+// backend is dropped, and each node's agent says which rule decided.
+func (st *State) demoPolicy(ctx context.Context, frontends, backends []corev1.Pod, pods map[string]corev1.Pod, out io.Writer) error {
+	if len(frontends) == 0 || len(backends) < 2 {
+		return fmt.Errorf("demo: want a frontend and two backends, have %d and %d", len(frontends), len(backends))
+	}
+	if err := st.applyManifests(ctx, manifests.FS, nil, "demo-policy.yaml"); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "NetworkPolicy demo/backend-from-frontend: backends accept only app=frontend on port http\n")
+	f, from, to := frontends[0], backends[0], sameNode(backends, backends[0].Spec.NodeName, false)
+	if to.Name == "" {
+		to = backends[1]
+	}
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) { // until the agents have compiled it
+		if _, err = st.dial(ctx, from, to.Status.PodIP, 8080); err != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err == nil {
+		return fmt.Errorf("demo: %s still reaches %s under the policy", from.Name, to.Name)
+	}
+	fmt.Fprintf(out, "  denied %s -> %s (%s): the call timed out\n", from.Name, to.Name, to.Spec.NodeName)
+	got, err := st.dial(ctx, f, "backend."+DemoNamespace+".svc.cluster.local", 80)
+	if report(out, fmt.Sprintf("%s -> Service backend.demo", f.Name), got, err, pods) > 0 {
+		return fmt.Errorf("demo: the frontend lost the backend under the policy")
+	}
+	fmt.Fprintf(out, "verdicts, as `weir observe --lab %s -n demo` shows them:\n", st.Config.Name)
+	return st.printDemoFlows(ctx, out)
+}
+
+// printDemoFlows prints the latest allowed and denied ingress verdict of
+// between the demo's pods from every node's agent.
+func (st *State) printDemoFlows(ctx context.Context, out io.Writer) error {
+	latest := map[string]api.Flow{}
+	for _, n := range st.Nodes {
+		err := n.Client().Flows(ctx, api.FlowsQuery{}, func(fl api.Flow) error {
+			if strings.HasPrefix(fl.Pod, DemoNamespace+"/") && strings.HasPrefix(fl.Peer, DemoNamespace+"/") && fl.Direction == "ingress" && fl.Time.After(latest[fl.Verdict].Time) {
+				latest[fl.Verdict] = fl
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read flows of %s: %w", n.Name, err)
+		}
+	}
+	for _, v := range []string{"allowed", "denied"} {
+		fl, ok := latest[v]
+		if !ok {
+			return fmt.Errorf("demo: no %s verdict recorded for the demo's pods", v)
+		}
+		fmt.Fprintf(out, "  %-7s %s <- %s %s/%s\n          by %s\n", fl.Verdict, fl.Pod, fl.Peer, fl.Dst, fl.Proto, fl.Rule)
 	}
 	return nil
 }
