@@ -218,7 +218,7 @@ func (a *Agent) Status() (*api.Status, error) {
 		s.Endpoints = append(s.Endpoints, api.Endpoint{
 			Attachment: api.Attachment{ContainerID: l.ContainerID, IfName: l.IfName},
 			Address:    l.Addr, HostIfName: datapath.HostIfName(l.ContainerID, l.IfName),
-			PodNamespace: l.PodNamespace, PodName: l.PodName,
+			PodNamespace: l.PodNamespace, PodName: l.PodName, NetNS: l.NetNS,
 			Labels: a.pods[l.PodNamespace+"/"+l.PodName].Labels,
 		})
 	}

@@ -118,6 +118,8 @@ type Endpoint struct {
 	HostIfName   string     `json:"hostIfName"`
 	PodNamespace string     `json:"podNamespace,omitempty"`
 	PodName      string     `json:"podName,omitempty"`
+	// NetNS is the pod's network namespace as the runtime named it in ADD.
+	NetNS string `json:"netns,omitempty"`
 	// Labels are the pod's labels as the API server last said (Kubernetes mode).
 	Labels map[string]string `json:"labels,omitempty"`
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -153,7 +154,7 @@ var cyclonusNamespaces = []string{"x", "y", "z", "y-2", "w"}
 
 // RunCyclonus runs cyclonus's generated cases against the lab: every one
 // (about 230), or the fast subset.
-func RunCyclonus(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (ConformanceResult, error) {
+func RunCyclonus(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (_ ConformanceResult, retErr error) {
 	res := ConformanceResult{Suite: SuiteCyclonus, Fast: fast, JUnit: filepath.Join(resultsDir, "cyclonus-junit.xml")}
 	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
 		return res, err
@@ -184,6 +185,11 @@ func RunCyclonus(ctx context.Context, st *State, bin string, fast bool, resultsD
 	} else {
 		cmdArgs = append(cmdArgs, "--exclude=")
 	}
+	before, err := st.namespaces(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer func() { retErr = errors.Join(retErr, st.removeNamespacesSince(ctx, before)) }()
 	res.Command = "KUBECONFIG=" + st.Kube.Kubeconfig + " " + bin + " " + strings.Join(cmdArgs, " ")
 	fmt.Fprintf(out, "running: %s\n", res.Command)
 	start := time.Now()
@@ -233,7 +239,7 @@ var netpolFastFocus = []string{
 // RunNetpolE2E runs the upstream NetworkPolicy suite against the lab.
 // SCTP specs are not run: this kernel has no SCTP, so their server pods
 // could not even listen.
-func RunNetpolE2E(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (ConformanceResult, error) {
+func RunNetpolE2E(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (_ ConformanceResult, retErr error) {
 	res := ConformanceResult{Suite: SuiteNetpol, Fast: fast, JUnit: filepath.Join(resultsDir, "netpol-junit.xml"),
 		NotRunnable: map[string]string{"SCTP": "this kernel has no SCTP module; the 3 [Feature:SCTPConnectivity] specs are skipped"}}
 	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
@@ -253,6 +259,11 @@ func RunNetpolE2E(ctx context.Context, st *State, bin string, fast bool, results
 		"--ginkgo.timeout=3h", "--ginkgo.junit-report=" + res.JUnit,
 		"--allowed-not-ready-nodes=-1", "--e2e-output-dir=" + resultsDir,
 	}
+	before, err := st.namespaces(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer func() { retErr = errors.Join(retErr, st.removeNamespacesSince(ctx, before)) }()
 	res.Command = bin + " '" + strings.Join(args, "' '") + "'"
 	fmt.Fprintf(out, "running: %s\n", res.Command)
 	start := time.Now()
@@ -352,4 +363,41 @@ func writeResult(dir string, r ConformanceResult) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, r.Suite+".json"), append(b, '\n'), 0o644)
+}
+
+// namespaces lists the cluster's namespaces by name.
+func (st *State) namespaces(ctx context.Context) (map[string]bool, error) {
+	b, err := st.Kubectl(ctx, nil, "get", "namespaces", "-o", "name")
+	if err != nil {
+		return nil, fmt.Errorf("list namespaces: %w: %s", err, b)
+	}
+	out := map[string]bool{}
+	for _, n := range strings.Fields(string(b)) {
+		out[strings.TrimPrefix(n, "namespace/")] = true
+	}
+	return out, nil
+}
+
+// removeNamespacesSince deletes every namespace a suite made and waits
+// until they and their pods are gone, so the cluster is left as the
+// suite found it (a terminating pod still holds its address).
+func (st *State) removeNamespacesSince(ctx context.Context, before map[string]bool) error {
+	now, err := st.namespaces(ctx)
+	if err != nil {
+		return err
+	}
+	args := []string{"delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=180s"}
+	n := len(args)
+	for name := range now {
+		if !before[name] {
+			args = append(args, name)
+		}
+	}
+	if len(args) == n {
+		return nil
+	}
+	if b, err := st.Kubectl(ctx, nil, args...); err != nil {
+		return fmt.Errorf("remove the suite's namespaces %v: %w: %s", args[n:], err, b)
+	}
+	return nil
 }

@@ -313,10 +313,25 @@ func (st *State) KillAgent(node string) error {
 	return nil
 }
 
-// agentPID finds the weir-agent process serving socket.
+// AgentPID is the PID of the weir-agent serving a node, in either agent
+// mode: benchmarks read its memory and CPU time from /proc.
+func (st *State) AgentPID(node string) (int, error) {
+	n, err := st.NodeByName(node)
+	if err != nil {
+		return 0, err
+	}
+	return agentPID(n.Socket)
+}
+
+// agentPID finds the weir-agent process serving socket, whether the
+// flag came as "--socket=PATH" (DaemonSet) or "--socket PATH" (host).
 func agentPID(socket string) (int, error) {
 	pids := procsMatching(func(args []string) bool {
-		return filepath.Base(args[0]) == "weir-agent" && slices.Contains(args[1:], "--socket="+socket)
+		if filepath.Base(args[0]) != "weir-agent" {
+			return false
+		}
+		i := slices.Index(args, "--socket")
+		return slices.Contains(args[1:], "--socket="+socket) || (i > 0 && i+1 < len(args) && args[i+1] == socket)
 	})
 	if len(pids) == 0 {
 		return 0, fmt.Errorf("no weir-agent process serves %s", socket)
