@@ -32,6 +32,13 @@ type options struct {
 	pods     int
 	out      string
 	binDir   string
+	// policy-scale
+	levels         []int
+	clients        []int
+	clientDuration time.Duration
+	totalPods      int
+	samples        int
+	keep           bool
 }
 
 func newRoot() *cobra.Command {
@@ -69,6 +76,24 @@ func newRoot() *cobra.Command {
 	pl.Flags().IntVar(&o.pods, "pods", 30, "pods launched per setup")
 	pl.Flags().StringVar(&o.out, "out", "bench/results", "directory for pod-launch.{json,md,png}")
 	pl.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir, weir-agent, weir-cni and weir-pause (built with CGO_ENABLED=0)")
-	root.AddCommand(dp, pl, rep)
+	ps := &cobra.Command{
+		Use:   "policy-scale",
+		Short: "TCP stream and request/response at 0 to 10,000 NetworkPolicy rules, 50-200 concurrent client pods, agent CPU and memory, policy change to enforcement at 1,000 pods",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runPolicyScale(cmd.Context(), o, os.Stdout)
+		},
+	}
+	ps.Flags().IntVar(&o.reps, "reps", 3, "repetitions of every measurement (interleaved)")
+	ps.Flags().DurationVar(&o.duration, "duration", 4*time.Second, "length of one throughput or latency run")
+	ps.Flags().IntSliceVar(&o.levels, "rules", []int{100, 1000, 10000}, "rule counts measured besides no policy")
+	ps.Flags().IntSliceVar(&o.clients, "clients", []int{50, 100, 200}, "concurrent client pods")
+	ps.Flags().DurationVar(&o.clientDuration, "client-duration", 10*time.Second, "length of one concurrent-clients run")
+	ps.Flags().IntVar(&o.totalPods, "total-pods", 1000, "pods in the cluster when policy changes are timed")
+	ps.Flags().IntVar(&o.samples, "samples", 60, "policy changes timed (grant and revoke each)")
+	ps.Flags().StringVar(&o.out, "out", "bench/results", "directory for policy-scale.{json,md,png}")
+	ps.Flags().BoolVar(&o.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
+	ps.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
+	root.AddCommand(dp, pl, ps, rep)
 	return root
 }

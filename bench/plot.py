@@ -16,6 +16,8 @@ def main(src, dst):
     summary = r["summary"]
     if r["scenario"] == "pod-launch":
         return plot_pod_launch(r, dst)
+    if r["scenario"] == "policy-scale":
+        return plot_policy_scale(r, dst)
 
     def rows(path, metric):
         return [s for s in summary if s["path"] == path and s["metric"] == metric]
@@ -74,6 +76,67 @@ def plot_pod_launch(r, dst):
             ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"Weir pod-launch benchmark — {r['reps']} pods per setup\n{r['command']}")
     fig.tight_layout(rect=(0, 0, 1, 0.88))
+    fig.savefig(dst, dpi=90)
+
+
+def plot_policy_scale(r, dst):
+    """Rule-count panels (median bars, min..max whiskers), concurrent
+    clients, and the policy-change latencies as sorted samples."""
+    summary = r["summary"]
+
+    def by(setup, path, metric):
+        for s in summary:
+            if s["setup"] == setup and s["path"] == path and s["metric"] == metric:
+                return s
+        return None
+
+    def rules(name):
+        return 0 if name == "no policy" else int(name.split()[0])
+
+    levels = sorted({s["setup"] for s in summary if s["metric"] == "tcp_gbps" and s["setup"] != "raw veth"}, key=rules)
+    fig, axes = plt.subplots(3, 2, figsize=(12, 12))
+    panels = [
+        ("intra", "tcp_gbps", "intra-node TCP stream (Gbit/s)"),
+        ("inter", "tcp_gbps", "inter-node TCP stream (Gbit/s)"),
+        ("intra", "rr_avg_us", "intra-node TCP req/resp (µs)"),
+        ("inter", "rr_avg_us", "inter-node TCP req/resp (µs)"),
+    ]
+    for ax, (path, metric, title) in zip(axes.flat, panels):
+        names = levels + (["raw veth"] if path == "intra" else [])
+        data = [by(n, path, metric) for n in names]
+        names = [n for n, d in zip(names, data) if d]
+        data = [d for d in data if d]
+        med = [d["median"] for d in data]
+        err = [[d["median"] - d["min"] for d in data], [d["max"] - d["median"] for d in data]]
+        colors = ["#999999" if n == "raw veth" else "#1f77b4" for n in names]
+        ax.bar(names, med, yerr=err, capsize=4, color=colors)
+        ax.set_title(title)
+        for i, v in enumerate(med):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax = axes.flat[4]
+    counts = sorted({int(s["path"].split()[0]) for s in summary if s["path"].endswith(" clients")})
+    width = 0.4
+    for k, (setup, color) in enumerate([("no policy", "#999999"), ("one policy", "#1f77b4")]):
+        vals = [(by(setup, f"{n} clients", "rps_total") or {"median": 0})["median"] for n in counts]
+        done = [(by(setup, f"{n} clients", "completed") or {"min": 0})["min"] for n in counts]
+        xs = [i + (k - 0.5) * width for i in range(len(counts))]
+        ax.bar(xs, vals, width, label=setup, color=color)
+        for x, v, d, n in zip(xs, vals, done, counts):
+            ax.text(x, v, f"{d:.0f}/{n}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(counts)), [f"{n} clients" for n in counts])
+    ax.set_title("concurrent clients: requests/s (label: completed)")
+    ax.legend()
+    ax = axes.flat[5]
+    for metric, color in [("grant_ms", "#1f77b4"), ("revoke_ms", "#ff7f0e")]:
+        vals = sorted(s["value"] for s in r["samples"] if s["metric"] == metric)
+        if vals:
+            ax.plot(vals, [(i + 1) / len(vals) for i in range(len(vals))], label=metric.split("_")[0], color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel("ms from the API write")
+    ax.set_title("policy change to enforcement (CDF)")
+    ax.legend()
+    fig.suptitle(f"Weir policy-scale benchmark — {r['reps']} reps, medians\n{r['command']}")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(dst, dpi=90)
 
 

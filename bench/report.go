@@ -77,7 +77,8 @@ func (r *result) summarise() {
 	}
 	// Ratios to the physical limit, the raw veth pair (intra-node figures).
 	for i, s := range r.Summary {
-		if raw := r.median(setupRaw, "intra", s.Metric); raw > 0 && s.Path != "cni" && !strings.HasPrefix(s.Metric, "bpf") {
+		traffic := s.Metric == "tcp_gbps" || s.Metric == "udp_gbps" || strings.HasPrefix(s.Metric, "rr_")
+		if raw := r.median(setupRaw, "intra", s.Metric); raw > 0 && traffic {
 			r.Summary[i].RatioToRaw = s.Median / raw
 			r.Summary[i].PairedRatioToRaw = r.pairedRatio(s.Setup, s.Path, setupRaw, "intra", s.Metric)
 		}
@@ -125,8 +126,12 @@ func (r *result) pairedRatio(a, pathA, b, pathB, metric string) float64 {
 
 // judge compares the run with its scenario's targets.
 func (r *result) judge() {
-	if r.Scenario == "pod-launch" {
+	switch r.Scenario {
+	case "pod-launch":
 		r.judgePodLaunch()
+		return
+	case "policy-scale":
+		r.judgePolicyScale()
 		return
 	}
 	r.judgeDatapath()
@@ -213,8 +218,11 @@ var metricTitles = []struct{ key, title string }{
 }
 
 func (r *result) markdown() string {
-	if r.Scenario == "pod-launch" {
+	switch r.Scenario {
+	case "pod-launch":
 		return r.podLaunchMarkdown()
+	case "policy-scale":
+		return r.policyScaleMarkdown()
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)

@@ -10,7 +10,12 @@
  * weir_policy_rev: array of one __u32, the policy revision. The agent bumps
  * it after every policy change; an entry decided under an older revision
  * is decided again on its next packet, so a revoked connection stops at
- * once and a granted one needs no flush.
+ * once and a granted one needs no flush. A revoked entry is kept, marked
+ * CT_DENIED, and every packet matching it in either direction is judged
+ * again (and dropped while policy denies): were it deleted, the other
+ * end's next packet (an ACK, a retransmission) would open a new flow in
+ * the reverse direction, judged by the rules for that direction, and the
+ * revoked connection would carry on through it.
  *
  * ct_policy_v4 is the one entry point: every hook calls it before it
  * delivers a packet. It judges only the ends of the flow that are local
@@ -37,8 +42,10 @@ struct ct_key {
 struct ct_entry {
 	__u64 last_ns;
 	__u32 rev; /* weir_policy_rev when last decided */
-	__u32 pad;
+	__u32 flags; /* CT_DENIED */
 };
+
+#define CT_DENIED 1
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -154,19 +161,21 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		if (e)
 			orig = &rev_key;
 	}
-	if (e && e->rev == rev) {
+	if (e && e->rev == rev && !(e->flags & CT_DENIED)) {
 		e->last_ns = bpf_ktime_get_ns();
 		return TC_ACT_OK;
 	}
 	if (e) {
-		/* Decided under an older policy: decide again, quietly. */
+		/* Decided under an older policy, or revoked: decide again
+		 * (allowed verdicts quietly; a drop is reported). */
+		e->rev = rev;
+		e->last_ns = bpf_ktime_get_ns();
 		if (!policy_decide(orig, 0)) {
-			bpf_map_delete_elem(&weir_ct, orig);
+			e->flags |= CT_DENIED;
 			metric_inc(METRIC_DROP_POLICY);
 			return TC_ACT_SHOT;
 		}
-		e->rev = rev;
-		e->last_ns = bpf_ktime_get_ns();
+		e->flags &= ~CT_DENIED;
 		return TC_ACT_OK;
 	}
 	if (!policy_decide(&key, 1)) {

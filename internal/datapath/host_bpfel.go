@@ -23,7 +23,7 @@ type hostCtEntry struct {
 	_      structs.HostLayout
 	LastNs uint64
 	Rev    uint32
-	Pad    uint32
+	Flags  uint32
 }
 
 type hostCtKey struct {

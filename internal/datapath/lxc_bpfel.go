@@ -23,7 +23,7 @@ type lxcCtEntry struct {
 	_      structs.HostLayout
 	LastNs uint64
 	Rev    uint32
-	Pad    uint32
+	Flags  uint32
 }
 
 type lxcCtKey struct {

@@ -119,7 +119,7 @@ func TestPolicyVerdictsAndEvents(t *testing.T) {
 	dropsBefore := metric(t, p, "drop_policy")
 
 	// Revoking the allow stops the established flow on its next packet.
-	loadPolicy(t, n, c, res, policyFixture(ingressFromApp("nothing", "UDP", 7777)))
+	revoked := loadPolicy(t, n, c, res, policyFixture(ingressFromApp("nothing", "UDP", 7777)))
 	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 7777), ifA); ret != tcActShot {
 		t.Fatalf("established flow after revoke: verdict %d, want drop", ret)
 	}
@@ -128,6 +128,22 @@ func TestPolicyVerdictsAndEvents(t *testing.T) {
 	}
 	if ev = readEvent(t, rd); ev.Verdict != VerdictDenied || ev.Dst.Port() != 7777 || ev.Peer != res.Endpoints["x/a"].Identity {
 		t.Fatalf("revoke event %+v", ev)
+	}
+	// The revoked flow stays closed from the other end too: B's next
+	// packet to A must not open a reverse flow (B's egress and A's
+	// ingress are unrestricted) that A's packets would then ride on.
+	reply := udpFrameTo(podB, podA, 40000)
+	binary.BigEndian.PutUint16(reply[14+20:], 7777)
+	if ret, _ := run(t, p.FromContainer, reply, ifB); ret != tcActShot {
+		t.Fatalf("reply B->A of the revoked flow: verdict %d, want drop", ret)
+	}
+	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 7777), ifA); ret != tcActShot {
+		t.Fatalf("revoked flow A->B after a reply: verdict %d, want drop", ret)
+	}
+	// Granting again reopens the same flow on its next packet.
+	loadPolicy(t, n, c, revoked, policyFixture(ingressFromApp("a", "UDP", 7777)))
+	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 7777), ifA); ret != tcActRedirect {
+		t.Fatalf("re-granted flow A->B: verdict %d, want redirect", ret)
 	}
 }
 

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// policyLevels are the setups of the rule-count measurement, fewest
+// rules first, "no policy" leading.
+func (r *result) policyLevels() []string {
+	var levels []string
+	seen := map[string]bool{}
+	for _, s := range r.Samples {
+		if s.Metric == "tcp_gbps" && s.Setup != setupRaw && !seen[s.Setup] {
+			seen[s.Setup] = true
+			levels = append(levels, s.Setup)
+		}
+	}
+	sort.Slice(levels, func(i, j int) bool { return ruleCount(levels[i]) < ruleCount(levels[j]) })
+	return levels
+}
+
+// ruleCount reads "1000 rules" back; "no policy" is 0.
+func ruleCount(level string) int {
+	n, _ := strconv.Atoi(strings.TrimSuffix(level, " rules"))
+	return n
+}
+
+// clientCounts are the concurrent-client paths, fewest first.
+func (r *result) clientCounts() []int {
+	var out []int
+	seen := map[int]bool{}
+	for _, s := range r.Samples {
+		if n, ok := strings.CutSuffix(s.Path, " clients"); ok {
+			v, _ := strconv.Atoi(n)
+			if !seen[v] {
+				seen[v] = true
+				out = append(out, v)
+			}
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// pooled is a quantile over every sample of a metric, whatever the
+// setup or path.
+func (r *result) pooled(metric string, q float64) float64 {
+	var v []float64
+	for _, s := range r.Samples {
+		if s.Metric == metric {
+			v = append(v, s.Value)
+		}
+	}
+	sort.Float64s(v)
+	return quantile(v, q)
+}
+
+// worst is the smallest (or largest) sample of a setup, path and metric.
+func (r *result) worst(setup, path, metric string, largest bool) float64 {
+	w := math.NaN()
+	for _, s := range r.Samples {
+		if s.Setup == setup && s.Path == path && s.Metric == metric {
+			if math.IsNaN(w) || (largest && s.Value > w) || (!largest && s.Value < w) {
+				w = s.Value
+			}
+		}
+	}
+	return w
+}
+
+// judgePolicyScale compares the run with issue 5's targets.
+func (r *result) judgePolicyScale() {
+	levels := r.policyLevels()
+	if len(levels) > 1 {
+		top := levels[len(levels)-1]
+		for _, path := range []string{"intra", "inter"} {
+			v := r.pairedRatio(top, path, "no policy", path, "tcp_gbps")
+			r.Targets = append(r.Targets, target{fmt.Sprintf("%s TCP stream, %s / no policy", path, top), ">= 0.97", v, v >= 0.97})
+		}
+		v := r.pairedRatio(top, "intra", setupRaw, "intra", "tcp_gbps")
+		r.Targets = append(r.Targets, target{fmt.Sprintf("intra TCP stream, %s / raw veth", top), ">= 0.95", v, v >= 0.95})
+		v = r.pairedRatio(top, "intra", setupRaw, "intra", "rr_avg_us")
+		r.Targets = append(r.Targets, target{fmt.Sprintf("intra request/response, %s / raw veth", top), "<= 1.10", v, v <= 1.10})
+	}
+	if counts := r.clientCounts(); len(counts) > 0 {
+		n := counts[len(counts)-1]
+		v := r.worst(clientsPolicy, fmt.Sprintf("%d clients", n), "completed", false)
+		r.Targets = append(r.Targets, target{fmt.Sprintf("clients completed of %d under one policy (worst rep)", n), fmt.Sprintf("= %d", n), v, v == float64(n)})
+	}
+	for _, s := range r.Summary {
+		if s.Path == "agents" && s.Metric == "agent_rss_mib" {
+			r.Targets = append(r.Targets, target{fmt.Sprintf("largest agent RSS at %s (MiB)", s.Setup), "< 100", s.Max, s.Max < 100})
+		}
+	}
+	if g := r.pooled("grant_ms", 0.99); !math.IsNaN(g) {
+		r.Targets = append(r.Targets,
+			target{"policy change to enforcement (grant), p99 (ms)", "< 100", g, g < 100},
+			target{"revocation of a live connection, p99 (ms)", "< 1000", r.pooled("revoke_ms", 0.99), r.pooled("revoke_ms", 0.99) < 1000})
+	}
+}
+
+func (r *result) policyScaleMarkdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
+	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	fmt.Fprintf(&b, "One two-node Kubernetes cluster (agents as a DaemonSet, vxlan); server pod on n1, clients on n1 (intra) and n2 (inter). "+
+		"%d repetitions of %gs per test, rule counts in a rotating order within every repetition, the raw veth pair in the same repetitions. "+
+		"Cells: median (median of the per-repetition ratios to no policy).\n\n", r.Reps, r.DurationS)
+	b.WriteString("## TCP stream and request/response by rule count\n\n")
+	b.WriteString("| setup | intra TCP (Gbit/s) | inter TCP (Gbit/s) | intra req/resp (µs) | inter req/resp (µs) | intra req/resp p99 (µs) | agents' CPU during intra stream (% of a CPU) | machine CPU (%) | largest agent RSS (MiB) | applied in (s) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, level := range append(r.policyLevels(), setupRaw) {
+		cell := func(path, metric string) string {
+			v := r.median(level, path, metric)
+			if math.IsNaN(v) {
+				return "–"
+			}
+			if level == setupRaw || level == "no policy" {
+				return fmt.Sprintf("%.2f", v)
+			}
+			return fmt.Sprintf("%.2f (%.3f)", v, r.pairedRatio(level, path, "no policy", path, metric))
+		}
+		plain := func(path, metric, format string) string {
+			v := r.median(level, path, metric)
+			if math.IsNaN(v) {
+				return "–"
+			}
+			return fmt.Sprintf(format, v)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", level,
+			cell("intra", "tcp_gbps"), cell("inter", "tcp_gbps"), cell("intra", "rr_avg_us"), cell("inter", "rr_avg_us"),
+			plain("intra", "rr_p99_us", "%.1f"), plain("intra", "agent_cpu_pct", "%.1f"), plain("intra", "cpu_busy_pct", "%.0f"),
+			plain("intra", "agent_rss_mib", "%.1f"), plain("apply", "apply_s", "%.2f"))
+	}
+	if counts := r.clientCounts(); len(counts) > 0 {
+		b.WriteString("\n## Concurrent client pods against one server (inter-node, wrk with one connection each)\n\n")
+		b.WriteString("| clients | setup | completed (worst rep) | requests/s, all clients | mean latency (ms) |\n|---|---|---|---|---|\n")
+		for _, n := range counts {
+			path := fmt.Sprintf("%d clients", n)
+			for _, s := range []string{clientsOpen, clientsPolicy} {
+				fmt.Fprintf(&b, "| %d | %s | %.0f/%d | %.0f | %.2f |\n", n, s, r.worst(s, path, "completed", false), n,
+					r.median(s, path, "rps_total"), r.median(s, path, "latency_avg_ms"))
+			}
+		}
+	}
+	if !math.IsNaN(r.pooled("grant_ms", 0.5)) {
+		b.WriteString("\n## Policy change to enforcement (ms, from the API write)\n\n")
+		b.WriteString("| change | path | n | p50 | p99 | max |\n|---|---|---|---|---|---|\n")
+		for _, m := range []struct{ key, title string }{{"grant_ms", "grant: first connection succeeds"}, {"revoke_ms", "revoke: live connection stops"}} {
+			for _, s := range r.Summary {
+				if s.Metric == m.key {
+					fmt.Fprintf(&b, "| %s | %s (%s) | %d | %.1f | %.1f | %.1f |\n", m.title, s.Path, s.Setup, s.N, s.Median, s.P99, s.Max)
+				}
+			}
+			fmt.Fprintf(&b, "| %s | both | | %.1f | %.1f | |\n", m.title, r.pooled(m.key, 0.5), r.pooled(m.key, 0.99))
+		}
+	}
+	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
+	}
+	return b.String()
+}
