@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/weirnet/weir/internal/lab"
 )
@@ -356,10 +357,19 @@ func addVirtualNode(ctx context.Context, c kubernetes.Interface, name string, ip
 			if err != nil {
 				return virtualNode{}, err
 			}
-			got.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
-			got.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
-				Reason: "Virtual", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-			if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+			// Controllers write the new Node too; retry on their updates.
+			err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				got, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				got.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
+				got.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+					Reason: "Virtual", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+				_, err = c.CoreV1().Nodes().UpdateStatus(ctx, got, metav1.UpdateOptions{})
+				return err
+			})
+			if err != nil {
 				return virtualNode{}, fmt.Errorf("virtual node %s status: %w", name, err)
 			}
 			return virtualNode{name: name, ip: ip, cidr: cidr}, nil
@@ -391,13 +401,22 @@ func addVirtualPod(ctx context.Context, c kubernetes.Interface, ns string, i int
 	if err != nil {
 		return fmt.Errorf("virtual pod %s: %w", p.Name, err)
 	}
-	now := metav1.Now()
-	got.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, HostIP: n.ip.String(), PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}},
-		StartTime:  &now,
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}},
-	}
-	if _, err := c.CoreV1().Pods(ns).UpdateStatus(ctx, got, metav1.UpdateOptions{}); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		now := metav1.Now()
+		got.Status = corev1.PodStatus{
+			Phase: corev1.PodRunning, HostIP: n.ip.String(), PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}},
+			StartTime:  &now,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}},
+		}
+		_, err := c.CoreV1().Pods(ns).UpdateStatus(ctx, got, metav1.UpdateOptions{})
+		if err != nil {
+			if fresh, gerr := c.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{}); gerr == nil {
+				got = fresh
+			}
+		}
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("virtual pod %s status: %w", p.Name, err)
 	}
 	return nil
