@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -44,14 +45,9 @@ type options struct {
 func newRoot() *cobra.Command {
 	o := options{}
 	root := &cobra.Command{Use: "bench", Short: "Weir benchmarks", SilenceUsage: true}
-	dp := &cobra.Command{
-		Use:   "datapath",
-		Short: "TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDatapath(cmd.Context(), o, os.Stdout)
-		},
-	}
+	dp := scenario(&o, "datapath",
+		"TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
+		runDatapath)
 	dp.Flags().IntVar(&o.reps, "reps", 5, "repetitions of every measurement (interleaved)")
 	dp.Flags().DurationVar(&o.duration, "duration", 4*time.Second, "length of one throughput or latency run")
 	dp.Flags().IntVar(&o.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
@@ -65,25 +61,15 @@ func newRoot() *cobra.Command {
 			return rerunReport(args[0], os.Stdout)
 		},
 	}
-	pl := &cobra.Command{
-		Use:   "pod-launch",
-		Short: "Time from pod create to Ready and the CNI ADD inside it, Weir vs the bridge plugin on one Kubernetes cluster",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runPodLaunch(cmd.Context(), o, os.Stdout)
-		},
-	}
+	pl := scenario(&o, "pod-launch",
+		"Time from pod create to Ready and the CNI ADD inside it, Weir vs the bridge plugin on one Kubernetes cluster",
+		runPodLaunch)
 	pl.Flags().IntVar(&o.pods, "pods", 30, "pods launched per setup")
 	pl.Flags().StringVar(&o.out, "out", "bench/results", "directory for pod-launch.{json,md,png}")
 	pl.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir, weir-agent, weir-cni and weir-pause (built with CGO_ENABLED=0)")
-	ps := &cobra.Command{
-		Use:   "policy-scale",
-		Short: "TCP stream and request/response at 0 to 10,000 NetworkPolicy rules, 50-200 concurrent client pods, agent CPU and memory, policy change to enforcement at 1,000 pods",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runPolicyScale(cmd.Context(), o, os.Stdout)
-		},
-	}
+	ps := scenario(&o, "policy-scale",
+		"TCP stream and request/response at 0 to 10,000 NetworkPolicy rules, 50-200 concurrent client pods, agent CPU and memory, policy change to enforcement at 1,000 pods",
+		runPolicyScale)
 	ps.Flags().IntVar(&o.reps, "reps", 3, "repetitions of every measurement (interleaved)")
 	ps.Flags().DurationVar(&o.duration, "duration", 4*time.Second, "length of one throughput or latency run")
 	ps.Flags().IntSliceVar(&o.levels, "rules", []int{100, 1000, 10000}, "rule counts measured besides no policy")
@@ -96,4 +82,15 @@ func newRoot() *cobra.Command {
 	ps.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
 	root.AddCommand(dp, pl, ps, rep)
 	return root
+}
+
+// scenario is the command of one benchmark scenario; run gets the options
+// as the flags left them.
+func scenario(o *options, use, short string, run func(context.Context, options, io.Writer) error) *cobra.Command {
+	return &cobra.Command{
+		Use: use, Short: short, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd.Context(), *o, os.Stdout)
+		},
+	}
 }

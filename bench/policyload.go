@@ -288,12 +288,12 @@ func (b *psBench) fillCluster(ctx context.Context, total int) error {
 		return nil
 	}
 	fmt.Fprintf(b.out, "==> %d pods on virtual nodes, for %d in the cluster\n", need, total)
-	const ns, perNode = "virtual", 250
+	const ns = "virtual"
 	if _, err := b.c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	var nodes []virtualNode
-	for i := 0; i*perNode < need; i++ {
+	for i := 0; i*virtualPodsPerNode < need; i++ {
 		n, err := addVirtualNode(ctx, b.c, fmt.Sprintf("virt-%d", i+1), netip.AddrFrom4([4]byte{10, 99, 0, byte(230 + i)}))
 		if err != nil {
 			return err
@@ -308,8 +308,8 @@ func (b *psBench) fillCluster(ctx context.Context, total int) error {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				n := nodes[i/perNode]
-				if err := addVirtualPod(ctx, b.c, ns, i, n, n.cidr.Addr().Next().Next()); err != nil {
+				n := nodes[i/virtualPodsPerNode]
+				if err := addVirtualPod(ctx, b.c, ns, i, n); err != nil {
 					errs <- err
 					return
 				}
@@ -328,6 +328,9 @@ func (b *psBench) fillCluster(ctx context.Context, total int) error {
 	close(errs)
 	return errors.Join(sendErr, <-errs)
 }
+
+// virtualPodsPerNode fills a virtual node's /24 from .2 on.
+const virtualPodsPerNode = 250
 
 type virtualNode struct {
 	name string
@@ -382,12 +385,11 @@ func addVirtualNode(ctx context.Context, c kubernetes.Interface, name string, ip
 }
 
 // addVirtualPod binds pod i to its virtual node and reports it running
-// with an address of the node's CIDR, as a kubelet would.
-func addVirtualPod(ctx context.Context, c kubernetes.Interface, ns string, i int, n virtualNode, first netip.Addr) error {
-	ip := first
-	for j := 0; j < i%250; j++ {
-		ip = ip.Next()
-	}
+// with an address of the node's /24, as a kubelet would.
+func addVirtualPod(ctx context.Context, c kubernetes.Interface, ns string, i int, n virtualNode) error {
+	a := n.cidr.Addr().As4()
+	a[3] += byte(2 + i%virtualPodsPerNode)
+	ip := netip.AddrFrom4(a)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("v-%04d", i), Labels: map[string]string{
 			"app": fmt.Sprintf("virt-%d", i%50), "shard": fmt.Sprintf("s%d", i%7)}},

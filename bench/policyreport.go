@@ -159,9 +159,6 @@ func (r *result) policyScaleMarkdown() string {
 			fmt.Fprintf(&b, "| %s | both | | %.1f | %.1f | |\n", m.title, r.pooled(m.key, 0.5), r.pooled(m.key, 0.99))
 		}
 	}
-	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
-	for _, t := range r.Targets {
-		fmt.Fprintf(&b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
-	}
+	r.writeTargets(&b)
 	return b.String()
 }

@@ -257,10 +257,7 @@ func (r *result) markdown() string {
 	for _, s := range []string{setupWeir, setupBridge} {
 		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f |\n", s, r.median(s, "cni", "add_ms"), r.p99(s, "cni", "add_ms"), r.median(s, "cni", "del_ms"), r.p99(s, "cni", "del_ms"))
 	}
-	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
-	for _, t := range r.Targets {
-		fmt.Fprintf(&b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
-	}
+	r.writeTargets(&b)
 	return b.String()
 }
 
@@ -278,11 +275,16 @@ func (r *result) podLaunchMarkdown() string {
 		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %.1f |\n", m.title, r.median(launchWeir, "launch", m.key), r.p99(launchWeir, "launch", m.key),
 			r.median(launchBridge, "launch", m.key), r.p99(launchBridge, "launch", m.key))
 	}
+	r.writeTargets(&b)
+	return b.String()
+}
+
+// writeTargets appends the run's verdict on its scenario's targets.
+func (r *result) writeTargets(b *strings.Builder) {
 	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
 	for _, t := range r.Targets {
-		fmt.Fprintf(&b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
+		fmt.Fprintf(b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
 	}
-	return b.String()
 }
 
 func (r *result) find(setup, path, metric string) *stat {

@@ -30,7 +30,8 @@ func readUsage(pids []int) (usage, error) {
 	line, _, _ := strings.Cut(string(b), "\n")
 	// user nice system idle iowait irq softirq steal; guest time is
 	// already inside user and nice.
-	for i, f := range strings.Fields(line)[1:min(9, len(strings.Fields(line)))] {
+	fields := strings.Fields(line)
+	for i, f := range fields[1:min(9, len(fields))] {
 		v, _ := strconv.ParseUint(f, 10, 64)
 		u.all += v
 		if i != 3 && i != 4 { // idle, iowait

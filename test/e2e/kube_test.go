@@ -174,19 +174,22 @@ func TestKubernetes(t *testing.T) {
 			}
 			return string(out)
 		}
-		probe := func(server corev1.Pod, port string) string {
-			return probeFrom(client.Name, server.Status.PodIP+":"+port)
-		}
-		expect := func(port, want string) {
+		// expectFrom waits until every server answers from's probe on
+		// port with want.
+		expectFrom := func(from, port, want string) {
 			t.Helper()
 			waitFor(t, 10*time.Second, func() error {
 				for _, srv := range servers {
-					if got := probe(srv, port); got != want {
-						return fmt.Errorf("%s -> %s (%s) port %s: %s, want %s", client.Spec.NodeName, srv.Name, srv.Spec.NodeName, port, got, want)
+					if got := probeFrom(from, srv.Status.PodIP+":"+port); got != want {
+						return fmt.Errorf("%s -> %s (%s) port %s: %s, want %s", from, srv.Name, srv.Spec.NodeName, port, got, want)
 					}
 				}
 				return nil
 			})
+		}
+		expect := func(port, want string) {
+			t.Helper()
+			expectFrom(client.Name, port, want)
 		}
 		apply := func(yaml string) {
 			t.Helper()
@@ -257,14 +260,7 @@ func TestKubernetes(t *testing.T) {
 		}
 		apply(egress("web"))
 		expectService("ok")
-		waitFor(t, 10*time.Second, func() error { // the egress allow is for 8080 only
-			for _, srv := range servers {
-				if got := probeFrom("egress-client", srv.Status.PodIP+":8081"); got != "TIMEOUT" {
-					return fmt.Errorf("egress-client -> %s port 8081: %s, want TIMEOUT", srv.Name, got)
-				}
-			}
-			return nil
-		})
+		expectFrom("egress-client", "8081", "TIMEOUT") // the egress allow is for 8080 only
 		apply(egress("nothing"))
 		expectService("TIMEOUT")
 		del("client-egress")
