@@ -28,7 +28,10 @@ var ErrPodCIDRChanged = errors.New("node pod CIDR changed")
 // when nothing changed; a failed report is retried sooner, from
 // reportRetryMin doubling up to reportEvery.
 const (
-	reportEvery    = 30 * time.Second
+	reportEvery = 30 * time.Second
+	// slowApply is how long one pass over the cluster state may take
+	// before the agent says so: policy changes wait behind it.
+	slowApply      = 50 * time.Millisecond
 	reportRetryMin = time.Second
 )
 
@@ -215,7 +218,11 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 			if !w.Synced() {
 				continue
 			}
+			start := time.Now()
 			changed, err := a.applySnapshot(ctx, w.Snapshot())
+			if took := time.Since(start); took > slowApply {
+				a.log.Warn("applying the cluster state was slow", "took", took)
+			}
 			if err != nil {
 				a.log.Error("apply cluster state", "err", err)
 			}

@@ -92,12 +92,16 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	if st.compiler == nil {
 		st.compiler = policy.NewCompiler()
 	}
+	start := time.Now()
 	eps, ips, err := a.localEndpointsLocked()
 	if err != nil {
 		a.log.Error("list endpoints for policy", "err", err)
 		return nil
 	}
-	res := st.compiler.Compile(a.policySnapshot(s, eps, ips))
+	input := a.policySnapshot(s, eps, ips)
+	compileStart := time.Now()
+	res := st.compiler.Compile(input)
+	loadStart := time.Now()
 	for _, e := range res.Errors {
 		a.log.Warn("network policy not fully compiled; its pods fail closed", "err", e)
 	}
@@ -121,10 +125,12 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 		st.lastErr = ""
 	}
 	st.loaded, st.endpoints, st.applied = res, eps, time.Now()
+	loaded := time.Now()
 	a.flowNames.Store(newFlowNames(s, eps, res))
 	if !d.Empty() {
 		a.log.Info("policy loaded", "endpoints", len(d.Endpoints), "ipcache+", len(d.IPCacheUpsert),
-			"ipcache-", len(d.IPCacheDelete), "cidrs", len(res.CIDRs), "policies", len(s.Policies))
+			"ipcache-", len(d.IPCacheDelete), "cidrs", len(res.CIDRs), "policies", len(s.Policies),
+			"prepare", compileStart.Sub(start), "compile", loadStart.Sub(compileStart), "load", loaded.Sub(loadStart))
 	}
 	var missing []policy.Labels
 	local := labelKeysInUse(s, s.Pods)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -38,12 +40,49 @@ type Watcher struct {
 	// changed has one slot: any number of events between two deliveries
 	// become one snapshot.
 	changed chan struct{}
+	memo    podMemo
+}
+
+// podMemo keeps each pod's conversion until the pod changes: a snapshot is
+// taken after every change anywhere, and re-reading a thousand unchanged
+// pods each time would delay the one change that matters.
+type podMemo struct {
+	mu   sync.Mutex
+	byID map[types.UID]memoPod
+}
+
+type memoPod struct {
+	version string
+	key     string
+	pod     Pod
+}
+
+// convert returns p converted, reusing the last conversion of the same
+// resource version. seen collects the UIDs visited, for prune.
+func (m *podMemo) convert(p *corev1.Pod, seen map[types.UID]bool) memoPod {
+	seen[p.UID] = true
+	if c, ok := m.byID[p.UID]; ok && c.version == p.ResourceVersion && p.ResourceVersion != "" {
+		return c
+	}
+	pod := podFrom(p)
+	c := memoPod{version: p.ResourceVersion, key: pod.Key(), pod: pod}
+	m.byID[p.UID] = c
+	return c
+}
+
+// prune forgets the pods no longer in the cache.
+func (m *podMemo) prune(seen map[types.UID]bool) {
+	for id := range m.byID {
+		if !seen[id] {
+			delete(m.byID, id)
+		}
+	}
 }
 
 // NewWatcher sets up (but does not start) the informers. dyn may be nil,
 // and then identities are not watched.
 func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName string, resync time.Duration) *Watcher {
-	w := &Watcher{nodeName: nodeName, changed: make(chan struct{}, 1)}
+	w := &Watcher{nodeName: nodeName, changed: make(chan struct{}, 1), memo: podMemo{byID: map[types.UID]memoPod{}}}
 	w.factory = informers.NewSharedInformerFactory(client, resync)
 	w.nodes = w.factory.Core().V1().Nodes().Informer()
 	// Every pod, not only this node's: the ipcache maps remote pods to
@@ -121,7 +160,8 @@ func (w *Watcher) Synced() bool {
 // Changes delivers a signal after each burst of changes.
 func (w *Watcher) Changes() <-chan struct{} { return w.changed }
 
-// Snapshot is the informers' current state.
+// Snapshot is the informers' current state. Pods of successive snapshots
+// share their label maps: callers read them and never write.
 func (w *Watcher) Snapshot() Snapshot {
 	s := Snapshot{Namespaces: map[string]map[string]string{}, Identities: map[string]policy.Identity{}}
 	for _, o := range w.nodes.GetStore().List() {
@@ -129,17 +169,23 @@ func (w *Watcher) Snapshot() Snapshot {
 			s.Nodes = append(s.Nodes, nodeFrom(n))
 		}
 	}
+	var cluster, local []memoPod
+	seen := map[types.UID]bool{}
+	w.memo.mu.Lock()
 	for _, o := range w.pods.GetStore().List() {
 		p, ok := o.(*corev1.Pod)
 		if !ok || p.Spec.NodeName == "" {
 			continue // not scheduled: no address, no endpoint
 		}
-		pod := podFrom(p)
-		s.ClusterPods = append(s.ClusterPods, pod)
+		c := w.memo.convert(p, seen)
+		cluster = append(cluster, c)
 		if p.Spec.NodeName == w.nodeName {
-			s.Pods = append(s.Pods, pod)
+			local = append(local, c)
 		}
 	}
+	w.memo.prune(seen)
+	w.memo.mu.Unlock()
+	s.ClusterPods, s.Pods = sortedPods(cluster), sortedPods(local)
 	for _, o := range w.namespaces.GetStore().List() {
 		if ns, ok := o.(*corev1.Namespace); ok {
 			s.Namespaces[ns.Name] = ns.Labels
@@ -172,12 +218,20 @@ func (w *Watcher) Snapshot() Snapshot {
 		}
 	}
 	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].Name < s.Nodes[j].Name })
-	sort.Slice(s.Pods, func(i, j int) bool { return s.Pods[i].Key() < s.Pods[j].Key() })
-	sort.Slice(s.ClusterPods, func(i, j int) bool { return s.ClusterPods[i].Key() < s.ClusterPods[j].Key() })
 	sort.Slice(s.Policies, func(i, j int) bool {
 		return s.Policies[i].Namespace+"/"+s.Policies[i].Name < s.Policies[j].Namespace+"/"+s.Policies[j].Name
 	})
 	return s
+}
+
+// sortedPods orders pods by namespace/name.
+func sortedPods(ps []memoPod) []Pod {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].key < ps[j].key })
+	var out []Pod
+	for _, c := range ps {
+		out = append(out, c.pod)
+	}
+	return out
 }
 
 func identitiesFrom(objs []any) []IdentityObject {

@@ -141,3 +141,30 @@ func TestReportNodeSetsConditionAndAnnotation(t *testing.T) {
 		t.Fatal("reporting on a missing node must fail")
 	}
 }
+
+// TestPodMemoFollowsResourceVersions: an unchanged pod keeps its
+// conversion, a new resource version (or none, as from fake clients) is
+// read again, and a pod gone from the cache is forgotten.
+func TestPodMemoFollowsResourceVersions(t *testing.T) {
+	m := podMemo{byID: map[types.UID]memoPod{}}
+	p := pod("default", "web", "n1", "10.244.0.5", map[string]string{"app": "web"})
+	p.ResourceVersion = "7"
+	first := m.convert(p, map[types.UID]bool{})
+	p.Labels = map[string]string{"app": "api"} // as if mutated in place: same version, kept
+	if got := m.convert(p, map[types.UID]bool{}); got.pod.Labels["app"] != "web" {
+		t.Fatalf("same resource version reconverted: labels %v", got.pod.Labels)
+	}
+	p.ResourceVersion = "8"
+	if got := m.convert(p, map[types.UID]bool{}); got.pod.Labels["app"] != "api" || got.key != first.key {
+		t.Fatalf("new resource version not reconverted: %+v", got)
+	}
+	p.ResourceVersion = ""
+	p.Labels = map[string]string{"app": "db"}
+	if got := m.convert(p, map[types.UID]bool{}); got.pod.Labels["app"] != "db" {
+		t.Fatalf("a pod without a resource version must be reconverted: %v", got.pod.Labels)
+	}
+	m.prune(map[types.UID]bool{})
+	if len(m.byID) != 0 {
+		t.Fatalf("prune kept %d pods no longer in the cache", len(m.byID))
+	}
+}

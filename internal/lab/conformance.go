@@ -167,7 +167,11 @@ func RunCyclonus(ctx context.Context, st *State, bin string, fast bool, resultsD
 	cmdArgs := []string{"generate",
 		"--ignore-loopback",         // a pod reaching itself never crosses the datapath
 		"--server-protocol=tcp,udp", // SCTP: this kernel has no SCTP module
-		"--job-timeout-seconds=2",   // a denied probe times out; 2 s is plenty on one machine
+		// A denied probe waits out this timeout and cyclonus runs only
+		// 15 probes at once, so it sets the pace of a run; 1 s, as the
+		// upstream suite uses, is ample for a connection on one machine
+		// (a late one is probed again: --retries defaults to 1).
+		"--job-timeout-seconds=1",
 		"--perturbation-wait-seconds=2",
 		// Probe pod addresses. By service name (the default) a probe from
 		// a pod whose egress is denied waits out DNS (about 40 s) before

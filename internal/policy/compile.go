@@ -35,6 +35,7 @@ type compilation struct {
 	sets     []*labelSet
 	selector *selectorCache
 	cidrIDs  map[netip.Prefix]Identity
+	cidrs    []numberedPrefix // cidrIDs by address, for ipBlock range queries
 	podByIP  map[netip.Addr]*Pod
 	usedCIDR map[netip.Prefix]bool
 	usedRule map[RuleRef]bool
@@ -163,6 +164,45 @@ func (cp *compilation) buildCIDRs() {
 		})
 	}
 	cp.addPodPrefixes(add)
+	cp.cidrs = sortedPrefixes(cp.cidrIDs)
+}
+
+// numberedPrefix is a prefix with its CIDR identity.
+type numberedPrefix struct {
+	p  netip.Prefix
+	id Identity
+}
+
+// sortedPrefixes orders prefixes by address, then length: the prefixes
+// that begin inside a block are then one contiguous run.
+func sortedPrefixes(ids map[netip.Prefix]Identity) []numberedPrefix {
+	out := make([]numberedPrefix, 0, len(ids))
+	for p, id := range ids {
+		out = append(out, numberedPrefix{p, id})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if c := out[i].p.Addr().Compare(out[j].p.Addr()); c != 0 {
+			return c < 0
+		}
+		return out[i].p.Bits() < out[j].p.Bits()
+	})
+	return out
+}
+
+// within returns the numbered prefixes block covers. They begin at an
+// address inside block and are no shorter than it, so a binary search
+// finds the first and the run ends at the first address past the block:
+// a rule's cost does not grow with the number of other ipBlocks.
+func within(sorted []numberedPrefix, block netip.Prefix) []numberedPrefix {
+	start := block.Masked().Addr()
+	i := sort.Search(len(sorted), func(i int) bool { return sorted[i].p.Addr().Compare(start) >= 0 })
+	var out []numberedPrefix
+	for ; i < len(sorted) && block.Contains(sorted[i].p.Addr()); i++ {
+		if sorted[i].p.Bits() >= block.Bits() {
+			out = append(out, sorted[i])
+		}
+	}
+	return out
 }
 
 // addPodPrefixes gives the address of each pod that declares a port some
@@ -410,10 +450,8 @@ func (cp *compilation) ipBlockTargets(b *networkingv1.IPBlock) ([]peerTarget, er
 		except = append(except, ep.Masked())
 	}
 	var out []peerTarget
-	for p, id := range cp.cidrIDs {
-		if !prefixCovers(cidr, p) {
-			continue
-		}
+	for _, np := range within(cp.cidrs, cidr) {
+		p, id := np.p, np.id
 		excluded := false
 		for _, e := range except {
 			if prefixCovers(e, p) {
