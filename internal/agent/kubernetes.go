@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -176,24 +178,17 @@ func learnNode(ctx context.Context, w *k8s.Watcher, cfg Config, log *slog.Logger
 }
 
 // follow applies every change the watcher reports and keeps the Node's
-// report fresh, until ctx ends or the API server socket fails.
+// report fresh, until ctx ends or the API server socket fails. Reports and
+// identity collection talk to the API server, so they run beside the loop:
+// a policy change never waits for one of their round trips.
 func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.Watcher, served <-chan error) error {
-	tick := time.NewTimer(reportEvery)
-	defer tick.Stop()
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	r := newReporter(ctx, a, client, &bg)
+	defer r.tick.Stop()
 	gc := time.NewTicker(identityGCEvery)
 	defer gc.Stop()
-	retry := reportRetryMin
-	// report, then schedule the next one: soon after a failure, later
-	// after a success.
-	reportAndSchedule := func() {
-		if a.report(ctx, client) {
-			retry = reportRetryMin
-			tick.Reset(reportEvery)
-			return
-		}
-		tick.Reset(retry)
-		retry = min(2*retry, reportEvery)
-	}
+	var collecting atomic.Bool
 	// learnNode may have consumed the informers' first events; ask for a
 	// delivery once they have listed everything.
 	go func() {
@@ -201,18 +196,25 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 			w.Poke()
 		}
 	}()
-	reportAndSchedule()
+	r.start()
 	for {
 		select {
 		case <-ctx.Done():
 			return <-served
 		case err := <-served:
 			return err
-		case <-tick.C:
-			reportAndSchedule()
+		case <-r.tick.C:
+			r.start()
+		case ok := <-r.done:
+			r.finished(ok)
 		case <-gc.C:
-			if w.Synced() {
-				a.collectIdentities(ctx, w.Snapshot())
+			if w.Synced() && collecting.CompareAndSwap(false, true) {
+				bg.Add(1)
+				go func() {
+					defer bg.Done()
+					defer collecting.Store(false)
+					a.collectIdentities(ctx, w.Snapshot())
+				}()
 			}
 		case <-w.Changes():
 			if !w.Synced() {
@@ -227,10 +229,61 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 				a.log.Error("apply cluster state", "err", err)
 			}
 			if changed {
-				reportAndSchedule()
+				r.start()
 			}
 		}
 	}
+}
+
+// reporter runs the Node reports of follow's loop one at a time in the
+// background and schedules the next: soon after a failure, later after a
+// success. Only the loop's goroutine calls its methods.
+type reporter struct {
+	ctx     context.Context
+	a       *Agent
+	client  kubernetes.Interface
+	bg      *sync.WaitGroup
+	tick    *time.Timer
+	done    chan bool
+	running bool
+	again   bool // a report was asked for while one ran
+	retry   time.Duration
+}
+
+func newReporter(ctx context.Context, a *Agent, client kubernetes.Interface, bg *sync.WaitGroup) *reporter {
+	return &reporter{ctx: ctx, a: a, client: client, bg: bg, tick: time.NewTimer(reportEvery),
+		done: make(chan bool, 1), retry: reportRetryMin}
+}
+
+// start begins a report, or asks for another one after the running one.
+func (r *reporter) start() {
+	if r.running {
+		r.again = true
+		return
+	}
+	r.running = true
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		r.done <- r.a.report(r.ctx, r.client)
+	}()
+}
+
+// finished schedules the next report after one ended.
+func (r *reporter) finished(ok bool) {
+	r.running = false
+	if r.again {
+		r.again = false
+		r.start()
+		return
+	}
+	if ok {
+		r.retry = reportRetryMin
+		r.tick.Reset(reportEvery)
+		return
+	}
+	r.tick.Reset(r.retry)
+	r.retry = min(2*r.retry, reportEvery)
 }
 
 // applySnapshot programs the peers of a snapshot and records its pods. It
