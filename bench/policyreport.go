@@ -105,8 +105,7 @@ func (r *result) judgePolicyScale() {
 
 func (r *result) policyScaleMarkdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
-	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	r.writeHeader(&b)
 	fmt.Fprintf(&b, "One two-node Kubernetes cluster (agents as a DaemonSet, vxlan); server pod on n1, clients on n1 (intra) and n2 (inter). "+
 		"%d repetitions of %gs per test, rule counts in a rotating order within every repetition, the raw veth pair in the same repetitions. "+
 		"Cells: median (median of the per-repetition ratios to no policy).\n\n", r.Reps, r.DurationS)

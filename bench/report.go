@@ -225,8 +225,7 @@ func (r *result) markdown() string {
 		return r.policyScaleMarkdown()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
-	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	r.writeHeader(&b)
 	fmt.Fprintf(&b, "%d repetitions of %gs each, setups interleaved. Cells: median (median of the per-repetition ratios to the raw veth pair).\n", r.Reps, r.DurationS)
 	b.WriteString("Targets use the paired ratios: this machine drifts more between repetitions than the setups differ within one.\n\n")
 	for _, path := range []string{"intra", "inter"} {
@@ -261,10 +260,16 @@ func (r *result) markdown() string {
 	return b.String()
 }
 
+// writeHeader opens every report: the scenario, the command that reruns
+// it, when and on what it ran.
+func (r *result) writeHeader(b *strings.Builder) {
+	fmt.Fprintf(b, "# Benchmark: %s\n\n", r.Scenario)
+	fmt.Fprintf(b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+}
+
 func (r *result) podLaunchMarkdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmark: %s\n\n", r.Scenario)
-	fmt.Fprintf(&b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	r.writeHeader(&b)
 	fmt.Fprintf(&b, "One two-node Kubernetes %s cluster; %d pods per setup launched one at a time, the setups alternating. "+
 		"Weir pods use the default runtime handler, bridge pods the `bridge` RuntimeClass (reference bridge + host-local plugins) on the same nodes. "+
 		"Create to Ready is the client's view (create call to the watch showing Ready); CNI ADD is timed around the real plugin by a wrapper the runtime calls.\n\n", lab.KubernetesVersion, r.Reps)
