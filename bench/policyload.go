@@ -15,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -221,6 +222,11 @@ func (b *psBench) measureChanges(ctx context.Context) error {
 	b.add(setupName, "agents", "agent_rss_mib", 0, u.rssMiB)
 	fmt.Fprintf(b.out, "==> %d policy changes at %s (largest agent RSS %.1f MiB)\n", b.o.samples, setupName, u.rssMiB)
 	pols := b.c.NetworkingV1().NetworkPolicies(psNamespace)
+	events, err := watchPolicies(ctx, b.c, psNamespace)
+	if err != nil {
+		return err
+	}
+	defer events.close()
 	for k := 0; k < b.o.samples; k++ {
 		path := []string{"intra", "inter"}[k%2]
 		port := psGrantBase + k
@@ -228,6 +234,10 @@ func (b *psBench) measureChanges(ctx context.Context) error {
 			return err
 		}
 		p := grantPolicy(k, port)
+		stall, err := cpuStall()
+		if err != nil {
+			return err
+		}
 		start := time.Now()
 		if _, err := pols.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			return err
@@ -236,7 +246,10 @@ func (b *psBench) measureChanges(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("grant %d: %w", k, err)
 		}
-		b.add(setupName, path, "grant_ms", k, ms(at.Sub(start)))
+		if stall, err = b.addChange(events, setupName, path, "grant", watch.Added, p.Name, k, start, at, stall); err != nil {
+			conn.Close()
+			return err
+		}
 		start = time.Now()
 		if err := pols.Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 			conn.Close()
@@ -247,7 +260,9 @@ func (b *psBench) measureChanges(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("revoke %d: %w", k, err)
 		}
-		b.add(setupName, path, "revoke_ms", k, ms(at.Sub(start)))
+		if _, err := b.addChange(events, setupName, path, "revoke", watch.Deleted, p.Name, k, start, at, stall); err != nil {
+			return err
+		}
 	}
 	u, err = readUsage(b.agents)
 	if err != nil {
@@ -255,6 +270,36 @@ func (b *psBench) measureChanges(ctx context.Context) error {
 	}
 	b.add(setupName, "agents", "agent_rss_mib", 1, u.rssMiB)
 	return nil
+}
+
+// slowChange is the time to enforcement past which a change is logged
+// with its wall-clock time, to be found in the agents' logs.
+const slowChange = 100 * time.Millisecond
+
+// addChange records a change's time to enforcement, the API server's
+// share of it (from the write until a watch of the benchmark's own saw
+// the event) and the CPU pressure meanwhile (the share of the time some
+// task waited for a CPU; stall is the reading at the write). It returns
+// the pressure reading at its end, the next change's start.
+func (b *psBench) addChange(events *policyEvents, setup, path, change string, t watch.EventType, name string, k int, start, enforced time.Time, stall time.Duration) (time.Duration, error) {
+	delivered, err := events.arrived(t, name, 10*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("%s %d: %w", change, k, err)
+	}
+	now, err := cpuStall()
+	if err != nil {
+		return 0, err
+	}
+	pressure := 100 * float64(now-stall) / float64(time.Since(start))
+	took := enforced.Sub(start)
+	b.add(setup, path, change+"_ms", k, ms(took))
+	b.add(setup, path, change+"_api_ms", k, ms(delivered.Sub(start)))
+	b.add(setup, path, change+"_cpu_pressure_pct", k, pressure)
+	if took > slowChange {
+		fmt.Fprintf(b.out, "    slow %s %d (%s): %v to enforcement, the watch saw it after %v, CPU pressure %.0f%%; written at %s\n",
+			change, k, path, took.Round(time.Millisecond), delivered.Sub(start).Round(time.Millisecond), pressure, start.UTC().Format("15:04:05.000"))
+	}
+	return now, nil
 }
 
 // grantPolicy admits the client pods on one port of the server.

@@ -149,7 +149,16 @@ func (r *result) policyScaleMarkdown() string {
 	if !math.IsNaN(r.pooled("grant_ms", 0.5)) {
 		b.WriteString("\n## Policy change to enforcement (ms, from the API write)\n\n")
 		b.WriteString("| change | path | n | p50 | p99 | max |\n|---|---|---|---|---|---|\n")
-		for _, m := range []struct{ key, title string }{{"grant_ms", "grant: first connection succeeds"}, {"revoke_ms", "revoke: live connection stops"}} {
+		for _, m := range []struct{ key, title string }{
+			{"grant_ms", "grant: first connection succeeds"},
+			{"grant_api_ms", "of which API server: a watch sees the new policy"},
+			{"revoke_ms", "revoke: live connection stops"},
+			{"revoke_api_ms", "of which API server: a watch sees the deletion"},
+			{"grant_cpu_pressure_pct", "CPU pressure during a grant (% of the time a task waited for a CPU)"},
+		} {
+			if math.IsNaN(r.pooled(m.key, 0.5)) {
+				continue // a run from before the metric existed
+			}
 			for _, s := range r.Summary {
 				if s.Metric == m.key {
 					fmt.Fprintf(&b, "| %s | %s (%s) | %d | %.1f | %.1f | %.1f |\n", m.title, s.Path, s.Setup, s.N, s.Median, s.P99, s.Max)

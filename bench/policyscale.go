@@ -90,7 +90,7 @@ func runPolicyScale(ctx context.Context, o options, out io.Writer) (retErr error
 	}
 	defer func() {
 		if o.keep {
-			fmt.Fprintf(out, "lab %s kept: WEIR_LAB=%s weir lab kubectl ...; remove it with WEIR_LAB=%s weir lab down\n", psLab, psLab, psLab)
+			fmt.Fprintf(out, "lab %s kept: WEIR_LAB=%s weir lab kubectl ...; remove it with `WEIR_LAB=%s weir lab down`\n", psLab, psLab, psLab)
 			return
 		}
 		retErr = errors.Join(retErr, lab.Down(context.Background(), psLab, io.Discard))

@@ -92,3 +92,29 @@ func (u usage) agentPct(before usage) float64 {
 	}
 	return 100 * float64(u.agentTicks-before.agentTicks) / clockTicks / wall
 }
+
+// cpuStall reads the machine's total time, since boot, during which some
+// runnable task waited for a CPU (/proc/pressure/cpu, "some"). Over an
+// interval, its share of the wall time says how contended the CPUs were:
+// a slow policy change under high pressure waited for a CPU, not on Weir.
+func cpuStall() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return 0, fmt.Errorf("read CPU pressure (a kernel with CONFIG_PSI): %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "some ") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "total="); ok {
+				us, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("CPU pressure total %q: %w", v, err)
+				}
+				return time.Duration(us) * time.Microsecond, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no \"some ... total=\" line in /proc/pressure/cpu")
+}

@@ -19,7 +19,11 @@ type AgentParams struct {
 	// the API server instead of the kubernetes Service, which needs
 	// kube-proxy (or Weir's own service handling) to be working first.
 	APIServerHost, APIServerPort string
-	Mounts                       []Mount
+	// HealthPort is the node-local (127.0.0.1) TCP port of the agent's
+	// health check, which the kubelet probes over HTTP: cheaper than an
+	// exec probe, which starts a process in the container every period.
+	HealthPort int
+	Mounts     []Mount
 }
 
 // Mount is a host directory the agent needs.
@@ -36,7 +40,7 @@ func DefaultAgentParams(image string) AgentParams {
 	return AgentParams{
 		Image: image, PullPolicy: "IfNotPresent", Mode: "vxlan", ClusterCIDR: "10.244.0.0/16",
 		StateDir: "/var/lib/weir", Socket: "/run/weir/agent.sock", PinDir: "/sys/fs/bpf/weir",
-		CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin",
+		CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", HealthPort: 9879,
 		Mounts: []Mount{
 			{Name: "state", Path: "/var/lib/weir"}, {Name: "run", Path: "/run/weir"},
 			{Name: "bpffs", Path: "/sys/fs/bpf", Propagation: "Bidirectional"},
@@ -50,6 +54,9 @@ func DefaultAgentParams(image string) AgentParams {
 
 // RenderAgent renders the agent DaemonSet.
 func RenderAgent(p AgentParams) ([]byte, error) {
+	if p.HealthPort < 1 || p.HealthPort > 65535 {
+		return nil, fmt.Errorf("render weir-agent DaemonSet: health port %d: want 1-65535", p.HealthPort)
+	}
 	t, err := template.ParseFS(Manifests, "weir-agent.yaml.tmpl")
 	if err != nil {
 		return nil, err

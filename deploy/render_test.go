@@ -1,11 +1,14 @@
 package deploy
 
 import (
+	"slices"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/weirnet/weir/internal/api"
 )
 
 func TestRenderAgentDefaults(t *testing.T) {
@@ -25,8 +28,13 @@ func TestRenderAgentDefaults(t *testing.T) {
 	if agent.SecurityContext == nil || agent.SecurityContext.Privileged == nil || !*agent.SecurityContext.Privileged {
 		t.Fatal("agent must be privileged")
 	}
-	if agent.ReadinessProbe == nil || agent.ReadinessProbe.Exec.Command[1] != "health" {
-		t.Fatalf("readiness probe %+v", agent.ReadinessProbe)
+	for _, p := range []*corev1.Probe{agent.ReadinessProbe, agent.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Host != "127.0.0.1" || p.HTTPGet.Port.IntValue() != 9879 || p.HTTPGet.Path != api.PathHealth {
+			t.Fatalf("probe %+v: want GET http://127.0.0.1:9879/v1/healthz", p)
+		}
+	}
+	if !slices.Contains(agent.Args, "--health-addr=127.0.0.1:9879") {
+		t.Fatalf("agent args %v: the probed port must be the one the agent serves", agent.Args)
 	}
 	prop := map[string]corev1.MountPropagationMode{}
 	for _, m := range agent.VolumeMounts {

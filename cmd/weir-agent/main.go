@@ -23,7 +23,7 @@ import (
 // flags are the command line, kept as strings until validated together.
 type flags struct {
 	node, mode, underlay, nodeIP, podCIDR, clusterCIDR string
-	stateDir, pinDir, socket, peersFile                string
+	stateDir, pinDir, socket, peersFile, healthAddr    string
 	kubeconfig, cniConfDir                             string
 	kubernetes                                         bool
 	vni                                                uint32
@@ -67,6 +67,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.stateDir, "state-dir", "/var/lib/weir", "directory for durable state (IPAM leases)")
 	fl.StringVar(&f.pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "bpffs directory for this node's maps and links")
 	fl.StringVar(&f.socket, "socket", api.DefaultSocket, "unix socket of the local API")
+	fl.StringVar(&f.healthAddr, "health-addr", "", "TCP host:port answering GET "+api.PathHealth+" for the kubelet's probes, e.g. 127.0.0.1:9879 (empty: none)")
 	fl.StringVar(&f.peersFile, "peers-file", "", "JSON list of other nodes ({name,nodeIP,podCIDR}) to program at start")
 	fl.BoolVar(&f.kubernetes, "kubernetes", false, "run as a Kubernetes node agent: node, peers and pods come from the API server")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig to reach the API server (--kubernetes; empty: the pod's service account)")
@@ -95,13 +96,18 @@ func (f flags) config() (agent.Config, error) {
 	if !f.kubernetes && (f.kubeconfig != "" || f.cniConfDir != "") {
 		return agent.Config{}, fmt.Errorf("--kubeconfig and --cni-conf-dir need --kubernetes")
 	}
+	if f.healthAddr != "" {
+		if _, err := netip.ParseAddrPort(f.healthAddr); err != nil {
+			return agent.Config{}, fmt.Errorf("--health-addr %q: want an address and port such as 127.0.0.1:9879: %w", f.healthAddr, err)
+		}
+	}
 	clusterCIDR, err := netip.ParsePrefix(f.clusterCIDR)
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--cluster-cidr %q: want a CIDR: %w", f.clusterCIDR, err)
 	}
 	cfg := agent.Config{
 		NodeName: f.node, Mode: mode, VNI: f.vni, UnderlayDev: f.underlay, NodeIP: nodeIP,
-		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket,
+		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket, HealthAddr: f.healthAddr,
 		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir,
 	}
 	if f.peersFile != "" {

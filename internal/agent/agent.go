@@ -32,7 +32,11 @@ type Config struct {
 	StateDir    string // leases and other durable state
 	PinDir      string // bpffs directory of this node's pins
 	Socket      string // the local API's unix socket
-	Peers       []api.Peer
+	// HealthAddr is a TCP address (host:port) answering only the health
+	// check, so the kubelet can probe the agent without exec'ing a
+	// process into its container every period. Empty: none.
+	HealthAddr string
+	Peers      []api.Peer
 
 	// Kubernetes makes the agent a Kubernetes node agent: the pod CIDR,
 	// node address and peers come from the API server (Kubeconfig, or the
@@ -159,22 +163,42 @@ func (a *Agent) Listen() (net.Listener, error) {
 	return ln, nil
 }
 
-// ServeOn answers the local API on ln until ctx ends.
+// ServeOn answers the local API on ln, and the health check on
+// cfg.HealthAddr, until ctx ends.
 func (a *Agent) ServeOn(ctx context.Context, ln net.Listener) error {
-	// Requests inherit ctx, so followed streams end with the agent.
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	a.log.Info("agent ready", "node", a.cfg.NodeName, "socket", a.cfg.Socket, "mode", a.cfg.Mode, "podCIDR", a.cfg.PodCIDR, "mtu", a.dp.PodMTU())
-	select {
-	case <-ctx.Done():
+	servers := []*http.Server{{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		// Requests inherit ctx, so followed streams end with the agent.
+		BaseContext: func(net.Listener) context.Context { return ctx }}}
+	listeners := []net.Listener{ln}
+	if a.cfg.HealthAddr != "" {
+		hl, err := net.Listen("tcp", a.cfg.HealthAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("health address %s (--health-addr): %w", a.cfg.HealthAddr, err)
+		}
+		servers = append(servers, &http.Server{Handler: a.HealthHandler(), ReadHeaderTimeout: 5 * time.Second})
+		listeners = append(listeners, hl)
+	}
+	done := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { done <- srv.Serve(listeners[i]) }()
+	}
+	a.log.Info("agent ready", "node", a.cfg.NodeName, "socket", a.cfg.Socket, "health", a.cfg.HealthAddr, "mode", a.cfg.Mode, "podCIDR", a.cfg.PodCIDR, "mtu", a.dp.PodMTU())
+	shutdown := func() error {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err := srv.Shutdown(shutdownCtx)
+		var errs []error
+		for _, srv := range servers {
+			errs = append(errs, srv.Shutdown(shutdownCtx))
+		}
 		os.Remove(a.cfg.Socket)
-		return err
+		return errors.Join(errs...)
+	}
+	select {
+	case <-ctx.Done():
+		return shutdown()
 	case err := <-done:
+		shutdown()
 		return fmt.Errorf("serve API: %w", err)
 	}
 }

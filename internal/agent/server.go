@@ -23,9 +23,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("POST "+api.PathGC, handle(a.GC))
 	mux.HandleFunc("PUT "+api.PathPeers, handle(func(r api.PeersRequest) (any, error) { return struct{}{}, a.SetPeers(r.Peers) }))
 	mux.HandleFunc("GET "+api.PathFlows, a.serveFlows)
-	mux.HandleFunc("GET "+api.PathHealth, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
-	})
+	mux.HandleFunc("GET "+api.PathHealth, serveHealth)
 	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
 		s, err := a.Status()
 		if err != nil {
@@ -40,6 +38,20 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	return mux
+}
+
+// HealthHandler answers the health check alone: what the agent serves
+// on cfg.HealthAddr, where anyone on the node can connect.
+func (a *Agent) HealthHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+api.PathHealth, serveHealth)
+	return mux
+}
+
+// serveHealth answers once the agent serves: it listens only after its
+// datapath is set up and, with Kubernetes, after it learned its node.
+func serveHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"ready": true})
 }
 
 // handle decodes a JSON request of type Req, calls f and encodes its answer.

@@ -65,7 +65,7 @@ func newLabConformanceCommand() *cobra.Command {
 		},
 	}
 	wd, _ := os.Getwd()
-	cmd.Flags().StringVar(&name, "name", lab.DefaultName, "lab name")
+	cmd.Flags().StringVar(&name, "name", defaultLabName(), "lab name (default: $WEIR_LAB if set)")
 	cmd.Flags().BoolVar(&fast, "fast", false, "run the CI subsets only")
 	cmd.Flags().StringVar(&results, "results", wd+"/conformance-results", "directory for results")
 	return cmd

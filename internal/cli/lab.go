@@ -54,7 +54,7 @@ func newLabUpCommand() *cobra.Command {
 			return runLabUp(cmd.Context(), f, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&f.name, "name", lab.DefaultName, "lab name (prefix of its namespaces)")
+	cmd.Flags().StringVar(&f.name, "name", defaultLabName(), "lab name, the prefix of its namespaces (default: $WEIR_LAB if set)")
 	cmd.Flags().IntVar(&f.nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&f.pods, "pods", 2, "pods per node attached through libcni (--bare only)")
 	cmd.Flags().StringVar(&f.agent, "agent-mode", lab.AgentDaemonSet, "how the cluster runs weir-agent: daemonset (as users deploy it) or host (a process per node, for development)")
@@ -111,7 +111,7 @@ func newLabDownCommand() *cobra.Command {
 			return lab.Down(cmd.Context(), name, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", lab.DefaultName, "lab name")
+	cmd.Flags().StringVar(&name, "name", defaultLabName(), "lab name (default: $WEIR_LAB if set)")
 	return cmd
 }
 
@@ -128,7 +128,7 @@ func newLabCheckCommand() *cobra.Command {
 			return runLabCheck(cmd.Context(), name, timeout, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", lab.DefaultName, "lab name")
+	cmd.Flags().StringVar(&name, "name", defaultLabName(), "lab name (default: $WEIR_LAB if set)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Second, "how long one probe waits for its answer")
 	return cmd
 }
@@ -163,7 +163,7 @@ func newLabStatusCommand() *cobra.Command {
 			return printLabStatus(cmd.Context(), st, output, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", lab.DefaultName, "lab name")
+	cmd.Flags().StringVar(&name, "name", defaultLabName(), "lab name (default: $WEIR_LAB if set)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: json, or empty for a table")
 	return cmd
 }
@@ -311,10 +311,7 @@ func newLabKubectlCommand() *cobra.Command {
 			if len(args) > 0 && args[0] == "--" {
 				args = args[1:]
 			}
-			name := os.Getenv("WEIR_LAB")
-			if name == "" {
-				name = lab.DefaultName
-			}
+			name := defaultLabName()
 			st, err := lab.Load(name)
 			if err != nil {
 				return err
@@ -327,4 +324,13 @@ func newLabKubectlCommand() *cobra.Command {
 			return c.Run()
 		},
 	}
+}
+
+// defaultLabName is $WEIR_LAB, else the default lab: one variable points
+// every lab command (and kubectl) at the same lab.
+func defaultLabName() string {
+	if name := os.Getenv("WEIR_LAB"); name != "" {
+		return name
+	}
+	return lab.DefaultName
 }

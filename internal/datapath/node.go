@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+
+	"github.com/weirnet/weir/internal/datapath/bpffs"
 )
 
 // OverlayDevice is the name of the node's VXLAN device.
@@ -104,7 +106,7 @@ func SetupNode(cfg NodeConfig) (_ *Node, retErr error) {
 			return nil, fmt.Errorf("netlink handle: %w", err)
 		}
 	}
-	if _, err := EnsureBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
+	if _, err := bpffs.Ensure(filepath.Dir(cfg.PinDir)); err != nil {
 		return nil, err
 	}
 	for _, sub := range []string{"links", "links-egress", "devices", "cgroup"} {

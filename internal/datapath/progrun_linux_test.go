@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/weirnet/weir/internal/datapath/bpffs"
 	"github.com/weirnet/weir/internal/testutil"
 )
 
@@ -42,7 +43,7 @@ func loadTest(t *testing.T, mode Mode) *Programs {
 	t.Helper()
 	testutil.RequireRoot(t)
 	dir := testutil.BPFDir(t)
-	if _, err := EnsureBPFFS(dir); err != nil {
+	if _, err := bpffs.Ensure(dir); err != nil {
 		t.Fatal(err)
 	}
 	p, err := LoadPrograms(ProgramConfig{Mode: mode, VNI: 42, OverlayIfindex: 99, PinDir: dir})

@@ -1,13 +1,10 @@
 package datapath
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // nodeSysctls are what pod networking needs from the node's namespace.
@@ -39,35 +36,4 @@ func writeSysctl(name, value string) error {
 		return fmt.Errorf("set sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), value, err)
 	}
 	return nil
-}
-
-// bpffsMagic is BPF_FS_MAGIC from linux/magic.h.
-const bpffsMagic = 0xcafe4a11
-
-// ErrNotBPFFS is returned when a pin directory is not on a bpf filesystem
-// and one cannot be mounted there.
-var ErrNotBPFFS = errors.New("not a bpf filesystem")
-
-// EnsureBPFFS makes sure dir lies on a bpf filesystem, mounting one at
-// /sys/fs/bpf (or at dir itself, outside /sys/fs/bpf) when none is there,
-// and creates dir. It reports whether it mounted one.
-func EnsureBPFFS(dir string) (mounted bool, _ error) {
-	root := dir
-	if strings.HasPrefix(dir, "/sys/fs/bpf/") {
-		root = "/sys/fs/bpf"
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(root, &st); err != nil || uint32(st.Type) != bpffsMagic {
-		if err := os.MkdirAll(root, 0o700); err != nil {
-			return false, fmt.Errorf("create %s: %w", root, err)
-		}
-		if err := unix.Mount("bpffs", root, "bpf", 0, "mode=0700"); err != nil {
-			return false, fmt.Errorf("mount bpffs at %s: %w (%w)", root, err, ErrNotBPFFS)
-		}
-		mounted = true
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return mounted, fmt.Errorf("create %s: %w", dir, err)
-	}
-	return mounted, nil
 }

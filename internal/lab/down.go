@@ -9,12 +9,13 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/weirnet/weir/internal/datapath/bpffs"
 )
 
 // Down removes a lab: its agents (by recorded PID), every namespace whose
 // name carries the lab's prefix, its pins and run directory, and the bpffs
-// mount if the lab made it and nothing else uses it. It works from
+// mount if Weir made it and nothing else uses it any more (labs run side
+// by side: the last one down takes it away, whichever mounted it). It works from
 // whatever state is left, so it also cleans up after a crashed Up.
 func Down(ctx context.Context, name string, out io.Writer) error {
 	var errs []error
@@ -53,31 +54,10 @@ func Down(ctx context.Context, name string, out io.Writer) error {
 	if err := os.RemoveAll(pinRoot(name)); err != nil {
 		errs = append(errs, fmt.Errorf("remove pins: %w", err))
 	}
-	if st != nil && st.BPFFSByLab {
-		if bpffsUnused() {
-			if err := unix.Unmount("/sys/fs/bpf", 0); err != nil && !errors.Is(err, unix.EINVAL) {
-				errs = append(errs, fmt.Errorf("unmount bpffs: %w", err))
-			}
-		}
-	}
+	errs = append(errs, bpffs.Release())
 	if err := os.RemoveAll(RunDir(name)); err != nil {
 		errs = append(errs, err)
 	}
 	fmt.Fprintf(out, "lab %s removed (%d namespaces)\n", name, len(spaces))
 	return errors.Join(errs...)
-}
-
-// bpffsUnused reports whether /sys/fs/bpf holds nothing but the files the
-// kernel itself puts on every bpffs mount (the preloaded iterators).
-func bpffsUnused() bool {
-	ents, err := os.ReadDir("/sys/fs/bpf")
-	if err != nil {
-		return false
-	}
-	for _, e := range ents {
-		if e.Name() != "maps.debug" && e.Name() != "progs.debug" {
-			return false
-		}
-	}
-	return true
 }

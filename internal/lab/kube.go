@@ -107,6 +107,8 @@ func (st *State) deployAgents(ctx context.Context) error {
 		PinDir:     filepath.Join(pinRoot(st.Config.Name), "$(NODE_NAME)"),
 		CNIConfDir: filepath.Join(node, "cni", "net.d"), CNIBinDir: filepath.Join(node, "cni", "bin"),
 		APIServerHost: controlPlaneIP.String(), APIServerPort: strconv.Itoa(apiPort),
+		// Each node is its own network namespace: one port serves all.
+		HealthPort: 9879,
 		// Pod network namespaces appear under the run directory after the
 		// agent starts. The lab mounted bpffs already.
 		Mounts: []deploy.Mount{{Name: "lab", Path: st.RunDir, Propagation: "HostToContainer"}, {Name: "bpffs", Path: "/sys/fs/bpf"}},

@@ -37,7 +37,7 @@ func (st *State) downKubernetes() []error {
 		n := &st.Nodes[i]
 		kp := st.kubePaths(n)
 		if pr, err := st.proc(n.Name + "/containerd"); err == nil && pr.Alive() {
-			errs = append(errs, removeSandboxes(kp.containerdSock, 60*time.Second))
+			errs = append(errs, removeSandboxes(kp.containerdSock, 30*time.Second))
 		}
 	}
 	for i := len(k.Procs) - 1; i >= 0; i-- {
@@ -55,7 +55,9 @@ func (st *State) downKubernetes() []error {
 	return errs
 }
 
-// removeSandboxes stops and removes every pod sandbox of one containerd.
+// removeSandboxes stops and removes every pod sandbox of one containerd,
+// giving each sandbox up to timeout (a node of the policy-scale benchmark
+// holds over a hundred, too many for one shared deadline).
 func removeSandboxes(sock string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -81,15 +83,21 @@ func removeSandboxes(sock string, timeout time.Duration) error {
 	sort.SliceStable(list.Items, func(i, j int) bool { return !hostNet[list.Items[i].Id] && hostNet[list.Items[j].Id] })
 	var errs []error
 	for _, sb := range list.Items {
-		if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("stop sandbox %s (%s/%s): %w", sb.Id[:12], sb.Metadata.Namespace, sb.Metadata.Name, err))
-			continue
-		}
-		if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("remove sandbox %s: %w", sb.Id[:12], err))
-		}
+		errs = append(errs, removeSandbox(rt, sb, timeout))
 	}
 	return errors.Join(errs...)
+}
+
+func removeSandbox(rt cri.RuntimeServiceClient, sb *cri.PodSandbox, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		return fmt.Errorf("stop sandbox %s (%s/%s): %w", sb.Id[:12], sb.Metadata.Namespace, sb.Metadata.Name, err)
+	}
+	if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", sb.Id[:12], err)
+	}
+	return nil
 }
 
 // killShims ends the runc shims that serve the containerd at sock. Shims

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/datapath/bpffs"
 )
 
 // Config describes a lab.
@@ -140,14 +141,13 @@ type Pod struct {
 
 // State is a running lab, saved in RunDir/lab.json.
 type State struct {
-	Config     Config     `json:"config"`
-	RunDir     string     `json:"runDir"`
-	Underlay   string     `json:"underlay"`
-	ExtHost    string     `json:"extHost"`
-	ExtIP      netip.Addr `json:"extIP"`
-	Nodes      []Node     `json:"nodes"`
-	Pods       []Pod      `json:"pods"`
-	BPFFSByLab bool       `json:"bpffsMountedByLab"`
+	Config   Config     `json:"config"`
+	RunDir   string     `json:"runDir"`
+	Underlay string     `json:"underlay"`
+	ExtHost  string     `json:"extHost"`
+	ExtIP    netip.Addr `json:"extIP"`
+	Nodes    []Node     `json:"nodes"`
+	Pods     []Pod      `json:"pods"`
 	// PluginDirs is the CNI_PATH the lab's runtime searches.
 	PluginDirs []string `json:"pluginDirs"`
 	// Kube is the cluster of a Kubernetes lab.
@@ -180,11 +180,10 @@ func Up(ctx context.Context, cfg Config, out io.Writer) (_ *State, retErr error)
 	if err := os.MkdirAll(st.RunDir, 0o755); err != nil {
 		return nil, err
 	}
-	mounted, err := datapath.EnsureBPFFS(pinRoot(cfg.Name))
-	if err != nil {
+	// Down releases it: the last lab (or test) to leave unmounts it.
+	if _, err := bpffs.Ensure(pinRoot(cfg.Name)); err != nil {
 		return nil, err
 	}
-	st.BPFFSByLab = mounted
 	if err := st.save(); err != nil {
 		return nil, err
 	}

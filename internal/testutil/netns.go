@@ -7,7 +7,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
-	"golang.org/x/sys/unix"
+
+	"github.com/weirnet/weir/internal/datapath/bpffs"
 )
 
 // NewNS creates a throwaway network namespace, closed and removed when
@@ -27,22 +28,22 @@ func NewNS(t testing.TB) ns.NetNS {
 }
 
 // BPFDir creates a directory on bpffs for a test's pins and removes it,
-// with everything pinned inside, when the test ends.
+// with everything pinned inside, when the test ends; a bpffs mount made
+// for it goes when the last user of it on the machine is done.
 func BPFDir(t testing.TB) string {
 	t.Helper()
 	RequireRoot(t)
-	// hack/test.sh mounts bpffs for the whole run (and unmounts it after);
-	// a test run on its own mounts it here and leaves it, as systemd would.
-	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
-		if err := unix.Mount("bpffs", "/sys/fs/bpf", "bpf", 0, "mode=0700"); err != nil {
-			Unavailable(t, "no bpf filesystem at /sys/fs/bpf and mounting one failed: %v", err)
-		}
-	}
-	dir, err := os.MkdirTemp("/sys/fs/bpf", "weirtest-")
+	dir, err := bpffs.MkdirTemp("weirtest-")
 	if err != nil {
-		Unavailable(t, "bpffs not writable (mount it with `mount -t bpf bpffs /sys/fs/bpf`): %v", err)
+		Unavailable(t, "no usable bpf filesystem at %s (mount one with `mount -t bpf bpffs %s`): %v", bpffs.Root, bpffs.Root, err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("remove test pins: %v", err)
+		}
+		if err := bpffs.Release(); err != nil {
+			t.Errorf("release bpffs: %v", err)
+		}
+	})
 	return filepath.Join(dir, "node")
 }
