@@ -206,6 +206,7 @@ func parseWrk(out []byte) (wrkResult, bool) {
 // port (until a connection to it succeeds) and its deletion (until a
 // live connection on it stops answering).
 func (b *psBench) measureChanges(ctx context.Context) error {
+	defer b.heartbeat.stop()
 	if err := b.fillCluster(ctx, b.o.totalPods); err != nil {
 		return err
 	}
@@ -319,8 +320,8 @@ func grantPolicy(k, port int) *networkingv1.NetworkPolicy {
 
 // fillCluster adds pods until the cluster holds total. The two lab nodes
 // cannot run that many (a /24 each), so the rest are bound to kubelet-less
-// virtual nodes (the KWOK technique): real Pod and Node objects with an
-// address each, which every agent must watch, give identities, place in
+// virtual nodes (the KWOK technique), kept Ready by a heartbeat of their
+// Leases: real Pod and Node objects with an address each, which every agent must watch, give identities, place in
 // its ipcache and match against selectors, as it would pods of a larger
 // cluster. They carry 350 distinct label sets.
 func (b *psBench) fillCluster(ctx context.Context, total int) error {
@@ -344,6 +345,13 @@ func (b *psBench) fillCluster(ctx context.Context, total int) error {
 			return err
 		}
 		nodes = append(nodes, n)
+	}
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.name
+	}
+	if b.heartbeat, err = startHeartbeat(ctx, b.c, names, b.out); err != nil {
+		return err
 	}
 	work := make(chan int)
 	errs := make(chan error, 8)

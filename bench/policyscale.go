@@ -47,16 +47,17 @@ const (
 // the server pod's namespace for the probes that tell when a policy took
 // effect.
 type psBench struct {
-	o       options
-	st      *lab.State
-	c       kubernetes.Interface
-	res     *result
-	out     io.Writer
-	server  psPod
-	clients map[string]psPod // by path: intra, inter
-	echo    *echoServer
-	applied int // level changes made, numbering sentinels
-	agents  []int
+	o         options
+	st        *lab.State
+	c         kubernetes.Interface
+	res       *result
+	out       io.Writer
+	server    psPod
+	clients   map[string]psPod // by path: intra, inter
+	echo      *echoServer
+	applied   int // level changes made, numbering sentinels
+	agents    []int
+	heartbeat *heartbeat // of the virtual nodes, once there are some
 }
 
 type psPod struct {
