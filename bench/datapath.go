@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,10 +34,14 @@ const (
 	setupWeirVXLAN   = "weir vxlan"
 	setupWeirNative  = "weir native"
 	setupBridgeVXLAN = "bridge+vxlan"
+	// The same Weir setups with verdict events off: what flow records
+	// cost (the agents run with --flow-events=false).
+	setupWeirNoFlows      = "weir (flows off)"
+	setupWeirVXLANNoFlows = "weir vxlan (flows off)"
 )
 
 // Lab names of the benchmark; Down removes each by name.
-var benchLabs = []string{"wb-raw", "wb-v", "wb-n", "wb-b"}
+var benchLabs = []string{"wb-raw", "wb-v", "wb-vq", "wb-n", "wb-b"}
 
 func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	if os.Geteuid() != 0 {
@@ -60,11 +65,18 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	}
 	labs := map[string]*lab.State{}
 	for _, l := range []struct {
-		name string
-		mode datapath.Mode
-		cni  string
-	}{{"wb-v", datapath.ModeVXLAN, lab.CNIWeir}, {"wb-n", datapath.ModeNative, lab.CNIWeir}, {"wb-b", datapath.ModeVXLAN, lab.CNIBridge}} {
-		st, err := lab.Up(ctx, lab.Config{Name: l.name, Nodes: 2, PodsPerNode: 2, Mode: l.mode, BinDir: o.binDir, CNI: l.cni}, io.Discard)
+		name    string
+		mode    datapath.Mode
+		cni     string
+		noFlows bool
+	}{
+		{"wb-v", datapath.ModeVXLAN, lab.CNIWeir, false},
+		{"wb-vq", datapath.ModeVXLAN, lab.CNIWeir, true},
+		{"wb-n", datapath.ModeNative, lab.CNIWeir, false},
+		{"wb-b", datapath.ModeVXLAN, lab.CNIBridge, false},
+	} {
+		st, err := lab.Up(ctx, lab.Config{Name: l.name, Nodes: 2, PodsPerNode: 2, Mode: l.mode, BinDir: o.binDir,
+			CNI: l.cni, NoFlowEvents: l.noFlows}, io.Discard)
 		if err != nil {
 			return fmt.Errorf("lab %s: %w", l.name, err)
 		}
@@ -73,9 +85,11 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	setups := []setup{
 		{Name: setupRaw, Path: "intra", ClientNS: raw.NSA, ServerNS: raw.NSB, Dst: raw.AddrB.String()},
 		podPair(labs["wb-v"], setupWeir, "intra", "n1-p1", "n1-p2", true),
+		podPair(labs["wb-vq"], setupWeirNoFlows, "intra", "n1-p1", "n1-p2", true),
 		podPair(labs["wb-b"], setupBridge, "intra", "n1-p1", "n1-p2", false),
 		nodePair(labs["wb-v"], setupHost),
 		podPair(labs["wb-v"], setupWeirVXLAN, "inter", "n1-p1", "n2-p1", true),
+		podPair(labs["wb-vq"], setupWeirVXLANNoFlows, "inter", "n1-p1", "n2-p1", true),
 		podPair(labs["wb-n"], setupWeirNative, "inter", "n1-p1", "n2-p1", true),
 		podPair(labs["wb-b"], setupBridgeVXLAN, "inter", "n1-p1", "n2-p1", false),
 	}
@@ -86,6 +100,10 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 		Started:  started.UTC().Format(time.RFC3339),
 		Machine:  machine(),
 		Reps:     o.reps, DurationS: o.duration.Seconds(),
+	}
+	setups = selectSetups(setups, o.setups)
+	if len(setups) == 0 {
+		return fmt.Errorf("--setups %q names no setup", o.setups)
 	}
 	if err := measureTraffic(ctx, o, setups, res, out); err != nil {
 		return err
@@ -101,6 +119,35 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	return res.write(o.out, out)
 }
 
+// datapathTests are the tests --tests keeps, in their fixed order.
+func datapathTests(o options) []string {
+	all := []string{"tcp_stream", "tcp_rr", "udp_stream", "tcp_crr"}
+	if len(o.tests) == 0 {
+		return all
+	}
+	var out []string
+	for _, t := range all {
+		if slices.Contains(o.tests, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// selectSetups keeps the setups named (all when names is empty).
+func selectSetups(setups []setup, names []string) []setup {
+	if len(names) == 0 {
+		return setups
+	}
+	var out []setup
+	for _, s := range setups {
+		if slices.Contains(names, s.Name) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func podPair(st *lab.State, name, path, client, server string, weir bool) setup {
 	c, _ := st.PodByName(client)
 	s, _ := st.PodByName(server)
@@ -114,7 +161,7 @@ func nodePair(st *lab.State, name string) setup {
 // measureTraffic runs every test on every setup, rep by rep; within a rep
 // the setups take turns in a rotating order so none always runs first.
 func measureTraffic(ctx context.Context, o options, setups []setup, res *result, out io.Writer) error {
-	tests := []string{"tcp_stream", "tcp_rr", "udp_stream"}
+	tests := datapathTests(o)
 	for rep := 0; rep < o.reps; rep++ {
 		for _, test := range tests {
 			for i := range setups {
@@ -143,7 +190,10 @@ func measureBPFCost(ctx context.Context, o options, setups []setup, res *result,
 	}
 	defer stats.Close()
 	fmt.Fprintln(out, "==> eBPF cost per program run (kernel.bpf_stats_enabled)")
-	for _, test := range []string{"tcp_stream", "tcp_rr", "udp_stream"} {
+	for _, test := range datapathTests(o) {
+		if test == "tcp_crr" {
+			continue // its cost is the server's; the streams say what the programs cost
+		}
 		for _, s := range setups {
 			if !s.Weir {
 				continue
@@ -189,6 +239,12 @@ func runOne(ctx context.Context, o options, s setup, test string, rep int, res *
 		}
 		add("udp_gbps", gbps)
 		add("udp_loss_pct", loss)
+	case "tcp_crr":
+		cps, err := tcpCRR(ctx, s.ClientNS, s.ServerNS, s.Dst, o.duration)
+		if err != nil {
+			return err
+		}
+		add("crr_per_s", cps)
 	}
 	if !costOnly {
 		return nil

@@ -38,21 +38,28 @@ type options struct {
 	clients        []int
 	clientDuration time.Duration
 	totalPods      int
-	samples        int
-	keep           bool
+	// datapath: run only these tests and setups (empty: all)
+	tests   []string
+	setups  []string
+	samples int
+	keep    bool
 }
 
 func newRoot() *cobra.Command {
-	o := options{}
+	// One options value per scenario: flags of the same name but other
+	// defaults (--reps, --pods) must not overwrite each other's.
+	var dpo, plo, pso options
 	root := &cobra.Command{Use: "bench", Short: "Weir benchmarks", SilenceUsage: true}
-	dp := scenario(&o, "datapath",
+	dp := scenario(&dpo, "datapath",
 		"TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
 		runDatapath)
-	dp.Flags().IntVar(&o.reps, "reps", 5, "repetitions of every measurement (interleaved)")
-	dp.Flags().DurationVar(&o.duration, "duration", 4*time.Second, "length of one throughput or latency run")
-	dp.Flags().IntVar(&o.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
-	dp.Flags().StringVar(&o.out, "out", "bench/results", "directory for datapath.{json,md,png}")
-	dp.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir-agent and weir-cni")
+	dp.Flags().IntVar(&dpo.reps, "reps", 5, "repetitions of every measurement (interleaved)")
+	dp.Flags().DurationVar(&dpo.duration, "duration", 4*time.Second, "length of one throughput or latency run")
+	dp.Flags().IntVar(&dpo.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
+	dp.Flags().StringVar(&dpo.out, "out", "bench/results", "directory for datapath.{json,md,png}")
+	dp.Flags().StringVar(&dpo.binDir, "bin-dir", "bin", "directory holding weir-agent and weir-cni")
+	dp.Flags().StringSliceVar(&dpo.tests, "tests", nil, "only these tests (tcp_stream, tcp_rr, udp_stream, tcp_crr); default all")
+	dp.Flags().StringSliceVar(&dpo.setups, "setups", nil, `only these setups by name (e.g. "weir vxlan,weir vxlan (flows off)"); default all`)
 	rep := &cobra.Command{
 		Use:   "report FILE.json",
 		Short: "Recompute the summary, table and chart of a finished run from its samples",
@@ -61,26 +68,26 @@ func newRoot() *cobra.Command {
 			return rerunReport(args[0], os.Stdout)
 		},
 	}
-	pl := scenario(&o, "pod-launch",
+	pl := scenario(&plo, "pod-launch",
 		"Time from pod create to Ready and the CNI ADD inside it, Weir vs the bridge plugin on one Kubernetes cluster",
 		runPodLaunch)
-	pl.Flags().IntVar(&o.pods, "pods", 30, "pods launched per setup")
-	pl.Flags().StringVar(&o.out, "out", "bench/results", "directory for pod-launch.{json,md,png}")
-	pl.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding weir, weir-agent, weir-cni and weir-pause (built with CGO_ENABLED=0)")
-	ps := scenario(&o, "policy-scale",
+	pl.Flags().IntVar(&plo.pods, "pods", 30, "pods launched per setup")
+	pl.Flags().StringVar(&plo.out, "out", "bench/results", "directory for pod-launch.{json,md,png}")
+	pl.Flags().StringVar(&plo.binDir, "bin-dir", "bin", "directory holding weir, weir-agent, weir-cni and weir-pause (built with CGO_ENABLED=0)")
+	ps := scenario(&pso, "policy-scale",
 		"TCP stream and request/response at 0 to 10,000 NetworkPolicy rules, 50-200 concurrent client pods, agent CPU and memory, policy change to enforcement at 1,000 pods",
 		runPolicyScale)
-	ps.Flags().IntVar(&o.reps, "reps", 3, "repetitions of every measurement (interleaved)")
-	ps.Flags().DurationVar(&o.duration, "duration", 4*time.Second, "length of one throughput or latency run")
-	ps.Flags().IntSliceVar(&o.levels, "rules", []int{100, 1000, 10000}, "rule counts measured besides no policy")
-	ps.Flags().IntSliceVar(&o.clients, "clients", []int{50, 100, 200}, "concurrent client pods")
-	ps.Flags().DurationVar(&o.clientDuration, "client-duration", 10*time.Second, "length of one concurrent-clients run")
-	ps.Flags().IntVar(&o.totalPods, "total-pods", 1000, "pods in the cluster when policy changes are timed")
-	ps.Flags().IntVar(&o.samples, "samples", 200, "policy changes timed (grant and revoke each), alternating intra- and inter-node; enough that p99 is not the single worst")
-	ps.Flags().StringVar(&o.out, "out", "bench/results", "directory for policy-scale.{json,md,png}")
-	ps.Flags().BoolVar(&o.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
-	ps.Flags().StringVar(&o.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
-	root.AddCommand(dp, pl, ps, rep)
+	ps.Flags().IntVar(&pso.reps, "reps", 3, "repetitions of every measurement (interleaved)")
+	ps.Flags().DurationVar(&pso.duration, "duration", 4*time.Second, "length of one throughput or latency run")
+	ps.Flags().IntSliceVar(&pso.levels, "rules", []int{100, 1000, 10000}, "rule counts measured besides no policy")
+	ps.Flags().IntSliceVar(&pso.clients, "clients", []int{50, 100, 200}, "concurrent client pods")
+	ps.Flags().DurationVar(&pso.clientDuration, "client-duration", 10*time.Second, "length of one concurrent-clients run")
+	ps.Flags().IntVar(&pso.totalPods, "total-pods", 1000, "pods in the cluster when policy changes are timed")
+	ps.Flags().IntVar(&pso.samples, "samples", 200, "policy changes timed (grant and revoke each), alternating intra- and inter-node; enough that p99 is not the single worst")
+	ps.Flags().StringVar(&pso.out, "out", "bench/results", "directory for policy-scale.{json,md,png}")
+	ps.Flags().BoolVar(&pso.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
+	ps.Flags().StringVar(&pso.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
+	root.AddCommand(dp, pl, ps, rep, newHTTPServerCommand())
 	return root
 }
 

@@ -29,10 +29,12 @@ def main(src, dst):
         ("inter", "rr_avg_us", "inter-node TCP req/resp (µs)"),
         ("intra", "udp_gbps", "intra-node UDP delivered (Gbit/s)"),
         ("inter", "udp_gbps", "inter-node UDP delivered (Gbit/s)"),
+        ("intra", "crr_per_s", "intra-node new TCP connections per second"),
+        ("inter", "crr_per_s", "inter-node new TCP connections per second"),
         ("cni", "add_ms", "CNI ADD latency (ms): p50 bar, p99 whisker"),
         ("cni", "del_ms", "CNI DEL latency (ms): p50 bar, p99 whisker"),
     ]
-    fig, axes = plt.subplots(4, 2, figsize=(12, 14))
+    fig, axes = plt.subplots(5, 2, figsize=(12, 17))
     for ax, (path, metric, title) in zip(axes.flat, panels):
         data = rows(path, metric)
         names = [d["setup"] for d in data]
@@ -43,7 +45,7 @@ def main(src, dst):
         else:
             lo = [d["median"] - d["min"] for d in data]
             hi = [d["max"] - d["median"] for d in data]
-        colors = ["#1f77b4" if n.startswith("weir") else "#999999" for n in names]
+        colors = ["#aec7e8" if "flows off" in n else "#1f77b4" if n.startswith("weir") else "#999999" for n in names]
         ax.bar(names, med, yerr=[lo, hi], capsize=4, color=colors)
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=20)
@@ -69,7 +71,7 @@ def plot_pod_launch(r, dst):
         names = [d["setup"] for d in data]
         med = [d["median"] for d in data]
         hi = [d["p99"] - d["median"] for d in data]
-        colors = ["#1f77b4" if n.startswith("weir") else "#999999" for n in names]
+        colors = ["#aec7e8" if "flows off" in n else "#1f77b4" if n.startswith("weir") else "#999999" for n in names]
         ax.bar(names, med, yerr=[[0] * len(data), hi], capsize=4, color=colors)
         ax.set_title(title + "\np50 bar, p99 whisker")
         for i, v in enumerate(med):

@@ -9,6 +9,7 @@
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
+#include "lib/reject.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -17,6 +18,7 @@ int from_netdev(struct __sk_buff *skb)
 {
 	const struct endpoint_info *ep;
 	struct iphdr *ip;
+	int verdict;
 
 	if (eth_proto(skb) != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
@@ -25,7 +27,10 @@ int from_netdev(struct __sk_buff *skb)
 		return TC_ACT_OK; /* not ours to judge: the stack drops bad headers */
 	ep = endpoint_lookup_v4(ip->daddr);
 	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr))) {
-		if (ct_policy_v4(skb, ip, sizeof(struct ethhdr)) != TC_ACT_OK)
+		verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr));
+		if (verdict == CT_POLICY_REJECT)
+			return reject_v4(skb, sizeof(struct ethhdr));
+		if (verdict != TC_ACT_OK)
 			return TC_ACT_SHOT;
 		return endpoint_deliver(skb, ep);
 	}

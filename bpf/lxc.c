@@ -6,7 +6,8 @@
  *
  *   ARP          -> answered here (arp.h)
  *   IPv4 of a flow the stack NATed -> the stack, to reverse it (nfct.h)
- *   IPv4, denied by policy -> dropped (conntrack.h)
+ *   IPv4, denied by policy -> dropped, or answered if a Reject rule
+ *                  denied it (conntrack.h, reject.h)
  *   IPv4, local  -> straight into the destination pod (endpoint.h)
  *   IPv4, remote -> to the owning node, overlay or FIB (tunnel.h)
  *   anything else-> the node's stack (node addresses, masquerade to outside)
@@ -20,6 +21,7 @@
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
+#include "lib/reject.h"
 #include "lib/tunnel.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -29,6 +31,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	const struct endpoint_info *src, *dst;
 	const struct tunnel_info *remote;
 	struct iphdr *ip = ipv4_hdr(skb);
+	int verdict;
 
 	if (!ip) {
 		metric_inc(METRIC_DROP_MALFORMED);
@@ -46,7 +49,10 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
 	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
-	if (ct_policy_v4(skb, ip, sizeof(struct ethhdr)) != TC_ACT_OK)
+	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr));
+	if (verdict == CT_POLICY_REJECT)
+		return reject_v4(skb, sizeof(struct ethhdr));
+	if (verdict != TC_ACT_OK)
 		return TC_ACT_SHOT;
 	if (dst)
 		return endpoint_deliver(skb, dst);
@@ -84,5 +90,6 @@ int to_container(struct __sk_buff *skb)
 		metric_inc(METRIC_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
-	return ct_policy_v4(skb, ip, sizeof(struct ethhdr));
+	/* The sender is the node's stack: a reject is a silent drop here. */
+	return ct_policy_v4(skb, ip, sizeof(struct ethhdr)) == TC_ACT_OK ? TC_ACT_OK : TC_ACT_SHOT;
 }

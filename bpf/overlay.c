@@ -16,6 +16,7 @@
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
+#include "lib/reject.h"
 #include "lib/tunnel.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -25,6 +26,7 @@ int from_overlay(struct __sk_buff *skb)
 {
 	const struct endpoint_info *ep;
 	struct iphdr *ip;
+	int verdict;
 
 	if (eth_proto(skb) != bpf_htons(ETH_P_IP))
 		goto to_host;
@@ -35,7 +37,10 @@ int from_overlay(struct __sk_buff *skb)
 	}
 	ep = endpoint_lookup_v4(ip->daddr);
 	if (ep && !nfct_stack_translated(skb, ip, sizeof(struct ethhdr))) {
-		if (ct_policy_v4(skb, ip, sizeof(struct ethhdr)) != TC_ACT_OK)
+		verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr));
+		if (verdict == CT_POLICY_REJECT)
+			return reject_v4(skb, sizeof(struct ethhdr)); /* back through the tunnel */
+		if (verdict != TC_ACT_OK)
 			return TC_ACT_SHOT;
 		return endpoint_deliver(skb, ep);
 	}

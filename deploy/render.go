@@ -23,7 +23,11 @@ type AgentParams struct {
 	// health check, which the kubelet probes over HTTP: cheaper than an
 	// exec probe, which starts a process in the container every period.
 	HealthPort int
-	Mounts     []Mount
+	// MetricsPort is the TCP port, on every address of the node, where
+	// Prometheus scrapes the agent's /metrics; the pod's annotations
+	// say so. 0: the agent serves metrics on its socket alone.
+	MetricsPort int
+	Mounts      []Mount
 }
 
 // Mount is a host directory the agent needs.
@@ -40,7 +44,7 @@ func DefaultAgentParams(image string) AgentParams {
 	return AgentParams{
 		Image: image, PullPolicy: "IfNotPresent", Mode: "vxlan", ClusterCIDR: "10.244.0.0/16",
 		StateDir: "/var/lib/weir", Socket: "/run/weir/agent.sock", PinDir: "/sys/fs/bpf/weir",
-		CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", HealthPort: 9879,
+		CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", HealthPort: 9879, MetricsPort: 9880,
 		Mounts: []Mount{
 			{Name: "state", Path: "/var/lib/weir"}, {Name: "run", Path: "/run/weir"},
 			{Name: "bpffs", Path: "/sys/fs/bpf", Propagation: "Bidirectional"},
@@ -56,6 +60,9 @@ func DefaultAgentParams(image string) AgentParams {
 func RenderAgent(p AgentParams) ([]byte, error) {
 	if p.HealthPort < 1 || p.HealthPort > 65535 {
 		return nil, fmt.Errorf("render weir-agent DaemonSet: health port %d: want 1-65535", p.HealthPort)
+	}
+	if p.MetricsPort < 0 || p.MetricsPort > 65535 || p.MetricsPort == p.HealthPort {
+		return nil, fmt.Errorf("render weir-agent DaemonSet: metrics port %d: want 1-65535 other than the health port, or 0 for none", p.MetricsPort)
 	}
 	t, err := template.ParseFS(Manifests, "weir-agent.yaml.tmpl")
 	if err != nil {

@@ -101,16 +101,23 @@ __always_inline_fn void ct_reverse(const struct ct_key *k, struct ct_key *r)
 	r->proto = k->proto;
 }
 
-/* policy_judge_end judges one local end of a flow and reports its verdict. */
+/*
+ * policy_judge_end judges one local end of a flow and reports its verdict;
+ * it returns VERDICT_*. A Log rule makes even a quiet re-check report.
+ */
 __always_inline_fn int policy_judge_end(const struct ct_key *flow, __u32 ifindex, __u8 dir, int report)
 {
 	struct verdict_event ev = {};
+	struct policy_verdict v;
 	__be32 peer = dir == POLICY_EGRESS ? flow->daddr : flow->saddr;
-	int ok;
 
-	ok = policy_check(ifindex, dir, peer, flow->proto, flow->dport, &ev.rule, &ev.peer_id);
-	if (ok && !report)
-		return 1;
+	policy_check(ifindex, dir, peer, flow->proto, flow->dport, &v, &ev.peer_id);
+	if (v.verdict == VERDICT_ALLOWED && !report && !v.log)
+		return VERDICT_ALLOWED;
+	ev.rule = v.rule;
+	ev.log = v.log;
+	ev.passed = v.passed;
+	ev.stage = v.stage;
 	ev.ts_ns = bpf_ktime_get_ns();
 	ev.ifindex = ifindex;
 	ev.saddr = flow->saddr;
@@ -119,36 +126,58 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, __u32 ifindex
 	ev.dport = flow->dport;
 	ev.proto = flow->proto;
 	ev.dir = dir;
-	ev.verdict = ok ? VERDICT_ALLOWED : VERDICT_DENIED;
+	ev.verdict = v.verdict;
 	event_emit(&ev);
-	return ok;
+	return v.verdict;
 }
 
 /*
- * policy_decide judges a flow (original direction) at its local ends.
- * report: emit allowed events too (a new connection, not a re-check).
+ * policy_decide judges a flow (original direction) at its local ends and
+ * returns VERDICT_*: the sender's egress first, then the receiver's
+ * ingress. report: emit allowed events too (a new connection, not a
+ * re-check).
  */
 __always_inline_fn int policy_decide(const struct ct_key *flow, int report)
 {
 	const struct endpoint_info *src = endpoint_lookup_v4(flow->saddr);
 	const struct endpoint_info *dst = endpoint_lookup_v4(flow->daddr);
+	int verdict;
 
-	if (src && !policy_judge_end(flow, src->ifindex, POLICY_EGRESS, report))
-		return 0;
-	if (dst && !policy_judge_end(flow, dst->ifindex, POLICY_INGRESS, report))
-		return 0;
-	return 1;
+	if (src) {
+		verdict = policy_judge_end(flow, src->ifindex, POLICY_EGRESS, report);
+		if (verdict != VERDICT_ALLOWED)
+			return verdict;
+	}
+	if (dst)
+		return policy_judge_end(flow, dst->ifindex, POLICY_INGRESS, report);
+	return VERDICT_ALLOWED;
+}
+
+/* ct_policy_v4's answer for a flow a Reject rule denies: the caller
+ * answers the sender (reject.h) or drops. Not a TC verdict. */
+#define CT_POLICY_REJECT 100
+
+/* ct_denied counts a denial and says how to end the packet. A reject is
+ * counted where it is answered, or dropped (reject.h). */
+__always_inline_fn int ct_denied(int verdict)
+{
+	if (verdict == VERDICT_REJECTED)
+		return CT_POLICY_REJECT;
+	metric_inc(METRIC_DROP_POLICY);
+	return TC_ACT_SHOT;
 }
 
 /*
  * ct_policy_v4 returns TC_ACT_OK to let the packet on, TC_ACT_SHOT when
- * policy denies its flow. ip must be a validated header at l3_off.
+ * policy denies its flow, CT_POLICY_REJECT when a Reject rule does. ip
+ * must be a validated header at l3_off.
  */
 __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off)
 {
 	struct ct_key key, rev_key, *orig = &key;
 	struct ct_entry *e, fresh = {};
 	__u32 rev = policy_revision();
+	int verdict;
 
 	if (ct_key_v4(skb, ip, l3_off, &key) < 0) {
 		metric_inc(METRIC_DROP_MALFORMED);
@@ -170,18 +199,17 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		 * (allowed verdicts quietly; a drop is reported). */
 		e->rev = rev;
 		e->last_ns = bpf_ktime_get_ns();
-		if (!policy_decide(orig, 0)) {
+		verdict = policy_decide(orig, 0);
+		if (verdict != VERDICT_ALLOWED) {
 			e->flags |= CT_DENIED;
-			metric_inc(METRIC_DROP_POLICY);
-			return TC_ACT_SHOT;
+			return ct_denied(verdict);
 		}
 		e->flags &= ~CT_DENIED;
 		return TC_ACT_OK;
 	}
-	if (!policy_decide(&key, 1)) {
-		metric_inc(METRIC_DROP_POLICY);
-		return TC_ACT_SHOT;
-	}
+	verdict = policy_decide(&key, 1);
+	if (verdict != VERDICT_ALLOWED)
+		return ct_denied(verdict);
 	fresh.rev = rev;
 	fresh.last_ns = bpf_ktime_get_ns();
 	if (bpf_map_update_elem(&weir_ct, &key, &fresh, BPF_ANY) < 0)

@@ -12,38 +12,54 @@
 
 #include "common.h"
 #include "metrics.h"
-
-#define VERDICT_ALLOWED 1
-#define VERDICT_DENIED 2
+#include "policy.h"
 
 struct verdict_event {
 	__u64 ts_ns;
 	__u32 ifindex;  /* the local endpoint the verdict is about */
 	__u32 peer_id;  /* the peer's label identity */
-	__u32 rule;     /* deciding RuleID; 0: no policy enforces */
+	__u32 rule;     /* deciding RuleID; 0: no rule decided (see stage) */
 	__be32 saddr;   /* the flow as its first packet had it */
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
 	__u8 dir;       /* POLICY_INGRESS / POLICY_EGRESS of ifindex */
-	__u8 verdict;   /* VERDICT_* */
-	__u8 pad;
+	__u8 verdict;   /* VERDICT_* (policy.h) */
+	__u8 stage;     /* STAGE_* (policy.h) */
+	__u32 log;      /* a Log rule the evaluation passed, 0: none */
+	__u32 passed;   /* the Pass rule that sent evaluation on, 0: none */
 };
 
 /* The ring buffer has no value type; this keeps the event's layout in BTF
  * for the Go reader's generated struct. */
 const struct verdict_event *unused_verdict_event __attribute__((unused));
 
+#define EVENTS_RING_SIZE (1 << 20)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, EVENTS_RING_SIZE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_events SEC(".maps");
 
+volatile const __u32 FLOW_EVENTS = 1;
+
+/*
+ * event_emit writes one event without waking the reader: the agent polls
+ * the ring every few tens of milliseconds, so a burst of new connections
+ * costs one wakeup, not one per connection. Once an eighth of the ring is
+ * waiting the reader is woken at once, long before events would be lost.
+ */
 __always_inline_fn void event_emit(const struct verdict_event *ev)
 {
-	if (bpf_ringbuf_output(&weir_events, (void *)ev, sizeof(*ev), 0) < 0)
+	__u64 flags = BPF_RB_NO_WAKEUP;
+
+	if (!FLOW_EVENTS)
+		return;
+	if (bpf_ringbuf_query(&weir_events, BPF_RB_AVAIL_DATA) > EVENTS_RING_SIZE / 8)
+		flags = BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&weir_events, (void *)ev, sizeof(*ev), flags) < 0)
 		metric_inc(METRIC_EVENT_LOST);
 }
 

@@ -27,6 +27,7 @@ enum weir_metric {
 	METRIC_EVENT_LOST,         /* a verdict event lost: ring buffer full */
 	METRIC_SOCK_LB,            /* a pod's socket sent to a Service backend (sock.c) */
 	METRIC_SOCK_LB_MISS,       /* a Service address left to kube-proxy: no backend slot */
+	METRIC_POLICY_REJECT,      /* denied by a Reject rule and answered (reject.h) */
 	METRIC_MAX,
 };
 

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * policy.h: per-endpoint policy, decided in constant time.
+ * policy.h: per-endpoint policy of every kind, decided in constant time.
  *
  * weir_ep_policy: hash, key __u32 (the endpoint's host-side ifindex), value
- * struct ep_policy. No entry, or a direction not enforced, allows all.
+ * struct ep_policy. No entry, or a direction with no flag, allows all.
  *
  * weir_policy: LPM trie, key struct policy_key, value struct policy_entry.
  * The key's bytes after prefixlen, in matching order:
@@ -11,11 +11,17 @@
  *   ifindex(4) dir(1) pad(3) identity(4) | proto(1) pad(1) | dport(2, big endian)
  *   \____________ always matched, 96 bits _/ \__ 16 bits __/ \__ 0..16 bits _/
  *
- * so an entry of prefixlen 96 allows every protocol, 112 one protocol on
+ * so an entry of prefixlen 96 covers every protocol, 112 one protocol on
  * every port, and 112+n the ports sharing the top n bits: a port range is a
- * handful of entries and a lookup never walks rules. Every entry allows;
- * a packet is allowed when its peer's label identity, its CIDR identity or
- * IDENTITY_ANY has a match (three lookups, whatever the rule count).
+ * handful of entries and a lookup never walks rules. An entry holds what
+ * decides its keys: a NetworkPolicy rule that allows, and per cluster
+ * policy tier the first rule in precedence (its rank) and the first Log
+ * rule. The compiler folds every shorter key into the longer ones, so the
+ * longest match alone is right. A packet looks up its peer's label
+ * identity, its CIDR identity and IDENTITY_ANY (three lookups, whatever the
+ * rule count) and policy_decide_entries combines them in the precedence order
+ * Admin tier -> NetworkPolicy -> Baseline tier -> allow, exactly as
+ * internal/policy.Decide does.
  */
 #ifndef WEIR_LIB_POLICY_H
 #define WEIR_LIB_POLICY_H
@@ -25,13 +31,37 @@
 #define POLICY_INGRESS 0
 #define POLICY_EGRESS 1
 
+/* ep_policy.enforce[dir] bits */
+#define POLICY_ENFORCE_NP 1    /* a NetworkPolicy selects the endpoint */
+#define POLICY_ENFORCE_TIERS 2 /* a cluster policy selects it */
+
 #define POLICY_KEY_FIXED_BITS 96
 #define POLICY_KEY_PROTO_BITS (POLICY_KEY_FIXED_BITS + 16)
 #define POLICY_KEY_FULL_BITS (POLICY_KEY_PROTO_BITS + 16)
 
+/* Tiers and actions, as internal/policy numbers them. */
+#define TIER_ADMIN 0
+#define TIER_BASELINE 1
+#define ACTION_NONE 0
+#define ACTION_ACCEPT 1
+#define ACTION_DENY 2
+#define ACTION_PASS 3
+#define ACTION_REJECT 4
+
+/* Verdicts and the stage that gave them (internal/policy Verdict, Stage). */
+#define VERDICT_ALLOWED 1
+#define VERDICT_DENIED 2
+#define VERDICT_REJECTED 3
+#define STAGE_UNENFORCED 0
+#define STAGE_ADMIN 1
+#define STAGE_NETWORKPOLICY 2
+#define STAGE_NP_DEFAULT_DENY 3
+#define STAGE_BASELINE 4
+#define STAGE_DEFAULT 5
+
 struct ep_policy {
 	__u32 identity;
-	__u8 enforce[2]; /* by POLICY_INGRESS / POLICY_EGRESS */
+	__u8 enforce[2]; /* by POLICY_INGRESS / POLICY_EGRESS: POLICY_ENFORCE_* */
 	__u8 pad[2];
 };
 
@@ -46,8 +76,28 @@ struct policy_key {
 	__be16 dport;
 };
 
+/* tier_match: a cluster policy rule; lower rank comes first. */
+struct tier_match {
+	__u32 rule;
+	__u32 rank;
+	__u8 action; /* ACTION_*; ACTION_NONE: no rule */
+	__u8 pad[3];
+};
+
 struct policy_entry {
-	__u32 rule; /* the compiler's RuleID, named in verdict events */
+	__u32 allow; /* NetworkPolicy RuleID that allows, 0: none */
+	struct tier_match tier[2]; /* by TIER_*: Accept, Deny, Reject or Pass */
+	struct tier_match log[2];  /* by TIER_*: Log rules */
+};
+
+/* policy_verdict is policy_decide_entries's answer (internal/policy.Decision). */
+struct policy_verdict {
+	__u32 rule;   /* deciding rule, 0 for none */
+	__u32 log;    /* first Log rule passed, 0 for none */
+	__u32 passed; /* the Pass rule that sent evaluation on, 0 for none */
+	__u8 verdict; /* VERDICT_* */
+	__u8 stage;   /* STAGE_* */
+	__u8 pad[2];
 };
 
 struct {
@@ -68,8 +118,9 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_policy SEC(".maps");
 
-/* policy_match looks one peer identity up; it returns the rule or 0. */
-__always_inline_fn __u32 policy_match(__u32 ifindex, __u8 dir, __u32 identity, __u8 proto, __be16 dport)
+/* policy_lookup finds the longest entry for one peer identity, or NULL. */
+__always_inline_fn const struct policy_entry *policy_lookup(__u32 ifindex, __u8 dir, __u32 identity, __u8 proto,
+							    __be16 dport)
 {
 	struct policy_key key = {
 		.prefixlen = POLICY_KEY_FULL_BITS,
@@ -79,33 +130,126 @@ __always_inline_fn __u32 policy_match(__u32 ifindex, __u8 dir, __u32 identity, _
 		.proto = proto,
 		.dport = dport,
 	};
-	struct policy_entry *e = bpf_map_lookup_elem(&weir_policy, &key);
 
-	return e ? (e->rule ? e->rule : 1) : 0;
+	return bpf_map_lookup_elem(&weir_policy, &key);
+}
+
+/* tier_before: a takes precedence over b (internal/policy Match.before). */
+__always_inline_fn int tier_before(const struct tier_match *a, const struct tier_match *b)
+{
+	return a->action != ACTION_NONE && (b->action == ACTION_NONE || a->rank < b->rank);
+}
+
+/* tier_best copies the first-in-precedence match of one tier (log: the
+ * Log slot) across the entries found into *best. */
+__always_inline_fn void tier_best(const struct policy_entry *e0, const struct policy_entry *e1,
+				  const struct policy_entry *e2, int tier, int log, struct tier_match *best)
+{
+	const struct policy_entry *found[3] = {e0, e1, e2};
+	int i;
+
+	__builtin_memset(best, 0, sizeof(*best));
+#pragma unroll
+	for (i = 0; i < 3; i++) {
+		const struct tier_match *m;
+
+		if (!found[i])
+			continue;
+		m = log ? &found[i]->log[tier & 1] : &found[i]->tier[tier & 1];
+		if (tier_before(m, best))
+			*best = *m;
+	}
+}
+
+/* tier_log is the tier's first Log rule if it comes before the decision. */
+__always_inline_fn __u32 tier_log(const struct policy_entry *e0, const struct policy_entry *e1,
+				  const struct policy_entry *e2, int tier, const struct tier_match *decision)
+{
+	struct tier_match log;
+
+	tier_best(e0, e1, e2, tier, 1, &log);
+	if (log.action != ACTION_NONE && (decision->action == ACTION_NONE || log.rank < decision->rank))
+		return log.rule;
+	return 0;
+}
+
+/* tier_decided fills v when m ends evaluation (Accept, Deny, Reject). */
+__always_inline_fn int tier_decided(const struct tier_match *m, __u8 stage, struct policy_verdict *v)
+{
+	switch (m->action) {
+	case ACTION_ACCEPT:
+		v->verdict = VERDICT_ALLOWED;
+		break;
+	case ACTION_DENY:
+		v->verdict = VERDICT_DENIED;
+		break;
+	case ACTION_REJECT:
+		v->verdict = VERDICT_REJECTED;
+		break;
+	case ACTION_PASS:
+		v->passed = m->rule;
+		return 0;
+	default:
+		return 0;
+	}
+	v->stage = stage;
+	v->rule = m->rule;
+	return 1;
+}
+
+/* policy_decide_entries combines the three entries in precedence order. */
+__always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_entry *e0,
+					      const struct policy_entry *e1, const struct policy_entry *e2,
+					      struct policy_verdict *v)
+{
+	struct tier_match m;
+
+	tier_best(e0, e1, e2, TIER_ADMIN, 0, &m);
+	v->log = tier_log(e0, e1, e2, TIER_ADMIN, &m);
+	if (tier_decided(&m, STAGE_ADMIN, v))
+		return;
+	if (flags & POLICY_ENFORCE_NP) {
+		v->rule = e0 && e0->allow ? e0->allow : e1 && e1->allow ? e1->allow : e2 && e2->allow ? e2->allow : 0;
+		v->verdict = v->rule ? VERDICT_ALLOWED : VERDICT_DENIED;
+		v->stage = v->rule ? STAGE_NETWORKPOLICY : STAGE_NP_DEFAULT_DENY;
+		return;
+	}
+	tier_best(e0, e1, e2, TIER_BASELINE, 0, &m);
+	if (!v->log)
+		v->log = tier_log(e0, e1, e2, TIER_BASELINE, &m);
+	if (tier_decided(&m, STAGE_BASELINE, v))
+		return;
+	v->verdict = VERDICT_ALLOWED;
+	v->stage = STAGE_DEFAULT;
 }
 
 /*
- * policy_check decides one direction of one local endpoint. It returns 1
- * to allow; *rule is the deciding rule (0 when no policy enforces) and
- * *peer_id the peer's label identity, for the verdict event.
+ * policy_check decides one direction of one local endpoint into *v;
+ * *peer_id is the peer's label identity, for the verdict event.
  */
-__always_inline_fn int policy_check(__u32 ifindex, __u8 dir, __be32 peer, __u8 proto, __be16 dport,
-				    __u32 *rule, __u32 *peer_id)
+__always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, __u8 proto, __be16 dport,
+				     struct policy_verdict *v, __u32 *peer_id)
 {
 	struct ep_policy *ep = bpf_map_lookup_elem(&weir_ep_policy, &ifindex);
+	const struct policy_entry *by_label, *by_cidr = NULL, *any;
 	__u32 label, cidr;
+	__u8 flags;
 
+	__builtin_memset(v, 0, sizeof(*v));
+	v->verdict = VERDICT_ALLOWED;
+	v->stage = STAGE_UNENFORCED;
 	peer_identities_v4(peer, &label, &cidr);
 	*peer_id = label;
-	*rule = 0;
-	if (!ep || !ep->enforce[dir & 1])
-		return 1;
-	*rule = policy_match(ifindex, dir, label, proto, dport);
-	if (!*rule && cidr != label)
-		*rule = policy_match(ifindex, dir, cidr, proto, dport);
-	if (!*rule)
-		*rule = policy_match(ifindex, dir, IDENTITY_ANY, proto, dport);
-	return *rule != 0;
+	if (!ep)
+		return;
+	flags = ep->enforce[dir & 1];
+	if (!flags)
+		return;
+	by_label = policy_lookup(ifindex, dir, label, proto, dport);
+	if (cidr != label)
+		by_cidr = policy_lookup(ifindex, dir, cidr, proto, dport);
+	any = policy_lookup(ifindex, dir, IDENTITY_ANY, proto, dport);
+	policy_decide_entries(flags, by_label, by_cidr, any, v);
 }
 
 #endif /* WEIR_LIB_POLICY_H */

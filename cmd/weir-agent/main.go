@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -18,15 +20,18 @@ import (
 	"github.com/weirnet/weir/internal/agent"
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/flowstore"
 )
 
 // flags are the command line, kept as strings until validated together.
 type flags struct {
 	node, mode, underlay, nodeIP, podCIDR, clusterCIDR string
 	stateDir, pinDir, socket, peersFile, healthAddr    string
-	kubeconfig, cniConfDir                             string
-	kubernetes                                         bool
+	metricsAddr                                        string
+	kubeconfig, cniConfDir, flowDir                    string
+	kubernetes, flowEvents                             bool
 	vni                                                uint32
+	flowMaxBytes                                       int64
 }
 
 func main() {
@@ -68,10 +73,14 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "bpffs directory for this node's maps and links")
 	fl.StringVar(&f.socket, "socket", api.DefaultSocket, "unix socket of the local API")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "TCP host:port answering GET "+api.PathHealth+" for the kubelet's probes, e.g. 127.0.0.1:9879 (empty: none)")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "TCP host:port serving Prometheus metrics on "+agent.PathMetrics+", e.g. :9880 for every address (empty: only the --socket serves them)")
 	fl.StringVar(&f.peersFile, "peers-file", "", "JSON list of other nodes ({name,nodeIP,podCIDR}) to program at start")
 	fl.BoolVar(&f.kubernetes, "kubernetes", false, "run as a Kubernetes node agent: node, peers and pods come from the API server")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig to reach the API server (--kubernetes; empty: the pod's service account)")
 	fl.StringVar(&f.cniConfDir, "cni-conf-dir", "", "directory to write the CNI config into once the agent is ready (--kubernetes), e.g. /etc/cni/net.d")
+	fl.StringVar(&f.flowDir, "flow-dir", "", "directory keeping this node's flows across restarts (empty: <state-dir>/flows, /var/lib/weir/flows by default)")
+	fl.Int64Var(&f.flowMaxBytes, "flow-max-bytes", flowstore.DefaultMaxBytes, "bytes of flows --flow-dir keeps; the oldest are dropped first")
+	fl.BoolVar(&f.flowEvents, "flow-events", true, "record a flow for every verdict (false: the datapath emits no verdict events, for measuring their cost)")
 	return cmd
 }
 
@@ -101,6 +110,14 @@ func (f flags) config() (agent.Config, error) {
 			return agent.Config{}, fmt.Errorf("--health-addr %q: want an address and port such as 127.0.0.1:9879: %w", f.healthAddr, err)
 		}
 	}
+	if f.metricsAddr != "" {
+		if err := checkListenAddr(f.metricsAddr); err != nil {
+			return agent.Config{}, fmt.Errorf("--metrics-addr %q: want [address]:port such as :9880 or 127.0.0.1:9880: %w", f.metricsAddr, err)
+		}
+	}
+	if f.flowMaxBytes <= 0 {
+		return agent.Config{}, fmt.Errorf("--flow-max-bytes %d: want a positive number of bytes, such as %d (64 MiB)", f.flowMaxBytes, flowstore.DefaultMaxBytes)
+	}
 	clusterCIDR, err := netip.ParsePrefix(f.clusterCIDR)
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--cluster-cidr %q: want a CIDR: %w", f.clusterCIDR, err)
@@ -108,7 +125,8 @@ func (f flags) config() (agent.Config, error) {
 	cfg := agent.Config{
 		NodeName: f.node, Mode: mode, VNI: f.vni, UnderlayDev: f.underlay, NodeIP: nodeIP,
 		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket, HealthAddr: f.healthAddr,
-		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir,
+		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir, MetricsAddr: f.metricsAddr,
+		FlowDir: f.flowDir, FlowMaxBytes: f.flowMaxBytes, NoFlowEvents: !f.flowEvents,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)
@@ -120,6 +138,24 @@ func (f flags) config() (agent.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// checkListenAddr accepts a TCP port with an IP address or none (every
+// address).
+func checkListenAddr(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("port %q: want 1-65535", port)
+	}
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // newHealthCommand is the DaemonSet's probe: exit 0 when the agent on

@@ -36,7 +36,11 @@ type Config struct {
 	// check, so the kubelet can probe the agent without exec'ing a
 	// process into its container every period. Empty: none.
 	HealthAddr string
-	Peers      []api.Peer
+	// MetricsAddr is a TCP address (host:port, the host may be empty for
+	// every address) serving the Prometheus metrics alone, for scrapes
+	// from off the node. Empty: only the socket serves them.
+	MetricsAddr string
+	Peers       []api.Peer
 
 	// Kubernetes makes the agent a Kubernetes node agent: the pod CIDR,
 	// node address and peers come from the API server (Kubeconfig, or the
@@ -47,6 +51,14 @@ type Config struct {
 	// can serve ADDs, so the runtime (and so the Node) turns ready only
 	// when Weir is. Empty: the agent writes none.
 	CNIConfDir string
+	// FlowDir is where the node's flows are kept, aggregated, across
+	// restarts; FlowMaxBytes bounds it, the oldest dropped first. Empty
+	// and zero: StateDir/flows and 64 MiB.
+	FlowDir      string
+	FlowMaxBytes int64
+	// NoFlowEvents loads the datapath without verdict events: no flows
+	// are recorded. For measuring what flows cost; on by default.
+	NoFlowEvents bool
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -54,17 +66,21 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 	return datapath.NodeConfig{
 		Name: c.NodeName, Mode: c.Mode, VNI: c.VNI, UnderlayDev: c.UnderlayDev,
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
+		NoFlowEvents: c.NoFlowEvents,
 	}
 }
 
 // Agent owns one node's leases and datapath.
 type Agent struct {
-	cfg   Config
-	log   *slog.Logger
-	dp    Datapath
-	ipam  *ipam.Allocator
-	mu    sync.Mutex // serialises every change to leases and datapath
-	peers []api.Peer
+	cfg  Config
+	log  *slog.Logger
+	dp   Datapath
+	ipam *ipam.Allocator
+	mu   sync.Mutex // serialises every change to leases and datapath
+	// recordMu serialises recordEventBatch (the ticker, a follower's
+	// subscription and Close all record the batch).
+	recordMu sync.Mutex
+	peers    []api.Peer
 	// pods is this node's pods as the API server describes them, by
 	// namespace/name (Kubernetes mode only).
 	pods     map[string]k8s.Pod
@@ -79,19 +95,30 @@ type Agent struct {
 	// snapshot, if set (Kubernetes mode), reads the cluster state a new
 	// endpoint's policy is compiled from before its ADD returns.
 	snapshot func() (k8s.Snapshot, bool)
-	// flows holds recent verdicts; flowNames explains them.
+	// flows keeps the node's verdicts; flowNames explains them.
 	flows     *flowLog
 	flowNames atomic.Pointer[flowNames]
+	metrics   *metrics
 }
 
 // New builds an agent over an already set-up datapath, adopting the
 // endpoints a previous run left and sweeping anything orphaned.
-func New(cfg Config, dp Datapath, log *slog.Logger) (*Agent, error) {
+func New(cfg Config, dp Datapath, log *slog.Logger) (_ *Agent, retErr error) {
 	alloc, err := ipam.Open(filepath.Join(cfg.StateDir, "ipam.json"), cfg.PodCIDR)
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc, flows: newFlowLog()}
+	flows, err := openFlowLog(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			flows.close()
+		}
+	}()
+	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc, flows: flows}
+	a.metrics = newMetrics(dp, flows, log)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.adoptLocked(); err != nil {
@@ -101,6 +128,17 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// Close writes the flows held in memory to the flow store and closes it,
+// logging a failure too, since Run's deferred call cannot return it. The
+// datapath is the caller's: it keeps forwarding.
+func (a *Agent) Close() error {
+	err := a.flows.close()
+	if err != nil {
+		a.log.Warn("close flow store: flows lost", "err", err)
+	}
+	return err
 }
 
 // Run sets up the node's datapath and serves the local API until ctx ends.
@@ -114,6 +152,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer node.Close()
+	defer a.Close()
 	if err := a.readFlows(ctx, node); err != nil {
 		return err
 	}
@@ -179,11 +218,23 @@ func (a *Agent) ServeOn(ctx context.Context, ln net.Listener) error {
 		servers = append(servers, &http.Server{Handler: a.HealthHandler(), ReadHeaderTimeout: 5 * time.Second})
 		listeners = append(listeners, hl)
 	}
+	if a.cfg.MetricsAddr != "" {
+		ml, err := net.Listen("tcp", a.cfg.MetricsAddr)
+		if err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			return fmt.Errorf("metrics address %s (--metrics-addr): %w", a.cfg.MetricsAddr, err)
+		}
+		servers = append(servers, &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second})
+		listeners = append(listeners, ml)
+	}
+	go a.metrics.maps.run(ctx)
 	done := make(chan error, len(servers))
 	for i, srv := range servers {
 		go func() { done <- srv.Serve(listeners[i]) }()
 	}
-	a.log.Info("agent ready", "node", a.cfg.NodeName, "socket", a.cfg.Socket, "health", a.cfg.HealthAddr, "mode", a.cfg.Mode, "podCIDR", a.cfg.PodCIDR, "mtu", a.dp.PodMTU())
+	a.log.Info("agent ready", "node", a.cfg.NodeName, "socket", a.cfg.Socket, "health", a.cfg.HealthAddr, "metrics", a.cfg.MetricsAddr, "mode", a.cfg.Mode, "podCIDR", a.cfg.PodCIDR, "mtu", a.dp.PodMTU())
 	shutdown := func() error {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -254,5 +305,35 @@ func (a *Agent) Status() (*api.Status, error) {
 	if s.Counters, err = a.dp.Metrics(); err != nil {
 		return nil, err
 	}
+	if s.Counters == nil {
+		s.Counters = map[string]uint64{}
+	}
+	a.flows.addCounters(s.Counters)
+	s.Policy = a.policyStatusLocked()
 	return s, nil
+}
+
+// policyStatusLocked summarises the loaded policy for `weir status`.
+func (a *Agent) policyStatusLocked() *api.PolicyStatus {
+	st := &a.policy
+	out := &api.PolicyStatus{Loaded: st.applied, Error: st.lastErr, Maps: map[string]api.MapFill{}}
+	if res := st.loaded; res != nil {
+		out.Endpoints, out.Rules = len(res.Endpoints), len(res.Rules)
+		for _, ep := range res.Endpoints {
+			out.Entries += len(ep.Entries)
+		}
+		for _, err := range res.Errors {
+			out.CompileErrors = append(out.CompileErrors, err.Error())
+		}
+	}
+	if len(st.acks) > 0 {
+		out.ClusterPolicies = map[string]int64{}
+		for ref, ack := range st.acks {
+			out.ClusterPolicies[ref] = ack.Generation
+		}
+	}
+	for name, u := range a.metrics.maps.current(mapCountEvery) {
+		out.Maps[name] = api.MapFill{Entries: u.entries, Capacity: u.capacity}
+	}
+	return out
 }

@@ -4,47 +4,88 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/flowstore"
 	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/policy"
 )
 
-// flowLogSize is how many recent flows an agent keeps in memory.
-const flowLogSize = 4096
+// flowHistory is how many of the newest records a request for a node's
+// flows gets (before any followed ones); the store holds far more.
+const flowHistory = 4096
 
 // followerBuffer is how far a follower may fall behind before it misses
 // flows; a slow reader never holds the datapath's reader up.
 const followerBuffer = 1024
 
-// flowLog keeps a node's recent flows and hands new ones to followers.
+// flowLog keeps a node's flows, aggregated, in its store on disk and
+// hands each new one to followers as it happens.
 type flowLog struct {
+	store     *flowstore.Store
 	mu        sync.Mutex
-	ring      []api.Flow
-	next      int
 	followers map[chan api.Flow]struct{}
+	following atomic.Int32  // len(followers), read without the lock
 	missed    atomic.Uint64 // flows a follower was too slow for
+	// batch holds the datapath's events until the next drain names
+	// them; drained (a recordBatch) every eventBatchEvery and on close.
+	batch       *eventBatch
+	recordBatch func()
 }
 
-func newFlowLog() *flowLog {
-	return &flowLog{ring: make([]api.Flow, 0, flowLogSize), followers: map[chan api.Flow]struct{}{}}
+func newFlowLog(store *flowstore.Store) *flowLog {
+	return &flowLog{store: store, followers: map[chan api.Flow]struct{}{}, batch: newEventBatch()}
 }
 
+// openFlowLog opens the node's flow store: cfg.FlowDir, or the flows
+// directory of cfg.StateDir, which survives a restart of the agent.
+func openFlowLog(cfg Config, log *slog.Logger) (*flowLog, error) {
+	dir := cfg.FlowDir
+	if dir == "" {
+		dir = filepath.Join(cfg.StateDir, "flows")
+	}
+	store, err := flowstore.Open(dir, flowstore.Options{
+		MaxBytes: cfg.FlowMaxBytes,
+		OnError:  func(err error) { log.Warn("flows lost", "err", err) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newFlowLog(store), nil
+}
+
+// close writes the flows held in memory to the store and closes it.
+// close records the batched events and closes the store.
+func (l *flowLog) close() error {
+	l.mu.Lock()
+	record := l.recordBatch
+	l.mu.Unlock()
+	if record != nil {
+		record()
+	}
+	return l.store.Close()
+}
+
+// add stores a flow (a record of Count flows, or one) and sends it to the
+// followers.
 func (l *flowLog) add(f api.Flow) {
+	l.store.Add(f)
+	l.send(f)
+}
+
+// send hands f to every follower that keeps up.
+func (l *flowLog) send(f api.Flow) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.ring) < cap(l.ring) {
-		l.ring = append(l.ring, f)
-	} else {
-		l.ring[l.next] = f
-		l.next = (l.next + 1) % len(l.ring)
-	}
 	for ch := range l.followers {
 		select {
 		case ch <- f:
@@ -54,29 +95,49 @@ func (l *flowLog) add(f api.Flow) {
 	}
 }
 
-// recent returns the flows held, oldest first.
-func (l *flowLog) recent() []api.Flow {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]api.Flow, 0, len(l.ring))
-	out = append(out, l.ring[l.next:]...)
-	return append(out, l.ring[:l.next]...)
+// recent returns the newest records, oldest first.
+func (l *flowLog) recent() ([]api.Flow, error) {
+	return l.store.Query(flowstore.Query{Limit: flowHistory})
 }
 
-// follow returns the flows held and a channel of every later one, in one
-// step so none falls between them; cancel ends the subscription.
-func (l *flowLog) follow() ([]api.Flow, <-chan api.Flow, func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// follow returns the newest records and a channel of every later flow;
+// cancel ends the subscription. It subscribes, then records the batched
+// events, then reads the store, so no flow falls between the two, though
+// one added meanwhile may be in both: counted in a record and sent on its
+// own.
+func (l *flowLog) follow() ([]api.Flow, <-chan api.Flow, func(), error) {
 	ch := make(chan api.Flow, followerBuffer)
+	l.mu.Lock()
 	l.followers[ch] = struct{}{}
-	held := make([]api.Flow, 0, len(l.ring))
-	held = append(append(held, l.ring[l.next:]...), l.ring[:l.next]...)
-	return held, ch, func() {
+	l.following.Store(int32(len(l.followers)))
+	record := l.recordBatch
+	l.mu.Unlock()
+	cancel := func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		delete(l.followers, ch)
+		l.following.Store(int32(len(l.followers)))
 	}
+	if record != nil {
+		record()
+	}
+	held, err := l.recent()
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return held, ch, cancel, nil
+}
+
+// addCounters adds the flow store's sizes and counters to a status's.
+func (l *flowLog) addCounters(counters map[string]uint64) {
+	st := l.store.Stats()
+	counters["flows_stored_bytes"] = uint64(st.Bytes)
+	counters["flows_written"] = st.Flows
+	counters["flows_dropped_segments"] = st.DroppedSegments
+	counters["flows_torn_lines"] = st.TornLines
+	counters["flows_write_errors"] = st.WriteErrors
+	counters["flows_missed_by_followers"] = l.missed.Load()
 }
 
 // flowNames are the names a verdict event is explained with, rebuilt after
@@ -133,20 +194,46 @@ func (n *flowNames) explain(node string, ev datapath.VerdictEvent) api.Flow {
 		}
 		f.PeerLabels = n.labels[ev.Peer]
 	}
-	switch ev.Verdict {
-	case datapath.VerdictAllowed:
-		f.Verdict = "allowed"
-		f.Rule = "no policy selects the pod for " + f.Direction
-		if ev.Rule != 0 {
-			f.Rule = ruleName(n, ev.Rule)
-		}
-	case datapath.VerdictDenied:
-		f.Verdict = "denied"
-		f.Rule = "default deny: policies select the pod for " + f.Direction + " and no rule allows this peer and port"
-	default:
-		f.Verdict = "verdict " + strconv.Itoa(int(ev.Verdict))
-	}
+	f.Verdict = ev.Verdict.String()
+	f.Stage = ev.Stage.String()
+	f.Rule = n.why(ev, f.Direction)
+	f.Decider = n.flowRule(ev.Rule)
+	f.LoggedBy = n.flowRule(ev.Log)
+	f.PassedBy = n.flowRule(ev.Passed)
 	return f
+}
+
+// why says in words what decided a verdict.
+func (n *flowNames) why(ev datapath.VerdictEvent, dir string) string {
+	switch ev.Stage {
+	case policy.StageUnenforced:
+		return "no policy selects the pod for " + dir
+	case policy.StageNetworkPolicyDefaultDeny:
+		return "default deny: network policies select the pod for " + dir + " and no rule allows this peer and port"
+	case policy.StageDefault:
+		if ev.Passed != 0 {
+			return "passed by " + ruleName(n, ev.Passed) + "; no later rule decided: allowed"
+		}
+		return "cluster policies select the pod for " + dir + " and none matches: allowed"
+	}
+	return ruleName(n, ev.Rule)
+}
+
+// flowRule names a rule for a flow record, nil for none.
+func (n *flowNames) flowRule(id policy.RuleID) *api.FlowRule {
+	if id == 0 || n == nil {
+		return nil
+	}
+	ref, ok := n.rules[id]
+	if !ok || ref.Name == "" {
+		return nil
+	}
+	out := &api.FlowRule{Kind: ref.Kind, Namespace: ref.Namespace, Name: ref.Name,
+		Direction: ref.Direction.String(), Index: ref.Index, RuleName: ref.RuleName}
+	if ref.Cluster() {
+		out.Tier, out.Priority, out.Action = ref.Tier.String(), ref.Priority, ref.Action.String()
+	}
+	return out
 }
 
 func ruleName(n *flowNames, id policy.RuleID) string {
@@ -185,6 +272,22 @@ func (a *Agent) readFlows(ctx context.Context, node *datapath.Node) error {
 		<-ctx.Done()
 		rd.Close()
 	}()
+	a.flows.mu.Lock()
+	a.flows.recordBatch = a.recordEventBatch
+	a.flows.mu.Unlock()
+	go func() {
+		t := time.NewTicker(eventBatchEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				a.recordEventBatch()
+				return
+			case <-t.C:
+				a.recordEventBatch()
+			}
+		}
+	}()
 	go func() {
 		for {
 			ev, err := rd.Read()
@@ -195,31 +298,60 @@ func (a *Agent) readFlows(ctx context.Context, node *datapath.Node) error {
 				a.log.Warn("verdict event", "err", err)
 				continue
 			}
-			a.flows.add(a.flowNames.Load().explain(a.cfg.NodeName, ev))
+			a.flows.batch.add(ev)
+			if a.flows.following.Load() > 0 {
+				// Followers see every event as it happens.
+				a.flows.send(a.flowNames.Load().explain(a.cfg.NodeName, ev))
+			}
 		}
 	}()
 	return nil
 }
 
-// serveFlows answers GET /v1/flows: the flows held, as JSON lines, and
-// with ?follow=1 every new one until the client goes away.
+// recordEventBatch names the batched events, one record per key with its
+// count, counts them in the metrics and stores them.
+func (a *Agent) recordEventBatch() {
+	a.recordMu.Lock()
+	defer a.recordMu.Unlock()
+	names := a.flowNames.Load()
+	for _, agg := range a.flows.batch.drain() {
+		f := names.explain(a.cfg.NodeName, agg.first)
+		f.Count, f.LastTime = agg.count, agg.last
+		a.metrics.observeFlows(f, agg.count)
+		a.flows.store.Add(f)
+	}
+}
+
+// serveFlows answers GET /v1/flows: the newest records of the flow store,
+// as JSON lines, and with ?follow=1 every new flow, one by one, until the
+// client goes away.
 func (a *Agent) serveFlows(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	enc := newLineEncoder(w)
+	var (
+		held []api.Flow
+		ch   <-chan api.Flow // nil unless following
+		err  error
+	)
 	if r.URL.Query().Get("follow") == "" {
-		for _, f := range a.flows.recent() {
-			if enc.encode(f) != nil {
-				return
-			}
+		held, err = a.flows.recent()
+	} else {
+		var cancel func()
+		if held, ch, cancel, err = a.flows.follow(); err == nil {
+			defer cancel()
 		}
+	}
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeIOFailure, "read flows", err))
 		return
 	}
-	held, ch, cancel := a.flows.follow()
-	defer cancel()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := newLineEncoder(w)
 	for _, f := range held {
 		if enc.encode(f) != nil {
 			return
 		}
+	}
+	if ch == nil {
+		return
 	}
 	enc.flush()
 	for {

@@ -8,26 +8,61 @@ import (
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/flowstore"
 	"github.com/weirnet/weir/internal/policy"
 )
 
+// openTestFlowLog opens a flow log on dir whose window is written only
+// when the log closes.
+func openTestFlowLog(t *testing.T, dir string) *flowLog {
+	t.Helper()
+	store, err := flowstore.Open(dir, flowstore.Options{Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newFlowLog(store)
+	t.Cleanup(func() { l.close() })
+	return l
+}
+
 func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
-	l := newFlowLog()
-	for i := 0; i < flowLogSize+10; i++ {
-		l.add(api.Flow{Src: string(rune('a' + i%26)), PeerIdentity: uint32(i)})
+	dir := t.TempDir()
+	l := openTestFlowLog(t, dir)
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i := 0; i < flowHistory+10; i++ {
+		l.add(api.Flow{Time: t0.Add(time.Duration(i) * time.Millisecond), Src: "10.244.1.2:40000", PeerIdentity: uint32(i)})
 	}
-	got := l.recent()
-	if len(got) != flowLogSize || got[0].PeerIdentity != 10 || got[len(got)-1].PeerIdentity != flowLogSize+9 {
-		t.Fatalf("recent: %d flows from %d to %d, want %d from 10", len(got), got[0].PeerIdentity, got[len(got)-1].PeerIdentity, flowLogSize)
+	// The same peer again, from another port: counted, not kept apart.
+	l.add(api.Flow{Time: t0.Add(time.Hour), Src: "10.244.1.2:40001", PeerIdentity: flowHistory + 9})
+	newest := func(context string) []api.Flow {
+		t.Helper()
+		got, err := l.recent()
+		if err != nil {
+			t.Fatalf("%s: %v", context, err)
+		}
+		last := got[len(got)-1]
+		if len(got) != flowHistory || got[0].PeerIdentity != 10 || last.PeerIdentity != flowHistory+9 || last.Count != 2 || last.Src != "10.244.1.2" {
+			t.Fatalf("%s: %d records from %d to %+v, want %d from 10 to %d counted twice", context, len(got), got[0].PeerIdentity, last, flowHistory, flowHistory+9)
+		}
+		return got
 	}
-	held, ch, cancel := l.follow()
-	if len(held) != flowLogSize {
-		t.Fatalf("follow held %d", len(held))
+	newest("recent")
+	if err := l.close(); err != nil {
+		t.Fatal(err)
 	}
-	l.add(api.Flow{PeerIdentity: 99999})
+	// The records outlive the agent.
+	l = openTestFlowLog(t, dir)
+	newest("after a restart")
+
+	held, ch, cancel, err := l.follow()
+	if err != nil || len(held) != flowHistory {
+		t.Fatalf("follow held %d (%v)", len(held), err)
+	}
+	l.add(api.Flow{Src: "10.244.1.2:40002", PeerIdentity: 99999})
 	select {
 	case f := <-ch:
-		if f.PeerIdentity != 99999 {
+		// Followers get each flow as it happens, port and all.
+		if f.PeerIdentity != 99999 || f.Src != "10.244.1.2:40002" || f.Count != 0 {
 			t.Fatalf("followed %+v", f)
 		}
 	case <-time.After(time.Second):
@@ -35,7 +70,10 @@ func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
 	}
 	cancel()
 	// A follower that never reads loses flows; the log does not block.
-	_, _, cancel = l.follow()
+	_, _, cancel, err = l.follow()
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer cancel()
 	for i := 0; i < followerBuffer+5; i++ {
 		l.add(api.Flow{})
@@ -51,20 +89,39 @@ func TestFlowNamesExplainVerdicts(t *testing.T) {
 		pods:   map[int]string{7: "demo/frontend"},
 		byIP:   map[netip.Addr]string{b: "demo/backend"},
 		labels: map[policy.Identity][]string{300: {"k8s:app=backend"}},
-		rules:  map[policy.RuleID]policy.RuleRef{5: {Namespace: "demo", Name: "allow-web", Direction: policy.Egress, Index: 0}},
+		rules: map[policy.RuleID]policy.RuleRef{
+			5: {Kind: policy.KindNetworkPolicy, Namespace: "demo", Name: "allow-web", Direction: policy.Egress, Index: 0},
+			6: {Kind: policy.KindWeirClusterNetworkPolicy, Name: "guard", Direction: policy.Egress, Index: 2,
+				Tier: policy.TierAdmin, Priority: 10, Action: policy.ActionReject, RuleName: "no-db"},
+			7: {Kind: policy.KindClusterNetworkPolicy, Name: "audit", Direction: policy.Egress, Index: 0,
+				Tier: policy.TierAdmin, Priority: 1, Action: policy.ActionLog},
+		},
 	}
-	ev := datapath.VerdictEvent{Ifindex: 7, Direction: policy.Egress, Verdict: datapath.VerdictAllowed, Peer: 300, Rule: 5,
+	ev := datapath.VerdictEvent{Ifindex: 7, Direction: policy.Egress, Verdict: policy.VerdictAllow,
+		Stage: policy.StageNetworkPolicy, Peer: 300, Rule: 5,
 		Src: netip.AddrPortFrom(a, 40000), Dst: netip.AddrPortFrom(b, 80), Proto: 6}
 	f := n.explain("n1", ev)
 	if f.Pod != "demo/frontend" || f.Peer != "demo/backend" || f.Verdict != "allowed" || f.Proto != "TCP" ||
 		f.Rule != "networkpolicy demo/allow-web egress[0]" || len(f.PeerLabels) != 1 {
 		t.Fatalf("allowed flow explained as %+v", f)
 	}
-	ev.Verdict, ev.Rule = datapath.VerdictDenied, 0
-	if f = n.explain("n1", ev); f.Verdict != "denied" || !strings.Contains(f.Rule, "default deny") {
+	if f.Decider == nil || f.Decider.Kind != policy.KindNetworkPolicy || f.Decider.Namespace != "demo" || f.Stage != "networkpolicy" {
+		t.Fatalf("allowed flow names its rule as %+v (stage %q)", f.Decider, f.Stage)
+	}
+	ev.Verdict, ev.Stage, ev.Rule = policy.VerdictDeny, policy.StageNetworkPolicyDefaultDeny, 0
+	if f = n.explain("n1", ev); f.Verdict != "denied" || !strings.Contains(f.Rule, "default deny") || f.Decider != nil {
 		t.Fatalf("denied flow explained as %+v", f)
 	}
-	ev.Verdict, ev.Direction, ev.Ifindex = datapath.VerdictAllowed, policy.Ingress, 8
+	ev.Verdict, ev.Stage, ev.Rule, ev.Log = policy.VerdictReject, policy.StageAdmin, 6, 7
+	f = n.explain("n1", ev)
+	want := api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "guard", Tier: "Admin", Priority: 10,
+		Direction: "egress", Index: 2, RuleName: "no-db", Action: "Reject"}
+	if f.Verdict != "rejected" || f.Stage != "admin" || f.Decider == nil || *f.Decider != want ||
+		f.LoggedBy == nil || f.LoggedBy.Name != "audit" || f.LoggedBy.Action != "Log" {
+		t.Fatalf("rejected flow explained as %+v, decider %+v, logged by %+v", f, f.Decider, f.LoggedBy)
+	}
+	ev.Verdict, ev.Stage, ev.Rule, ev.Log = policy.VerdictAllow, policy.StageUnenforced, 0, 0
+	ev.Direction, ev.Ifindex = policy.Ingress, 8
 	if f = n.explain("n1", ev); f.Pod != "ifindex 8" || f.Peer != a.String() || !strings.Contains(f.Rule, "no policy selects") {
 		t.Fatalf("unknown endpoint explained as %+v", f)
 	}

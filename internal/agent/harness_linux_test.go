@@ -53,7 +53,8 @@ func newTestNode(t *testing.T, podCIDR string) *testNode {
 		NodeIP: netip.MustParseAddr("10.99.0.11"), PodCIDR: netip.MustParsePrefix(podCIDR),
 		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
 		StateDir:    t.TempDir(), PinDir: testutil.BPFDir(t),
-		Socket: filepath.Join(t.TempDir(), "agent.sock"),
+		Socket:  filepath.Join(t.TempDir(), "agent.sock"),
+		FlowDir: t.TempDir(), // kept across a test's restarts, as on a node
 	}
 	n := &testNode{t: t, cfg: cfg, nodeNS: nodeNS}
 	n.start(nil)
@@ -83,8 +84,12 @@ func (n *testNode) start(wrap func(Datapath) Datapath) {
 	n.agent = a
 }
 
-// stop drops the agent's handles, as a process exit would.
+// stop drops the agent's handles, as a process exit would, and closes
+// its flow store, which the next start opens again.
 func (n *testNode) stop() {
+	if n.agent != nil {
+		n.agent.Close()
+	}
 	if n.dp != nil {
 		n.dp.Close()
 		n.dp = nil

@@ -101,6 +101,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer node.Close()
+	defer a.Close()
 	if err := a.readFlows(ctx, node); err != nil {
 		return err
 	}
@@ -121,6 +122,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	a.identities = newIdentityWork(clients)
 	a.mu.Lock()
 	a.onEndpoint = w.Poke
+	a.policy.acked = make(chan struct{}, 1)
 	a.snapshot = func() (k8s.Snapshot, bool) {
 		if !w.Synced() {
 			return k8s.Snapshot{}, false // nothing to compile from yet: stays isolated
@@ -128,6 +130,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return w.Snapshot(), true
 	}
 	a.mu.Unlock()
+	defer a.startPolicyStatus(ctx, w, clients.Dynamic)()
 	return a.follow(ctx, client, w, served)
 }
 
@@ -189,11 +192,29 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 	gc := time.NewTicker(identityGCEvery)
 	defer gc.Stop()
 	var collecting atomic.Bool
+	// A change to what the datapath enforces of the cluster policies is
+	// reported reportAckAfter later, with those that follow it.
+	var ackReport <-chan time.Time
 	// learnNode may have consumed the informers' first events; ask for a
 	// delivery once they have listed everything.
 	go func() {
-		if w.WaitSynced(ctx) == nil {
-			w.Poke()
+		// A missing CRD stops the sync until it is applied; say why
+		// while waiting, as the informers keep retrying.
+		for {
+			err := w.WaitSynced(ctx)
+			if err == nil {
+				w.Poke()
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Error("cluster state not synced; waiting", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
 		}
 	}()
 	r.start()
@@ -207,6 +228,13 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 			r.start()
 		case ok := <-r.done:
 			r.finished(ok)
+		case <-a.policy.acked:
+			if ackReport == nil {
+				ackReport = time.After(reportAckAfter)
+			}
+		case <-ackReport:
+			ackReport = nil
+			r.start()
 		case <-gc.C:
 			if w.Synced() && collecting.CompareAndSwap(false, true) {
 				bg.Add(1)
@@ -344,6 +372,7 @@ func (a *Agent) report(ctx context.Context, client kubernetes.Interface) bool {
 	st := k8s.AgentState{
 		Ready: true, Mode: string(a.cfg.Mode), PodCIDR: a.cfg.PodCIDR.String(),
 		Endpoints: len(a.ipam.List()), Peers: len(a.peers), Updated: time.Now().UTC().Truncate(time.Second),
+		ClusterPolicies: a.policy.acks,
 	}
 	a.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -20,6 +20,11 @@ type policyState struct {
 	pruned    bool
 	lastErr   string
 	applied   time.Time
+	// acks is what this node programmed of each cluster policy, for its
+	// Node report; replaced, never changed in place. acked (Kubernetes
+	// mode) signals, through one slot, that it changed.
+	acks  map[string]k8s.PolicyAck
+	acked chan struct{}
 }
 
 // policySnapshot converts the cluster state into the compiler's input.
@@ -27,15 +32,24 @@ type policyState struct {
 // as soon as its veth exists, before the API server has its address.
 func (a *Agent) policySnapshot(s k8s.Snapshot, local map[string]datapath.PolicyEndpoint, localIPs map[string][]netip.Addr) *policy.Snapshot {
 	ps := &policy.Snapshot{
-		Namespaces: map[string]policy.Namespace{},
-		Policies:   s.Policies,
-		Identities: s.Identities,
-		HostIPs:    []netip.Addr{a.cfg.NodeIP},
+		Namespaces:      map[string]policy.Namespace{},
+		Policies:        s.Policies,
+		ClusterPolicies: s.ClusterPolicies,
+		Identities:      s.Identities,
+		HostIPs:         []netip.Addr{a.cfg.NodeIP},
 	}
 	for name, labels := range s.Namespaces {
 		ps.Namespaces[name] = policy.Namespace{Name: name, Labels: labels}
 	}
 	for _, n := range s.Nodes {
+		pn := policy.Node{Name: n.Name, Labels: n.Labels}
+		if n.InternalIP.IsValid() {
+			pn.IPs = []netip.Addr{n.InternalIP}
+		}
+		if n.Name == a.cfg.NodeName && a.cfg.NodeIP.IsValid() && a.cfg.NodeIP != n.InternalIP {
+			pn.IPs = append(pn.IPs, a.cfg.NodeIP)
+		}
+		ps.Nodes = append(ps.Nodes, pn)
 		if n.InternalIP.IsValid() && n.InternalIP != a.cfg.NodeIP {
 			ps.RemoteNodeIPs = append(ps.RemoteNodeIPs, n.InternalIP)
 		}
@@ -96,6 +110,7 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	eps, ips, err := a.localEndpointsLocked()
 	if err != nil {
 		a.log.Error("list endpoints for policy", "err", err)
+		a.metrics.reconciled(time.Since(start), nil, nil, err)
 		return nil
 	}
 	input := a.policySnapshot(s, eps, ips)
@@ -123,9 +138,17 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 		a.log.Error("load policy", "err", err)
 	} else {
 		st.lastErr = ""
+		a.ackClusterPoliciesLocked(s.ClusterPolicies, res.Errors)
 	}
 	st.loaded, st.endpoints, st.applied = res, eps, time.Now()
+	if err != nil {
+		// Which entries the failed load wrote is unknown: the next pass
+		// writes everything again and prunes the rest, rather than
+		// diffing against a state the maps may not hold.
+		st.loaded, st.pruned = nil, false
+	}
 	loaded := time.Now()
+	a.metrics.reconciled(loaded.Sub(start), res, eps, err)
 	a.flowNames.Store(newFlowNames(s, eps, res))
 	if !d.Empty() {
 		a.log.Info("policy loaded", "endpoints", len(d.Endpoints), "ipcache+", len(d.IPCacheUpsert),
@@ -156,7 +179,7 @@ func (a *Agent) forgetMovedLocked(now map[string]datapath.PolicyEndpoint) *polic
 		old, had := st.endpoints[pod]
 		cur, has := now[pod]
 		if had && has && old.Ifindex != cur.Ifindex {
-			gone := policy.Diff{Endpoints: []policy.EndpointDiff{{Pod: pod, Gone: true, Delete: keysOf(ep.Allow)}}}
+			gone := policy.Diff{Endpoints: []policy.EndpointDiff{{Pod: pod, Gone: true, Delete: keysOf(ep.Entries)}}}
 			if err := a.dp.ApplyPolicy(gone, map[string]datapath.PolicyEndpoint{pod: old}); err != nil {
 				a.log.Error("remove policy of a replaced veth", "pod", pod, "err", err)
 			}
@@ -167,7 +190,7 @@ func (a *Agent) forgetMovedLocked(now map[string]datapath.PolicyEndpoint) *polic
 	return &prev
 }
 
-func keysOf(m map[policy.Key]policy.RuleID) []policy.Key {
+func keysOf(m map[policy.Key]policy.Entry) []policy.Key {
 	out := make([]policy.Key, 0, len(m))
 	for k := range m {
 		out = append(out, k)

@@ -23,7 +23,9 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("POST "+api.PathGC, handle(a.GC))
 	mux.HandleFunc("PUT "+api.PathPeers, handle(func(r api.PeersRequest) (any, error) { return struct{}{}, a.SetPeers(r.Peers) }))
 	mux.HandleFunc("GET "+api.PathFlows, a.serveFlows)
+	mux.HandleFunc("GET "+api.PathTrace, a.serveTrace)
 	mux.HandleFunc("GET "+api.PathHealth, serveHealth)
+	mux.Handle("GET "+PathMetrics, a.metrics.handler())
 	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
 		s, err := a.Status()
 		if err != nil {

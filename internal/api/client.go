@@ -144,3 +144,9 @@ func (c *Client) Flows(ctx context.Context, q FlowsQuery, fn func(Flow) error) e
 		}
 	}
 }
+
+// Trace asks the agent to explain a flow and confirm it in the datapath.
+func (c *Client) Trace(ctx context.Context, q TraceQuery) (*Trace, error) {
+	var t Trace
+	return &t, c.do(ctx, http.MethodGet, PathTrace+"?"+q.Values().Encode(), nil, &t)
+}

@@ -138,6 +138,32 @@ type Status struct {
 	MapEntries int               `json:"endpointMapEntries"`
 	Counters   map[string]uint64 `json:"counters"`
 	Kubernetes *KubeStatus       `json:"kubernetes,omitempty"`
+	Policy     *PolicyStatus     `json:"policy,omitempty"`
+}
+
+// PolicyStatus is what the agent last loaded into its datapath.
+type PolicyStatus struct {
+	Loaded time.Time `json:"loaded,omitzero"`
+	// Error is why the last load failed (its endpoints fail closed).
+	Error string `json:"error,omitempty"`
+	// Endpoints, Rules and Entries count the compiled state: local
+	// endpoints, rules in use, policy map entries.
+	Endpoints int `json:"endpoints"`
+	Rules     int `json:"rules"`
+	Entries   int `json:"entries"`
+	// CompileErrors are policies that could not be compiled, each
+	// failing closed as docs/policy.md says.
+	CompileErrors []string `json:"compileErrors,omitempty"`
+	// ClusterPolicies maps Kind/name to the generation programmed here.
+	ClusterPolicies map[string]int64 `json:"clusterPolicies,omitempty"`
+	// Maps is the fill of the datapath's maps, by name.
+	Maps map[string]MapFill `json:"maps,omitempty"`
+}
+
+// MapFill is one map's entries against its capacity.
+type MapFill struct {
+	Entries  int `json:"entries"`
+	Capacity int `json:"capacity"`
 }
 
 // KubeStatus is the agent's link to the API server.
@@ -159,21 +185,54 @@ type KubeStatus struct {
 type Flow struct {
 	Time      time.Time `json:"time"`
 	Node      string    `json:"node"`
-	Verdict   string    `json:"verdict"`   // "allowed" (a new connection) or "denied"
+	Verdict   string    `json:"verdict"`   // "allowed" (a new connection), "denied" or "rejected"
 	Direction string    `json:"direction"` // of the local pod: ingress or egress
 	Pod       string    `json:"pod"`       // the local pod judged, namespace/name
-	Src       string    `json:"src"`       // address:port of the first packet
-	Dst       string    `json:"dst"`
-	Proto     string    `json:"proto"`
+	// Src is the address:port of the first packet; in an aggregate
+	// (Count set) it is the address alone, as its flows came from many
+	// ephemeral source ports.
+	Src   string `json:"src"`
+	Dst   string `json:"dst"`
+	Proto string `json:"proto"`
 	// Peer is the other end: a pod's namespace/name, a node, or an address.
 	Peer         string   `json:"peer"`
 	PeerIdentity uint32   `json:"peerIdentity"`
 	PeerLabels   []string `json:"peerLabels,omitempty"`
-	// Rule is what decided: a NetworkPolicy rule, or why none did.
+	// Rule is what decided, in words: a rule, or why none did.
 	Rule string `json:"rule"`
+	// Stage is the step of the precedence order that decided: admin,
+	// networkpolicy, networkpolicy-default-deny, baseline, default (no
+	// cluster policy decided, none selects for NetworkPolicy) or
+	// unenforced (no policy selects the pod).
+	Stage string `json:"stage,omitempty"`
+	// Decider is the rule that decided, when one did.
+	Decider *FlowRule `json:"decider,omitempty"`
+	// LoggedBy is a Log rule the evaluation passed on its way.
+	LoggedBy *FlowRule `json:"loggedBy,omitempty"`
+	// PassedBy is the Pass rule that sent evaluation to a later tier.
+	PassedBy *FlowRule `json:"passedBy,omitempty"`
+	// Count, when set, makes this an aggregate of that many flows with
+	// the same parties, port and verdict, the first at Time and the last
+	// at LastTime. Zero: a single flow.
+	Count    uint64    `json:"count,omitempty"`
+	LastTime time.Time `json:"lastTime,omitzero"`
 }
 
-// FlowsQuery selects flows; the zero value is every flow the agent holds.
+// FlowRule names one rule of a policy.
+type FlowRule struct {
+	Kind      string `json:"kind"` // NetworkPolicy, ClusterNetworkPolicy, WeirClusterNetworkPolicy
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+	Tier      string `json:"tier,omitempty"` // cluster kinds: Admin or Baseline
+	Priority  int32  `json:"priority,omitempty"`
+	Direction string `json:"direction"`
+	Index     int    `json:"index"` // in spec.ingress or spec.egress
+	RuleName  string `json:"ruleName,omitempty"`
+	Action    string `json:"action,omitempty"` // cluster kinds: Accept, Deny, Pass, Reject, Log
+}
+
+// FlowsQuery selects flows; the zero value is the newest records (up to
+// 4096) of the agent's flow store.
 type FlowsQuery struct {
 	Follow bool // keep streaming new flows
 }

@@ -5,12 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/lab"
@@ -24,6 +29,14 @@ type observeFlags struct {
 	namespace string
 	pod       string
 	verdict   string
+	policy    string
+	port      int
+	since     time.Duration
+	selector  string
+
+	// Parsed from the flags by validate.
+	labels labels.Selector
+	after  time.Time
 }
 
 // NewObserveCommand is `weir observe`: policy verdicts as they happen.
@@ -33,7 +46,9 @@ func NewObserveCommand() *cobra.Command {
 		Use:   "observe",
 		Short: "Show policy verdicts (drops and new allowed connections) with the pod, peer and rule that decided",
 		Example: "  weir observe --lab weir-lab --verdict denied\n" +
-			"  weir observe --lab weir-lab -n demo -f -o json",
+			"  weir observe --lab weir-lab -n demo -f -o json\n" +
+			"  weir observe --lab weir-lab --policy deny-db --port 5432 --since 10m\n" +
+			"  weir observe --lab weir-lab -l app=frontend -o yaml",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sockets := map[string]string{"": f.socket}
@@ -47,36 +62,68 @@ func NewObserveCommand() *cobra.Command {
 					sockets[n.Name] = n.Socket
 				}
 			}
-			return runObserve(cmd.Context(), f, sockets, cmd.OutOrStdout())
+			return runObserve(cmd.Context(), &f, sockets, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVar(&f.socket, "socket", api.DefaultSocket, "the agent's unix socket")
 	cmd.Flags().StringVar(&f.labName, "lab", "", "read every node of this lab instead of one agent")
 	cmd.Flags().BoolVarP(&f.follow, "follow", "f", false, "keep streaming new verdicts")
-	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: json, wide, or empty for a table")
+	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: json, yaml, wide, or empty for a table")
 	cmd.Flags().StringVarP(&f.namespace, "namespace", "n", "", "only flows of pods in this namespace")
 	cmd.Flags().StringVar(&f.pod, "pod", "", "only flows of this pod (name, or namespace/name)")
-	cmd.Flags().StringVar(&f.verdict, "verdict", "", "only this verdict: allowed or denied")
+	cmd.Flags().StringVar(&f.verdict, "verdict", "", "only this verdict: allowed, denied or rejected")
+	cmd.Flags().StringVar(&f.policy, "policy", "", "only flows this policy decided, logged or passed (name, namespace/name or kind/name)")
+	cmd.Flags().IntVar(&f.port, "port", 0, "only flows to this destination port")
+	cmd.Flags().DurationVar(&f.since, "since", 0, "only flows seen in this last duration (e.g. 5m)")
+	cmd.Flags().StringVarP(&f.selector, "selector", "l", "", "only flows whose peer has these labels (label selector, e.g. app=db)")
 	return cmd
 }
 
-func (f observeFlags) validate() error {
+func (f *observeFlags) validate() error {
 	switch f.output {
-	case "", "json", "wide":
+	case "", "json", "yaml", "wide":
 	default:
-		return fmt.Errorf("--output %q: want json, wide or empty", f.output)
+		return fmt.Errorf("--output %q: want json, yaml, wide or empty", f.output)
 	}
 	switch f.verdict {
-	case "", "allowed", "denied":
+	case "", "allowed", "denied", "rejected":
 	default:
-		return fmt.Errorf("--verdict %q: want allowed or denied", f.verdict)
+		return fmt.Errorf("--verdict %q: want allowed, denied or rejected", f.verdict)
 	}
+	if f.port < 0 || f.port > 65535 {
+		return fmt.Errorf("--port %d: want 1 to 65535", f.port)
+	}
+	if f.since < 0 {
+		return fmt.Errorf("--since %v: want a positive duration such as 10m", f.since)
+	}
+	if f.since > 0 {
+		f.after = time.Now().Add(-f.since)
+	}
+	sel, err := labels.Parse(f.selector)
+	if err != nil {
+		return fmt.Errorf("--selector %q: %w", f.selector, err)
+	}
+	f.labels = sel
 	return nil
 }
 
 // match reports whether fl passes the filters, on either party.
-func (f observeFlags) match(fl api.Flow) bool {
+func (f *observeFlags) match(fl api.Flow) bool {
 	if f.verdict != "" && fl.Verdict != f.verdict {
+		return false
+	}
+	if f.port != 0 {
+		if _, port, err := net.SplitHostPort(fl.Dst); err != nil || port != strconv.Itoa(f.port) {
+			return false
+		}
+	}
+	if !f.after.IsZero() && lastSeen(fl).Before(f.after) {
+		return false
+	}
+	if f.policy != "" && !namesPolicy(f.policy, fl.Decider, fl.LoggedBy, fl.PassedBy) {
+		return false
+	}
+	if f.labels != nil && !f.labels.Empty() && !f.labels.Matches(peerLabels(fl.PeerLabels)) {
 		return false
 	}
 	parties := []string{fl.Pod, fl.Peer}
@@ -93,6 +140,39 @@ func (f observeFlags) match(fl api.Flow) bool {
 	return true
 }
 
+// lastSeen is when an aggregate last saw its flow, or a flow's time.
+func lastSeen(fl api.Flow) time.Time {
+	if fl.LastTime.After(fl.Time) {
+		return fl.LastTime
+	}
+	return fl.Time
+}
+
+// namesPolicy reports whether one of the rules belongs to the policy
+// named by want: its name, namespace/name, or kind/name.
+func namesPolicy(want string, rules ...*api.FlowRule) bool {
+	for _, r := range rules {
+		if r == nil {
+			continue
+		}
+		if want == r.Name || want == r.Namespace+"/"+r.Name || strings.EqualFold(want, r.Kind+"/"+r.Name) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerLabels turns identity labels ("k8s:app=db", "ns:team=a") into the
+// pod's own labels for a selector; namespace labels stay prefixed.
+func peerLabels(ids []string) labels.Set {
+	out := labels.Set{}
+	for _, l := range ids {
+		k, v, _ := strings.Cut(l, "=")
+		out[strings.TrimPrefix(k, "k8s:")] = v
+	}
+	return out
+}
+
 func anyHasPrefix(ss []string, prefix string) bool {
 	for _, s := range ss {
 		if strings.HasPrefix(s, prefix) {
@@ -102,7 +182,7 @@ func anyHasPrefix(ss []string, prefix string) bool {
 	return false
 }
 
-func runObserve(ctx context.Context, f observeFlags, sockets map[string]string, out io.Writer) error {
+func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string, out io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
@@ -166,11 +246,11 @@ func runObserve(ctx context.Context, f observeFlags, sockets map[string]string, 
 
 func printFlowHeader(tw io.Writer, output string) {
 	switch output {
-	case "json":
+	case "json", "yaml":
 	case "wide":
-		fmt.Fprintln(tw, "TIME\tNODE\tVERDICT\tDIR\tPOD\tPEER\tPROTO\tSRC\tDST\tPEER-ID\tPEER-LABELS\tRULE")
+		fmt.Fprintln(tw, "TIME\tLAST\tCOUNT\tNODE\tVERDICT\tSTAGE\tDIR\tPOD\tPEER\tPROTO\tSRC\tDST\tPEER-ID\tPEER-LABELS\tRULE\tLOGGED-BY")
 	default:
-		fmt.Fprintln(tw, "TIME\tVERDICT\tDIR\tPOD\tPEER\tDST\tRULE")
+		fmt.Fprintln(tw, "TIME\tCOUNT\tVERDICT\tDIR\tPOD\tPEER\tDST\tRULE")
 	}
 }
 
@@ -180,10 +260,18 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 	case "json":
 		b, _ := json.Marshal(fl)
 		fmt.Fprintln(out, string(b))
+	case "yaml":
+		b, _ := yaml.Marshal(fl)
+		fmt.Fprintf(out, "---\n%s", b)
 	case "wide":
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", ts, fl.Node, fl.Verdict, fl.Direction, fl.Pod, fl.Peer,
-			fl.Proto, fl.Src, fl.Dst, fl.PeerIdentity, strings.Join(fl.PeerLabels, ","), fl.Rule)
+		logged := ""
+		if fl.LoggedBy != nil {
+			logged = fl.LoggedBy.Kind + "/" + fl.LoggedBy.Name
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", ts, lastSeen(fl).Format("15:04:05.000"),
+			max(fl.Count, 1), fl.Node, fl.Verdict, fl.Stage, fl.Direction, fl.Pod, fl.Peer,
+			fl.Proto, fl.Src, fl.Dst, fl.PeerIdentity, strings.Join(fl.PeerLabels, ","), fl.Rule, logged)
 	default:
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s/%s\t%s\n", ts, fl.Verdict, fl.Direction, fl.Pod, fl.Peer, fl.Dst, fl.Proto, fl.Rule)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s/%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, fl.Direction, fl.Pod, fl.Peer, fl.Dst, fl.Proto, fl.Rule)
 	}
 }

@@ -15,7 +15,7 @@ func NewRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand())
+	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand())
 	return root
 }
 

@@ -3,30 +3,57 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/lab"
 )
 
-// NewStatusCommand is `weir status`: one node agent's view of its node.
+// NewStatusCommand is `weir status`: each node agent's view of its node.
 func NewStatusCommand() *cobra.Command {
 	var (
-		socket string
-		output string
+		socket  string
+		labName string
+		output  string
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show a node agent's status: endpoints, peers and datapath counters",
-		Args:  cobra.NoArgs,
+		Short: "Show node agents' status: endpoints, peers, loaded policy, map fill and datapath counters",
+		Example: "  weir status --socket /run/weir-lab/n1/agent.sock\n" +
+			"  weir status --lab weir-lab -o json",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runStatus(cmd.Context(), api.NewClient(socket), output, cmd.OutOrStdout())
+			if output != "" && output != "json" {
+				return fmt.Errorf("--output %q: want json or empty", output)
+			}
+			sockets := []string{socket}
+			if labName != "" {
+				st, err := lab.Load(labName)
+				if err != nil {
+					return err
+				}
+				sockets = sockets[:0]
+				for _, n := range st.Nodes {
+					sockets = append(sockets, n.Socket)
+				}
+			}
+			var errs []error
+			for _, sock := range sockets {
+				if err := runStatus(cmd.Context(), api.NewClient(sock), output, cmd.OutOrStdout()); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", sock, err))
+				}
+			}
+			return errors.Join(errs...)
 		},
 	}
 	cmd.Flags().StringVar(&socket, "socket", api.DefaultSocket, "the agent's unix socket")
+	cmd.Flags().StringVar(&labName, "lab", "", "show every node of this lab instead of one agent")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: json, or empty for text")
 	return cmd
 }
@@ -41,6 +68,11 @@ func runStatus(ctx context.Context, c *api.Client, output string, out io.Writer)
 		enc.SetIndent("", "  ")
 		return enc.Encode(s)
 	}
+	printStatus(s, out)
+	return nil
+}
+
+func printStatus(s *api.Status, out io.Writer) {
 	fmt.Fprintf(out, "node %s: %s mode, node IP %v, pod CIDR %v (%d/%d used), MTU %d\n",
 		s.Node, s.Mode, s.NodeIP, s.PodCIDR, len(s.Endpoints), s.Capacity, s.MTU)
 	for _, e := range s.Endpoints {
@@ -57,5 +89,43 @@ func runStatus(ctx context.Context, c *api.Client, output string, out io.Writer)
 	for _, k := range names {
 		fmt.Fprintf(out, "  counter %-16s %d\n", k, s.Counters[k])
 	}
-	return nil
+	printPolicyStatus(s.Policy, out)
+}
+
+func printPolicyStatus(p *api.PolicyStatus, out io.Writer) {
+	if p == nil {
+		return
+	}
+	state := "loaded " + p.Loaded.Format(time.RFC3339)
+	if p.Loaded.IsZero() {
+		state = "not loaded yet"
+	}
+	if p.Error != "" {
+		state += ", last load FAILED (its endpoints fail closed): " + p.Error
+	}
+	fmt.Fprintf(out, "  policy %s: %d endpoints, %d rules, %d map entries\n", state, p.Endpoints, p.Rules, p.Entries)
+	for _, e := range p.CompileErrors {
+		fmt.Fprintf(out, "  policy error %s\n", e)
+	}
+	refs := make([]string, 0, len(p.ClusterPolicies))
+	for ref := range p.ClusterPolicies {
+		refs = append(refs, ref)
+	}
+	sort.Strings(refs)
+	for _, ref := range refs {
+		fmt.Fprintf(out, "  cluster policy %s generation %d programmed\n", ref, p.ClusterPolicies[ref])
+	}
+	maps := make([]string, 0, len(p.Maps))
+	for m := range p.Maps {
+		maps = append(maps, m)
+	}
+	sort.Strings(maps)
+	for _, m := range maps {
+		f := p.Maps[m]
+		pct := 0.0
+		if f.Capacity > 0 {
+			pct = 100 * float64(f.Entries) / float64(f.Capacity)
+		}
+		fmt.Fprintf(out, "  map %-16s %d/%d (%.1f%%)\n", m, f.Entries, f.Capacity, pct)
+	}
 }

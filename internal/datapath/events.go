@@ -1,11 +1,11 @@
 package datapath
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -17,23 +17,22 @@ import (
 // ErrEventsClosed is returned by EventReader.Read after Close.
 var ErrEventsClosed = errors.New("event reader closed")
 
-// Verdicts of a VerdictEvent (VERDICT_* in bpf/lib/events.h).
-const (
-	VerdictAllowed = 1
-	VerdictDenied  = 2
-)
-
 // VerdictEvent is one policy decision of the datapath: a drop, or the first
 // packet of a newly allowed connection.
 type VerdictEvent struct {
 	Time      time.Time
 	Ifindex   int              // host veth of the local endpoint judged
 	Direction policy.Direction // of that endpoint
-	Verdict   uint8
-	Peer      policy.Identity // the peer's label identity
-	Rule      policy.RuleID   // 0: no policy enforces (allowed) or none allows (denied)
-	Src, Dst  netip.AddrPort
-	Proto     uint8
+	// Verdict, Stage, Rule, Log and Passed are the datapath's
+	// policy.Decision (bpf/lib/policy.h numbers them alike).
+	Verdict  policy.Verdict
+	Stage    policy.Stage
+	Rule     policy.RuleID // 0: no rule decided (see Stage)
+	Log      policy.RuleID
+	Passed   policy.RuleID
+	Peer     policy.Identity // the peer's label identity
+	Src, Dst netip.AddrPort
+	Proto    uint8
 }
 
 // EventReader reads the verdict ring buffer. Only one reader per node.
@@ -59,27 +58,65 @@ func (n *Node) OpenEventReader() (*EventReader, error) {
 
 // Read blocks for the next event.
 func (r *EventReader) Read() (VerdictEvent, error) {
-	rec, err := r.rd.Read()
-	if err != nil {
-		if errors.Is(err, ringbuf.ErrClosed) {
+	for {
+		// The datapath writes without waking the reader (events.h), so
+		// the reader looks every eventPollInterval: one wakeup per burst.
+		r.rd.SetDeadline(time.Now().Add(eventPollInterval))
+		rec, err := r.rd.Read()
+		switch {
+		case err == nil:
+			return decodeVerdictEvent(rec.RawSample, r.bootOffset)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			continue
+		case errors.Is(err, ringbuf.ErrClosed):
 			return VerdictEvent{}, ErrEventsClosed
 		}
 		return VerdictEvent{}, fmt.Errorf("read verdict event: %w", err)
 	}
-	var raw lxcVerdictEvent
-	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.NativeEndian, &raw); err != nil {
-		return VerdictEvent{}, fmt.Errorf("decode verdict event (%d bytes): %w", len(rec.RawSample), err)
+}
+
+// eventPollInterval bounds how late a flow record can be.
+const eventPollInterval = 50 * time.Millisecond
+
+// decodeVerdictEvent decodes a struct verdict_event; bootOffset turns its
+// monotonic timestamp into wall time.
+func decodeVerdictEvent(sample []byte, bootOffset time.Duration) (VerdictEvent, error) {
+	raw, err := rawVerdictEvent(sample)
+	if err != nil {
+		return VerdictEvent{}, err
 	}
 	return VerdictEvent{
-		Time:      time.Unix(0, int64(raw.TsNs)+int64(r.bootOffset)),
+		Time:      time.Unix(0, int64(raw.TsNs)+int64(bootOffset)),
 		Ifindex:   int(raw.Ifindex),
 		Direction: policy.Direction(raw.Dir),
-		Verdict:   raw.Verdict,
-		Peer:      policy.Identity(raw.PeerId),
+		Verdict:   policy.Verdict(raw.Verdict),
+		Stage:     policy.Stage(raw.Stage),
 		Rule:      policy.RuleID(raw.Rule),
+		Log:       policy.RuleID(raw.Log),
+		Passed:    policy.RuleID(raw.Passed),
+		Peer:      policy.Identity(raw.PeerId),
 		Src:       netip.AddrPortFrom(addrOfBE32(raw.Saddr), htons(raw.Sport)),
 		Dst:       netip.AddrPortFrom(addrOfBE32(raw.Daddr), htons(raw.Dport)),
 		Proto:     raw.Proto,
+	}, nil
+}
+
+// verdictEventSize is sizeof(struct verdict_event).
+var verdictEventSize = binary.Size(lxcVerdictEvent{})
+
+// rawVerdictEvent decodes struct verdict_event (bpf/lib/events.h) by its
+// offsets: every new connection has one or two events, and reflection
+// (binary.Read) would cost more than the rest of the record's path.
+// TestRawVerdictEventMatchesLayout holds the offsets to the generated type.
+func rawVerdictEvent(b []byte) (lxcVerdictEvent, error) {
+	if len(b) < verdictEventSize {
+		return lxcVerdictEvent{}, fmt.Errorf("decode verdict event: %d bytes, want %d", len(b), verdictEventSize)
+	}
+	e := binary.NativeEndian
+	return lxcVerdictEvent{
+		TsNs: e.Uint64(b[0:]), Ifindex: e.Uint32(b[8:]), PeerId: e.Uint32(b[12:]), Rule: e.Uint32(b[16:]),
+		Saddr: e.Uint32(b[20:]), Daddr: e.Uint32(b[24:]), Sport: e.Uint16(b[28:]), Dport: e.Uint16(b[30:]),
+		Proto: b[32], Dir: b[33], Verdict: b[34], Stage: b[35], Log: e.Uint32(b[36:]), Passed: e.Uint32(b[40:]),
 	}, nil
 }
 

@@ -52,8 +52,22 @@ type hostEpPolicy struct {
 }
 
 type hostPolicyEntry struct {
-	_    structs.HostLayout
-	Rule uint32
+	_     structs.HostLayout
+	Allow uint32
+	Tier  [2]struct {
+		_      structs.HostLayout
+		Rule   uint32
+		Rank   uint32
+		Action uint8
+		Pad    [3]uint8
+	}
+	Log [2]struct {
+		_      structs.HostLayout
+		Rule   uint32
+		Rank   uint32
+		Action uint8
+		Pad    [3]uint8
+	}
 }
 
 type hostPolicyKey struct {
@@ -66,6 +80,18 @@ type hostPolicyKey struct {
 	Proto     uint8
 	Pad2      uint8
 	Dport     uint16
+}
+
+type hostTunnelInfo struct {
+	_     structs.HostLayout
+	Node  hostWeirAddr
+	Flags uint32
+}
+
+type hostTunnelKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Dst       hostWeirAddr
 }
 
 type hostWeirAddr struct {
@@ -88,7 +114,9 @@ const (
 	hostMapWeirMetrics        = "weir_metrics"
 	hostMapWeirPolicy         = "weir_policy"
 	hostMapWeirPolicyRev      = "weir_policy_rev"
+	hostMapWeirTunnels        = "weir_tunnels"
 	hostProgFromNetdev        = "from_netdev"
+	hostVarFLOW_EVENTS        = "FLOW_EVENTS"
 	hostVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
 	hostVarTUNNEL_MODE        = "TUNNEL_MODE"
 	hostVarTUNNEL_VNI         = "TUNNEL_VNI"
@@ -153,12 +181,14 @@ type hostMapSpecs struct {
 	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirTunnels   *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
 // hostVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostVariableSpecs struct {
+	FLOW_EVENTS        *ebpf.VariableSpec `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
@@ -194,6 +224,7 @@ type hostMaps struct {
 	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirTunnels   *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
 func (m *hostMaps) Close() error {
@@ -207,6 +238,7 @@ func (m *hostMaps) Close() error {
 		m.WeirMetrics,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
+		m.WeirTunnels,
 	)
 }
 
@@ -214,6 +246,7 @@ func (m *hostMaps) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostVariables struct {
+	FLOW_EVENTS        *ebpf.Variable `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`

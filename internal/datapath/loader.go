@@ -44,6 +44,9 @@ type ProgramConfig struct {
 	OverlayIfindex int
 	// PinDir is the bpffs directory the maps are pinned in (and reused from).
 	PinDir string
+	// NoFlowEvents turns the verdict events off (FLOW_EVENTS in
+	// bpf/lib/events.h): no flow records, for measuring their cost.
+	NoFlowEvents bool
 }
 
 // Programs are the loaded programs of one node and the maps they share.
@@ -76,6 +79,9 @@ type Programs struct {
 	LB4Backends      *ebpf.Map
 	LB4RevNAT        *ebpf.Map
 	SockNetNS        *ebpf.Map
+
+	// cfg is what the programs were loaded with (Trace loads alike).
+	cfg ProgramConfig
 }
 
 // LoadPrograms loads every entry object with cfg's constants. Maps are
@@ -87,8 +93,12 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
 		"TUNNEL_VNI":      cfg.VNI,
 		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
+		"FLOW_EVENTS":     1,
 	}
-	p := &Programs{}
+	if cfg.NoFlowEvents {
+		consts["FLOW_EVENTS"] = 0
+	}
+	p := &Programs{cfg: cfg}
 	defer func() {
 		if retErr != nil {
 			p.Close()

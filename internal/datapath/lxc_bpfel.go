@@ -52,8 +52,22 @@ type lxcEpPolicy struct {
 }
 
 type lxcPolicyEntry struct {
-	_    structs.HostLayout
-	Rule uint32
+	_     structs.HostLayout
+	Allow uint32
+	Tier  [2]struct {
+		_      structs.HostLayout
+		Rule   uint32
+		Rank   uint32
+		Action uint8
+		Pad    [3]uint8
+	}
+	Log [2]struct {
+		_      structs.HostLayout
+		Rule   uint32
+		Rank   uint32
+		Action uint8
+		Pad    [3]uint8
+	}
 }
 
 type lxcPolicyKey struct {
@@ -93,7 +107,9 @@ type lxcVerdictEvent struct {
 	Proto   uint8
 	Dir     uint8
 	Verdict uint8
-	Pad     uint8
+	Stage   uint8
+	Log     uint32
+	Passed  uint32
 	_       [4]byte
 }
 
@@ -120,6 +136,7 @@ const (
 	lxcMapWeirTunnels        = "weir_tunnels"
 	lxcProgFromContainer     = "from_container"
 	lxcProgToContainer       = "to_container"
+	lxcVarFLOW_EVENTS        = "FLOW_EVENTS"
 	lxcVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
 	lxcVarTUNNEL_MODE        = "TUNNEL_MODE"
 	lxcVarTUNNEL_VNI         = "TUNNEL_VNI"
@@ -192,6 +209,7 @@ type lxcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcVariableSpecs struct {
+	FLOW_EVENTS        *ebpf.VariableSpec `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
@@ -249,6 +267,7 @@ func (m *lxcMaps) Close() error {
 //
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcVariables struct {
+	FLOW_EVENTS        *ebpf.Variable `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`

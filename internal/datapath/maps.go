@@ -217,6 +217,7 @@ var MetricNames = []string{
 	"event_lost",
 	"sock_lb",
 	"sock_lb_miss",
+	"policy_reject",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -45,6 +46,8 @@ type NodeConfig struct {
 	// NetNS, when set, is the namespace the node lives in; otherwise the
 	// caller's. Tests and the lab use it to run many nodes in one process.
 	NetNS string
+	// NoFlowEvents loads the programs without verdict events.
+	NoFlowEvents bool
 }
 
 // Validate reports the first thing that is wrong with the config.
@@ -76,6 +79,9 @@ type Node struct {
 	endpoints endpointMap
 	tunnels   tunnelMap
 	podMTU    int
+	// trace is the instance Trace runs packets through, loaded on first use.
+	traceMu sync.Mutex
+	trace   *tracePrograms
 }
 
 // SetupNode prepares the node (sysctls, overlay device, programs, masquerade)
@@ -141,7 +147,8 @@ func (n *Node) setupDevices() error {
 		}
 		overlayIfindex = vx.Attrs().Index
 	}
-	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, VNI: n.cfg.VNI, OverlayIfindex: overlayIfindex, PinDir: n.cfg.PinDir})
+	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, VNI: n.cfg.VNI, OverlayIfindex: overlayIfindex,
+		PinDir: n.cfg.PinDir, NoFlowEvents: n.cfg.NoFlowEvents})
 	if err != nil {
 		return err
 	}
@@ -215,6 +222,7 @@ func (n *Node) Endpoints() ([]EndpointEntry, error) { return n.endpoints.list() 
 // Close releases the agent's handles. The datapath keeps running: maps and
 // links are pinned.
 func (n *Node) Close() {
+	n.closeTrace()
 	if n.progs != nil {
 		n.progs.Close()
 	}

@@ -52,8 +52,22 @@ type overlayEpPolicy struct {
 }
 
 type overlayPolicyEntry struct {
-	_    structs.HostLayout
-	Rule uint32
+	_     structs.HostLayout
+	Allow uint32
+	Tier  [2]struct {
+		_      structs.HostLayout
+		Rule   uint32
+		Rank   uint32
+		Action uint8
+		Pad    [3]uint8
+	}
+	Log [2]struct {
+		_      structs.HostLayout
+		Rule   uint32
+		Rank   uint32
+		Action uint8
+		Pad    [3]uint8
+	}
 }
 
 type overlayPolicyKey struct {
@@ -103,6 +117,7 @@ const (
 	overlayMapWeirTunnels        = "weir_tunnels"
 	overlayProgFromOverlay       = "from_overlay"
 	overlayProgToOverlay         = "to_overlay"
+	overlayVarFLOW_EVENTS        = "FLOW_EVENTS"
 	overlayVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
 	overlayVarTUNNEL_MODE        = "TUNNEL_MODE"
 	overlayVarTUNNEL_VNI         = "TUNNEL_VNI"
@@ -175,6 +190,7 @@ type overlayMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayVariableSpecs struct {
+	FLOW_EVENTS        *ebpf.VariableSpec `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
@@ -232,6 +248,7 @@ func (m *overlayMaps) Close() error {
 //
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayVariables struct {
+	FLOW_EVENTS        *ebpf.Variable `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`

@@ -58,13 +58,45 @@ func arpRequest(smac net.HardwareAddr, sender, target netip.Addr) []byte {
 	return append(frame, make([]byte, 60-len(frame))...)
 }
 
-func ipChecksum(h []byte) uint16 {
-	var sum uint32
-	for i := 0; i < len(h); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
+// ipChecksum is the Internet checksum (trace_frame.go); a header with a
+// valid checksum sums to zero.
+func ipChecksum(h []byte) uint16 { return onesComplement(h) }
+
+// TCP flags.
+const (
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpACK = 0x10
+)
+
+// tcpFrame is an Ethernet/IPv4/TCP segment with valid checksums and a
+// 20-byte TCP header.
+func tcpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, sport, dport uint16, seq uint32, flags uint8, payload []byte) []byte {
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:4], uint16(20+20+len(payload)))
+	ip[8] = 64
+	ip[9] = 6 // TCP
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
+	tcp := make([]byte, 20, 20+len(payload))
+	binary.BigEndian.PutUint16(tcp[0:2], sport)
+	binary.BigEndian.PutUint16(tcp[2:4], dport)
+	binary.BigEndian.PutUint32(tcp[4:8], seq)
+	tcp[12] = 5 << 4
+	tcp[13] = flags
+	binary.BigEndian.PutUint16(tcp[14:16], 64240)
+	tcp = append(tcp, payload...)
+	binary.BigEndian.PutUint16(tcp[16:18], l4Checksum(src, dst, 6, tcp))
+	frame := append(ethHeader(dstMAC, srcMAC, etherTypeIPv4), ip...)
+	return append(frame, tcp...)
+}
+
+// l4Checksum is the TCP/UDP checksum of seg (its checksum field zero, or
+// in place: a segment with a valid checksum sums to zero).
+func l4Checksum(src, dst netip.Addr, proto uint8, seg []byte) uint16 {
+	return pseudoChecksum(TracePacket{Src: src, Dst: dst, Proto: proto}, seg)
 }

@@ -120,26 +120,54 @@ func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint) er
 		err := ignoreNotExist(n.progs.EpPolicy.Delete(idx))
 		return errors.Join(err, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
 	}
-	flags := lxcEpPolicy{Identity: uint32(ep.Identity)}
-	for d, on := range ed.Enforced {
-		if on {
-			flags.Enforce[d] = 1
-		}
-	}
+	flags := lxcEpPolicy{Identity: uint32(ep.Identity), Enforce: enforceFlags(ed.Enforced, ed.Tiered)}
 	var failed error
-	for k, rule := range ed.Upsert {
-		if err := n.progs.Policy.Put(policyKey(ep.Ifindex, k), lxcPolicyEntry{Rule: uint32(rule)}); err != nil {
+	for k, e := range ed.Upsert {
+		if err := n.progs.Policy.Put(policyKey(ep.Ifindex, k), policyEntry(e)); err != nil {
 			failed = fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k, err, ErrPolicyClosed)
 			break
 		}
 	}
 	if failed != nil {
-		flags.Enforce = [2]uint8{1, 1}
+		// NetworkPolicy enforcement with what could be written: only
+		// what an entry allows passes, and an Admin tier rule written
+		// still decides first.
+		flags.Enforce[0] |= enforceNetworkPolicy
+		flags.Enforce[1] |= enforceNetworkPolicy
 	}
 	if err := n.progs.EpPolicy.Put(idx, flags); err != nil {
 		return errors.Join(failed, fmt.Errorf("endpoint %s flags: %w", ed.Pod, err))
 	}
 	return errors.Join(failed, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
+}
+
+// Bits of ep_policy.enforce[dir] (POLICY_ENFORCE_* in bpf/lib/policy.h).
+const (
+	enforceNetworkPolicy uint8 = 1
+	enforceTiers         uint8 = 2
+)
+
+func enforceFlags(np, tiers [2]bool) [2]uint8 {
+	var out [2]uint8
+	for d := range out {
+		if np[d] {
+			out[d] |= enforceNetworkPolicy
+		}
+		if tiers[d] {
+			out[d] |= enforceTiers
+		}
+	}
+	return out
+}
+
+// policyEntry is the datapath's form of a compiled entry.
+func policyEntry(e policy.Entry) lxcPolicyEntry {
+	out := lxcPolicyEntry{Allow: uint32(e.Allow)}
+	for t := range e.Tier {
+		out.Tier[t].Rule, out.Tier[t].Rank, out.Tier[t].Action = uint32(e.Tier[t].Rule), e.Tier[t].Rank, uint8(e.Tier[t].Action)
+		out.Log[t].Rule, out.Log[t].Rank, out.Log[t].Action = uint32(e.Log[t].Rule), e.Log[t].Rank, uint8(e.Log[t].Action)
+	}
+	return out
 }
 
 func (n *Node) deletePolicyKeys(ifindex int, keys []policy.Key) error {
@@ -182,7 +210,7 @@ func (n *Node) PrunePolicy(res *policy.Result, endpoints map[string]PolicyEndpoi
 			continue
 		}
 		wantEP[uint32(loc.Ifindex)] = true
-		for k := range ep.Allow {
+		for k := range ep.Entries {
 			wantPolicy[policyKey(loc.Ifindex, k)] = true
 		}
 	}
@@ -233,7 +261,7 @@ func pruneMap[K comparable](m *ebpf.Map, want map[K]bool) error {
 // policy load replaces the entry: a pod is never reachable, nor able to
 // send, before Weir knows which policies select it.
 func (n *Node) IsolateEndpoint(ep *Endpoint) error {
-	closed := lxcEpPolicy{Enforce: [2]uint8{1, 1}}
+	closed := lxcEpPolicy{Enforce: [2]uint8{enforceNetworkPolicy, enforceNetworkPolicy}}
 	if err := n.progs.EpPolicy.Put(uint32(ep.HostIfindex), closed); err != nil {
 		return fmt.Errorf("isolate %s until policy is compiled: %w", ep.Spec.HostIfName(), err)
 	}

@@ -91,29 +91,29 @@ func TestPolicyVerdictsAndEvents(t *testing.T) {
 	c := policy.NewCompiler()
 
 	res := loadPolicy(t, n, c, nil, policyFixture(ingressFromApp("a", "UDP", 7777)))
-	_, allowRule := res.Lookup("x/b", policy.Ingress, podA, 17, 7777)
+	allowRule := res.Lookup("x/b", policy.Ingress, podA, 17, 7777).Rule
 	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 7777), ifA); ret != tcActRedirect {
 		t.Fatalf("allowed flow A->B:7777: verdict %d, want redirect", ret)
 	}
 	// One event per local end: A's egress (no policy selects A), then B's
 	// ingress, allowed by the rule.
 	ev := readEvent(t, rd)
-	if ev.Verdict != VerdictAllowed || ev.Ifindex != ifA || ev.Direction != policy.Egress || ev.Rule != 0 {
+	if ev.Verdict != policy.VerdictAllow || ev.Ifindex != ifA || ev.Direction != policy.Egress || ev.Rule != 0 {
 		t.Fatalf("egress event %+v, want allowed egress of ifindex %d with no rule", ev, ifA)
 	}
 	ev = readEvent(t, rd)
-	if ev.Verdict != VerdictAllowed || ev.Ifindex != ifB || ev.Direction != policy.Ingress || ev.Rule != allowRule ||
+	if ev.Verdict != policy.VerdictAllow || ev.Ifindex != ifB || ev.Direction != policy.Ingress || ev.Rule != allowRule ||
 		ev.Src != netip.AddrPortFrom(podA, 40000) || ev.Dst != netip.AddrPortFrom(podB, 7777) || ev.Proto != 17 {
 		t.Fatalf("allow event %+v, want allowed ingress of ifindex %d by rule %d", ev, ifB, allowRule)
 	}
 	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 7778), ifA); ret != tcActShot {
 		t.Fatalf("A->B:7778 (port not allowed): verdict %d, want drop", ret)
 	}
-	if ev = readEvent(t, rd); ev.Direction != policy.Egress || ev.Verdict != VerdictAllowed {
+	if ev = readEvent(t, rd); ev.Direction != policy.Egress || ev.Verdict != policy.VerdictAllow {
 		t.Fatalf("egress event %+v, want allowed", ev)
 	}
 	ev = readEvent(t, rd)
-	if ev.Verdict != VerdictDenied || ev.Ifindex != ifB || ev.Rule != 0 || ev.Dst.Port() != 7778 {
+	if ev.Verdict != policy.VerdictDeny || ev.Ifindex != ifB || ev.Rule != 0 || ev.Dst.Port() != 7778 {
 		t.Fatalf("deny event %+v", ev)
 	}
 	dropsBefore := metric(t, p, "drop_policy")
@@ -126,7 +126,7 @@ func TestPolicyVerdictsAndEvents(t *testing.T) {
 	if got := metric(t, p, "drop_policy"); got != dropsBefore+1 {
 		t.Fatalf("drop_policy %d, want %d", got, dropsBefore+1)
 	}
-	if ev = readEvent(t, rd); ev.Verdict != VerdictDenied || ev.Dst.Port() != 7777 || ev.Peer != res.Endpoints["x/a"].Identity {
+	if ev = readEvent(t, rd); ev.Verdict != policy.VerdictDeny || ev.Dst.Port() != 7777 || ev.Peer != res.Endpoints["x/a"].Identity {
 		t.Fatalf("revoke event %+v", ev)
 	}
 	// The revoked flow stays closed from the other end too: B's next
@@ -181,8 +181,8 @@ func TestPolicyDatapathAgreesWithCompiler(t *testing.T) {
 			// A fresh source port per run: a new flow, judged from scratch.
 			frame := udpFrameTo(podA, podB, port)
 			binary.BigEndian.PutUint16(frame[14+20:], uint16(20000+vi*100+checked%100))
-			egressOK, _ := prev.Lookup("x/a", policy.Egress, podB, 17, port)
-			ingressOK, _ := prev.Lookup("x/b", policy.Ingress, podA, 17, port)
+			egressOK := prev.Lookup("x/a", policy.Egress, podB, 17, port).Allowed()
+			ingressOK := prev.Lookup("x/b", policy.Ingress, podA, 17, port).Allowed()
 			want := uint32(tcActShot)
 			if egressOK && ingressOK {
 				want = tcActRedirect

@@ -13,13 +13,6 @@ import (
 	"github.com/weirnet/weir/internal/testutil"
 )
 
-// TC verdicts (linux/pkt_cls.h).
-const (
-	tcActOK       = 0
-	tcActShot     = 2
-	tcActRedirect = 7
-)
-
 var (
 	podMAC  = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
 	hostMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xfe}
@@ -64,14 +57,6 @@ func loadTest(t *testing.T, mode Mode) *Programs {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// skbCtx is the head of struct __sk_buff up to ifindex; BPF_PROG_RUN
-// accepts a prefix and copies ingress_ifindex into the test skb.
-type skbCtx struct {
-	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
-	IngressIfindex                                                                        uint32
-	Ifindex                                                                               uint32
 }
 
 func run(t *testing.T, prog *ebpf.Program, frame []byte, ingress uint32) (uint32, []byte) {

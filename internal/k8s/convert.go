@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"maps"
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
@@ -8,7 +9,7 @@ import (
 
 // nodeFrom converts a Node object; addresses that do not parse are left out.
 func nodeFrom(n *corev1.Node) Node {
-	out := Node{Name: n.Name}
+	out := Node{Name: n.Name, Labels: maps.Clone(n.Labels), Agent: agentStateFrom(n.Annotations)}
 	for _, a := range n.Status.Addresses {
 		if a.Type != corev1.NodeInternalIP {
 			continue

@@ -28,6 +28,31 @@ type AgentState struct {
 	Endpoints int       `json:"endpoints"`
 	Peers     int       `json:"peers"`
 	Updated   time.Time `json:"updated"`
+	// ClusterPolicies says, by kind/name, which generation of each
+	// cluster policy the node last loaded into its datapath.
+	ClusterPolicies map[string]PolicyAck `json:"clusterPolicies,omitempty"`
+}
+
+// PolicyAck is one node's word on one cluster policy: the generation it
+// programmed, and why that generation did not compile, if it did not
+// (its subjects then fail closed).
+type PolicyAck struct {
+	Generation int64  `json:"generation"`
+	Error      string `json:"error,omitempty"`
+}
+
+// agentStateFrom reads a Node's AgentAnnotation; nil when it is absent
+// or does not parse.
+func agentStateFrom(annotations map[string]string) *AgentState {
+	raw, ok := annotations[AgentAnnotation]
+	if !ok {
+		return nil
+	}
+	st := new(AgentState)
+	if err := json.Unmarshal([]byte(raw), st); err != nil {
+		return nil
+	}
+	return st
 }
 
 // ReportNode writes the agent's state on its Node: the annotation, and

@@ -11,12 +11,17 @@ import (
 	"github.com/weirnet/weir/internal/policy"
 )
 
-// Node is what the agent needs of a Node: where it is and which pod
-// addresses it owns.
+// Node is what the agent needs of a Node: where it is, which pod
+// addresses it owns, and its labels, which cluster policies' nodes peers
+// select.
 type Node struct {
 	Name       string
 	InternalIP netip.Addr
 	PodCIDRs   []netip.Prefix
+	Labels     map[string]string
+	// Agent is what the node's agent last reported (AgentAnnotation);
+	// nil before its first report.
+	Agent *AgentState
 }
 
 // PodCIDR4 is the node's IPv4 pod CIDR, if it has one.
@@ -70,6 +75,10 @@ type Snapshot struct {
 	// the socket (internal/service).
 	Services       []*corev1.Service
 	EndpointSlices []*discoveryv1.EndpointSlice
+	// ClusterPolicies are the ClusterNetworkPolicies and
+	// WeirClusterNetworkPolicies, sorted by kind, then name. Their specs
+	// share memory with the watcher's cache: read them, never write.
+	ClusterPolicies []*policy.ClusterPolicy
 }
 
 // Node finds a node by name.

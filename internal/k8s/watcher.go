@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -17,12 +18,15 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
+	"github.com/weirnet/weir/internal/k8s/apis/weirv1alpha1"
 	"github.com/weirnet/weir/internal/policy"
 )
 
 // Watcher keeps informers on Nodes, Pods, Namespaces, NetworkPolicies,
-// Services, EndpointSlices and SecurityIdentities and hands the agent a fresh Snapshot after each burst
+// Services, EndpointSlices, SecurityIdentities and the cluster policies of
+// both kinds and hands the agent a fresh Snapshot after each burst
 // of changes. While the API server is unreachable the informers keep their
 // last state and retry; nothing is delivered until they have news, so the
 // datapath stays as it was.
@@ -37,6 +41,12 @@ type Watcher struct {
 	services   cache.SharedIndexInformer
 	slices     cache.SharedIndexInformer
 	identities cache.SharedIndexInformer // nil without a dynamic client
+	// Both cluster policy kinds, stored typed; nil without a dynamic
+	// client.
+	clusterPolicies     cache.SharedIndexInformer
+	weirClusterPolicies cache.SharedIndexInformer
+	// crds are the informers on Weir's custom resources.
+	crds []*crdWatch
 	// changed has one slot: any number of events between two deliveries
 	// become one snapshot.
 	changed chan struct{}
@@ -80,7 +90,7 @@ func (m *podMemo) prune(seen map[types.UID]bool) {
 }
 
 // NewWatcher sets up (but does not start) the informers. dyn may be nil,
-// and then identities are not watched.
+// and then identities and cluster policies are not watched.
 func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName string, resync time.Duration) *Watcher {
 	w := &Watcher{nodeName: nodeName, changed: make(chan struct{}, 1), memo: podMemo{byID: map[types.UID]memoPod{}}}
 	w.factory = informers.NewSharedInformerFactory(client, resync)
@@ -103,8 +113,11 @@ func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName str
 	}
 	if dyn != nil {
 		w.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, resync)
-		w.identities = w.dynFactory.ForResource(IdentityResource).Informer()
-		_, _ = w.identities.AddEventHandler(h)
+		w.identities = w.watchCRD(IdentityResource, "crds.yaml", nil, h).informer
+		w.clusterPolicies = w.watchCRD(ClusterPolicyResource, "crd-clusternetworkpolicies.yaml",
+			typed[npav1alpha2.ClusterNetworkPolicy](), h).informer
+		w.weirClusterPolicies = w.watchCRD(WeirClusterPolicyResource, "crd-weirclusternetworkpolicies.yaml",
+			typed[weirv1alpha1.WeirClusterNetworkPolicy](), h).informer
 	}
 	return w
 }
@@ -129,22 +142,41 @@ func (w *Watcher) Start(ctx context.Context) {
 
 func (w *Watcher) informers() []cache.SharedIndexInformer {
 	out := []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies, w.services, w.slices}
-	if w.identities != nil {
-		out = append(out, w.identities)
+	for _, c := range w.crds {
+		out = append(out, c.informer)
 	}
 	return out
 }
 
-// WaitSynced blocks until every cache holds a full list, or ctx ends.
+// WaitSynced blocks until every cache holds a full list, or ctx ends, or
+// a custom resource turns out not to be installed (see SyncErr).
 func (w *Watcher) WaitSynced(ctx context.Context) error {
-	var synced []cache.InformerSynced
-	for _, inf := range w.informers() {
-		synced = append(synced, inf.HasSynced)
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return fmt.Errorf("wait for informers: %w", ctx.Err())
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !w.Synced() {
+		if err := w.SyncErr(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for informers: %w", ctx.Err())
+		case <-tick.C:
+		}
 	}
 	return nil
+}
+
+// SyncErr says why the caches cannot sync when the API server has said
+// so: a kind whose CRD is not installed (ErrCRDMissing). The informers
+// keep retrying, and sync once the CRD is applied.
+func (w *Watcher) SyncErr() error {
+	var errs []error
+	for _, c := range w.crds {
+		if err := c.err(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Synced reports whether every cache has listed at least once.
@@ -164,11 +196,7 @@ func (w *Watcher) Changes() <-chan struct{} { return w.changed }
 // share their label maps: callers read them and never write.
 func (w *Watcher) Snapshot() Snapshot {
 	s := Snapshot{Namespaces: map[string]map[string]string{}, Identities: map[string]policy.Identity{}}
-	for _, o := range w.nodes.GetStore().List() {
-		if n, ok := o.(*corev1.Node); ok {
-			s.Nodes = append(s.Nodes, nodeFrom(n))
-		}
-	}
+	s.Nodes = w.Nodes()
 	var cluster, local []memoPod
 	seen := map[types.UID]bool{}
 	w.memo.mu.Lock()
@@ -217,7 +245,9 @@ func (w *Watcher) Snapshot() Snapshot {
 			}
 		}
 	}
-	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].Name < s.Nodes[j].Name })
+	if w.clusterPolicies != nil {
+		s.ClusterPolicies = clusterPoliciesFrom(w.clusterPolicies.GetStore().List(), w.weirClusterPolicies.GetStore().List())
+	}
 	sort.Slice(s.Policies, func(i, j int) bool {
 		return s.Policies[i].Namespace+"/"+s.Policies[i].Name < s.Policies[j].Namespace+"/"+s.Policies[j].Name
 	})

@@ -3,15 +3,25 @@ package k8s
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
+	"github.com/weirnet/weir/internal/k8s/apis/weirv1alpha1"
 	"github.com/weirnet/weir/internal/policy"
 )
 
@@ -34,14 +44,16 @@ func pod(ns, name, nodeName, ip string, labels map[string]string) *corev1.Pod {
 }
 
 func TestWatcherSnapshotsNodesAndOwnPods(t *testing.T) {
+	labelled := node("n1", "10.99.0.11", "10.244.0.0/24")
+	labelled.Labels = map[string]string{"role": "dns"}
 	c := fake.NewSimpleClientset(
-		node("n2", "10.99.0.12", "10.244.1.0/24"), node("n1", "10.99.0.11", "10.244.0.0/24"),
+		node("n2", "10.99.0.12", "10.244.1.0/24"), labelled,
 		pod("default", "web", "n1", "10.244.0.5", map[string]string{"app": "web"}),
 		pod("default", "other", "n2", "10.244.1.5", nil),
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dyn := newFakeDynamic(identityObject(300, policy.Labels{policy.LabelNamespace + "=default", "k8s:app=web"}))
+	dyn := newWatcherDynamic(identityObject(300, policy.Labels{policy.LabelNamespace + "=default", "k8s:app=web"}))
 	w := NewWatcher(c, dyn, "n1", 0)
 	w.Start(ctx)
 	if err := w.WaitSynced(ctx); err != nil {
@@ -53,7 +65,8 @@ func TestWatcherSnapshotsNodesAndOwnPods(t *testing.T) {
 	}
 	n1, ok := s.Node("n1")
 	cidr, has := n1.PodCIDR4()
-	if !ok || !has || cidr != netip.MustParsePrefix("10.244.0.0/24") || n1.InternalIP != netip.MustParseAddr("10.99.0.11") {
+	if !ok || !has || cidr != netip.MustParsePrefix("10.244.0.0/24") || n1.InternalIP != netip.MustParseAddr("10.99.0.11") ||
+		n1.Labels["role"] != "dns" {
 		t.Fatalf("n1 = %+v", n1)
 	}
 	if len(s.Pods) != 1 || s.Pods[0].Name != "web" || s.Pods[0].Labels["app"] != "web" {
@@ -166,5 +179,158 @@ func TestPodMemoFollowsResourceVersions(t *testing.T) {
 	m.prune(map[types.UID]bool{})
 	if len(m.byID) != 0 {
 		t.Fatalf("prune kept %d pods no longer in the cache", len(m.byID))
+	}
+}
+
+// newWatcherDynamic is a fake dynamic client that lists every custom
+// resource the watcher watches.
+func newWatcherDynamic(objs ...runtime.Object) *dynfake.FakeDynamicClient {
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		IdentityResource:          "SecurityIdentityList",
+		ClusterPolicyResource:     "ClusterNetworkPolicyList",
+		WeirClusterPolicyResource: "WeirClusterNetworkPolicyList",
+	}, objs...)
+}
+
+// asUnstructured is o as a dynamic client holds it.
+func asUnstructured(t *testing.T, o runtime.Object, gvk schema.GroupVersionKind) *unstructured.Unstructured {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetGroupVersionKind(gvk)
+	return u
+}
+
+var everyNamespace = &metav1.LabelSelector{}
+
+func upstreamPolicy(t *testing.T, name string, generation int64, action npav1alpha2.ClusterNetworkPolicyRuleAction) *unstructured.Unstructured {
+	p := &npav1alpha2.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Generation: generation},
+		Spec: npav1alpha2.ClusterNetworkPolicySpec{
+			Tier: npav1alpha2.AdminTier, Priority: 10,
+			Subject: npav1alpha2.ClusterNetworkPolicySubject{Namespaces: everyNamespace},
+			Ingress: []npav1alpha2.ClusterNetworkPolicyIngressRule{{
+				Name: "in", Action: action,
+				From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: everyNamespace}},
+			}},
+		},
+	}
+	return asUnstructured(t, p, npav1alpha2.SchemeGroupVersion.WithKind("ClusterNetworkPolicy"))
+}
+
+// weirPolicy rejects all ingress and logs DNS to the nodes labelled
+// role=dns.
+func weirPolicy(t *testing.T, name string, generation int64) *unstructured.Unstructured {
+	p := &weirv1alpha1.WeirClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Generation: generation},
+		Spec: weirv1alpha1.WeirClusterNetworkPolicySpec{
+			Tier: npav1alpha2.BaselineTier, Priority: 5,
+			Subject: npav1alpha2.ClusterNetworkPolicySubject{Namespaces: everyNamespace},
+			Ingress: []weirv1alpha1.IngressRule{{
+				Name: "reject-in", Action: weirv1alpha1.RuleActionReject,
+				From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: everyNamespace}},
+			}},
+			Egress: []weirv1alpha1.EgressRule{{
+				Name: "log-dns", Action: weirv1alpha1.RuleActionLog,
+				To: []npav1alpha2.ClusterNetworkPolicyEgressPeer{{Nodes: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "dns"}}}},
+				Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{
+					UDP: &npav1alpha2.ClusterNetworkPolicyProtocolUDP{DestinationPort: &npav1alpha2.Port{Number: 53}},
+				}},
+			}},
+		},
+	}
+	return asUnstructured(t, p, weirv1alpha1.SchemeGroupVersion.WithKind("WeirClusterNetworkPolicy"))
+}
+
+// TestWatcherSnapshotsClusterPolicies: both kinds arrive in one sorted
+// list in the upstream types, with their generations, and Weir's actions
+// read back as the compiler reads them.
+func TestWatcherSnapshotsClusterPolicies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dyn := newWatcherDynamic(weirPolicy(t, "a-weir", 7),
+		upstreamPolicy(t, "b-deny", 3, npav1alpha2.ClusterNetworkPolicyRuleActionDeny),
+		upstreamPolicy(t, "a-pass", 1, npav1alpha2.ClusterNetworkPolicyRuleActionPass))
+	w := NewWatcher(fake.NewSimpleClientset(), dyn, "n1", 0)
+	w.Start(ctx)
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := w.Snapshot().ClusterPolicies
+	want := []struct {
+		ref        string
+		generation int64
+		ingress    policy.Action
+	}{
+		{"ClusterNetworkPolicy/a-pass", 1, policy.ActionPass},
+		{"ClusterNetworkPolicy/b-deny", 3, policy.ActionDeny},
+		{"WeirClusterNetworkPolicy/a-weir", 7, policy.ActionReject},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d cluster policies, want %d", len(got), len(want))
+	}
+	for i, exp := range want {
+		p := got[i]
+		if p.Ref() != exp.ref || p.Generation != exp.generation || len(p.Spec.Ingress) != 1 {
+			t.Fatalf("policy %d: %s generation %d, %d ingress rules; want %s generation %d, one rule",
+				i, p.Ref(), p.Generation, len(p.Spec.Ingress), exp.ref, exp.generation)
+		}
+		if a, err := policy.ParseAction(p.Kind, string(p.Spec.Ingress[0].Action)); err != nil || a != exp.ingress {
+			t.Fatalf("%s ingress action %q (%v), want %v", p.Ref(), p.Spec.Ingress[0].Action, err, exp.ingress)
+		}
+	}
+	weir := got[2]
+	if weir.Spec.Tier != npav1alpha2.BaselineTier || weir.Spec.Priority != 5 || len(weir.Spec.Egress) != 1 {
+		t.Fatalf("weir spec %+v: want Baseline, priority 5, one egress rule", weir.Spec)
+	}
+	eg := weir.Spec.Egress[0]
+	if eg.Name != "log-dns" || eg.Action != "Log" || len(eg.To) != 1 || eg.To[0].Nodes == nil ||
+		eg.To[0].Nodes.MatchLabels["role"] != "dns" || len(eg.Protocols) != 1 || eg.Protocols[0].UDP == nil ||
+		eg.Protocols[0].UDP.DestinationPort.Number != 53 {
+		t.Fatalf("weir egress rule %+v: want log-dns, Log, to nodes role=dns, UDP 53", eg)
+	}
+
+	// A new policy of Weir's kind: one signal, and the next snapshot has it.
+	drain(w)
+	if _, err := dyn.Resource(WeirClusterPolicyResource).Create(ctx, weirPolicy(t, "b-weir", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Changes():
+	case <-ctx.Done():
+		t.Fatal("no change signalled for a new WeirClusterNetworkPolicy")
+	}
+	for len(w.Snapshot().ClusterPolicies) != 4 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the new policy never reached the snapshot")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if last := w.Snapshot().ClusterPolicies[3]; last.Ref() != "WeirClusterNetworkPolicy/b-weir" {
+		t.Fatalf("last policy %s, want WeirClusterNetworkPolicy/b-weir", last.Ref())
+	}
+}
+
+// TestWatcherSyncFailsOnMissingCRD: a kind the API server does not serve
+// ends the wait with an error naming the manifest that installs it.
+func TestWatcherSyncFailsOnMissingCRD(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dyn := newWatcherDynamic()
+	dyn.PrependReactor("list", WeirClusterPolicyResource.Resource, func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(WeirClusterPolicyResource.GroupResource(), "")
+	})
+	w := NewWatcher(fake.NewSimpleClientset(), dyn, "n1", 0)
+	w.Start(ctx)
+	err := w.WaitSynced(ctx)
+	if !errors.Is(err, ErrCRDMissing) || !strings.Contains(err.Error(), "deploy/crd-weirclusternetworkpolicies.yaml") {
+		t.Fatalf("WaitSynced: %v, want %v naming deploy/crd-weirclusternetworkpolicies.yaml", err, ErrCRDMissing)
+	}
+	if w.Synced() {
+		t.Fatal("synced without the kind")
 	}
 }

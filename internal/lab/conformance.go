@@ -28,6 +28,7 @@ const cyclonusAgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.43"
 const (
 	SuiteCyclonus = "cyclonus"
 	SuiteNetpol   = "netpol"
+	SuiteCNP      = "cnp" // sigs.k8s.io/network-policy-api's ClusterNetworkPolicy suite
 )
 
 // ConformanceResult is the outcome of one conformance run.
@@ -39,6 +40,10 @@ type ConformanceResult struct {
 	Failed []string `json:"failed,omitempty"`
 	// ByProtocol splits the upstream suite's specs (TCP, UDP, SCTP, API).
 	ByProtocol map[string]*PassCount `json:"byProtocol,omitempty"`
+	// ByTier splits the ClusterNetworkPolicy suite's tests (Admin, Baseline).
+	ByTier map[string]*PassCount `json:"byTier,omitempty"`
+	// Subtests counts the subtests of the tests counted in Passed and Total.
+	Subtests *PassCount `json:"subtests,omitempty"`
 	// NotRunnable names what was not run and why.
 	NotRunnable map[string]string `json:"notRunnable,omitempty"`
 	Command     string            `json:"command"`
@@ -64,6 +69,12 @@ func (r ConformanceResult) String() string {
 	sort.Strings(keys)
 	for _, k := range keys {
 		s += fmt.Sprintf("; %s %d/%d", k, r.ByProtocol[k].Passed, r.ByProtocol[k].Total)
+	}
+	for _, k := range passCountKeys(r.ByTier) {
+		s += fmt.Sprintf("; %s tier %d/%d", k, r.ByTier[k].Passed, r.ByTier[k].Total)
+	}
+	if r.Subtests != nil {
+		s += fmt.Sprintf("; subtests %d/%d", r.Subtests.Passed, r.Subtests.Total)
 	}
 	for k, why := range r.NotRunnable {
 		s += fmt.Sprintf("; %s not runnable: %s", k, why)

@@ -119,7 +119,108 @@ func (st *State) demoPolicy(ctx context.Context, frontends, backends []corev1.Po
 		return fmt.Errorf("demo: the frontend lost the backend under the policy")
 	}
 	fmt.Fprintf(out, "verdicts, as `weir observe --lab %s -n demo` shows them:\n", st.Config.Name)
-	return st.printDemoFlows(ctx, out)
+	if err := st.printDemoFlows(ctx, out); err != nil {
+		return err
+	}
+	return st.demoClusterPolicy(ctx, frontends, out)
+}
+
+// demoClusterPolicy puts an Admin-tier guardrail over the frontends: a
+// frontend calling another is refused at once (Reject), every call into a
+// frontend is logged, the policy reports itself programmed on every node,
+// and `weir policy trace` explains the verdict and confirms it in the
+// loaded eBPF programs.
+func (st *State) demoClusterPolicy(ctx context.Context, frontends []corev1.Pod, out io.Writer) error {
+	if len(frontends) < 2 {
+		return fmt.Errorf("demo: want two frontends, have %d", len(frontends))
+	}
+	if err := st.applyManifests(ctx, manifests.FS, nil, "demo-cluster-policy.yaml"); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "WeirClusterNetworkPolicy demo-guard (Admin tier): log every call into a frontend, reject frontend -> frontend\n")
+	from, to := frontends[0], frontends[1]
+	var (
+		err  error
+		took time.Duration
+	)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) { // until the agents have compiled it
+		start := time.Now()
+		if _, err = st.dial(ctx, from, to.Status.PodIP, 8080); err != nil {
+			took = time.Since(start)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err == nil {
+		return fmt.Errorf("demo: %s still reaches %s under demo-guard", from.Name, to.Name)
+	}
+	if !strings.Contains(err.Error(), "refused") {
+		return fmt.Errorf("demo: %s -> %s failed with %v, want a refused connection (the Reject's reset)", from.Name, to.Name, err)
+	}
+	fmt.Fprintf(out, "  rejected %s -> %s (%s) in %s: %v\n", from.Name, to.Name, to.Spec.NodeName, took.Round(time.Millisecond), err)
+	if err := st.printPolicyStatus(ctx, "weirclusternetworkpolicies.weir.io", "demo-guard", out); err != nil {
+		return err
+	}
+	return st.printDemoTrace(ctx, from, to, out)
+}
+
+// printPolicyStatus waits for the policy's Programmed condition and prints it.
+func (st *State) printPolicyStatus(ctx context.Context, resource, name string, out io.Writer) error {
+	var last string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := st.Kubectl(ctx, nil, "get", resource, name, "-o",
+			`jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}`)
+		last = string(b)
+		if err == nil && strings.Contains(last, "Programmed=True") {
+			fmt.Fprintf(out, "  status of %s:\n", name)
+			for _, l := range strings.Split(strings.TrimSpace(last), "\n") {
+				fmt.Fprintf(out, "    %s\n", l)
+			}
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return fmt.Errorf("demo: %s not Programmed on every node within 30 s: %q", name, last)
+}
+
+// printDemoTrace asks every node's agent to trace the rejected call; the
+// nodes holding its two ends answer.
+func (st *State) printDemoTrace(ctx context.Context, from, to corev1.Pod, out io.Writer) error {
+	q := api.TraceQuery{Src: from.Namespace + "/" + from.Name, Dst: to.Namespace + "/" + to.Name, Proto: "TCP", Port: 8080}
+	fmt.Fprintf(out, "  weir policy trace %s %s 8080/tcp --lab %s:\n", q.Src, q.Dst, st.Config.Name)
+	answered := 0
+	for _, n := range st.Nodes {
+		t, err := n.Client().Trace(ctx, q)
+		if api.CodeOf(err) == api.CodeTraceNotLocal {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("trace on %s: %w", n.Name, err)
+		}
+		answered++
+		for _, e := range t.Ends {
+			by := " by " + e.Compiled.RuleName
+			if e.Compiled.RuleName == "" {
+				by = " (no policy selects the pod in this direction)"
+			}
+			fmt.Fprintf(out, "    %s: %s of %s: %s at %s%s\n", n.Name, e.Direction, e.Pod, e.Compiled.Verdict, e.Compiled.Stage, by)
+			if e.Compiled.LogName != "" {
+				fmt.Fprintf(out, "      logged by %s\n", e.Compiled.LogName)
+			}
+			if e.Datapath != nil {
+				fmt.Fprintf(out, "      datapath (BPF_PROG_RUN through %s): %s at %s, agrees=%v\n", t.Program, e.Datapath.Verdict, e.Datapath.Stage, e.Agree)
+			}
+		}
+		if !t.Agree {
+			return fmt.Errorf("demo: the trace on %s disagrees with the datapath", n.Name)
+		}
+	}
+	if answered == 0 {
+		return fmt.Errorf("demo: no node traced %s -> %s", q.Src, q.Dst)
+	}
+	return nil
 }
 
 // printDemoFlows prints the latest allowed and denied ingress verdict of

@@ -37,6 +37,7 @@ const (
 type imageSpec struct {
 	Refs    []string          // every name the image is tagged with
 	Files   map[string]string // path in the image -> file on the host
+	Scripts map[string]string // path in the image -> content of an executable script
 	Busybox bool              // add /bin/busybox and a link per applet
 	// SharedLibs carries the shared libraries (and the dynamic loader) of
 	// dynamically linked Files, as ldd resolves them on this machine.
@@ -50,7 +51,10 @@ func labImages(binDir string, bins map[string]string) []imageSpec {
 	agnhostDir := bins["agnhost"]
 	return []imageSpec{
 		{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}},
-		{Refs: []string{AgnhostImage, cyclonusAgnhostImage}, Files: map[string]string{"/agnhost": filepath.Join(agnhostDir, "agnhost")}, Busybox: true, Entrypoint: []string{"/agnhost"}},
+		// As upstream's image: `agnhost pause` when a pod gives no command,
+		// and a /bin/bash, which the ClusterNetworkPolicy suite's pods run.
+		{Refs: []string{AgnhostImage, cyclonusAgnhostImage, cnpAgnhostImage}, Files: map[string]string{"/agnhost": filepath.Join(agnhostDir, "agnhost")},
+			Scripts: map[string]string{"/bin/bash": bashShim}, Busybox: true, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
 		{Refs: []string{BusyboxImage}, Busybox: true, Cmd: []string{"sh"}},
 		{Refs: []string{AgentImage}, Files: map[string]string{
 			"/usr/bin/weir-agent": filepath.Join(binDir, "weir-agent"),
@@ -65,6 +69,10 @@ func labImages(binDir string, bins map[string]string) []imageSpec {
 }
 
 const busyboxPath = "/bin/busybox" // Debian's busybox-static
+
+// bashShim stands in for bash with busybox's shell, enough for the
+// `bash -c COMMAND` of test manifests (busybox has no bash applet).
+const bashShim = "#!/bin/sh\nexec /bin/sh \"$@\"\n"
 
 // build writes the image as a docker-archive tarball under the cache,
 // keyed by the content of its inputs, and returns its path; an unchanged
@@ -148,6 +156,9 @@ func mustDiffIDs(l v1.Layer) []v1.Hash {
 func (s imageSpec) key(files map[string]string) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%q %q %q\n", s.Refs, s.Entrypoint, s.Cmd)
+	for _, dst := range sortedKeys(s.Scripts) {
+		fmt.Fprintf(h, "%s %q\n", dst, s.Scripts[dst])
+	}
 	for _, dst := range sortedKeys(files) {
 		f, err := os.Open(files[dst])
 		if err != nil {
@@ -203,13 +214,26 @@ func (s imageSpec) writeLayer(path string, files map[string]string) (retErr erro
 			return err
 		}
 	}
+	for _, dst := range sortedKeys(s.Scripts) {
+		if err := addDir(filepath.Dir(dst)); err != nil {
+			return err
+		}
+		body := s.Scripts[dst]
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(dst, "/"), Mode: 0o755, Size: int64(len(body))}); err != nil {
+			return err
+		}
+		if _, err := io.WriteString(tw, body); err != nil {
+			return err
+		}
+	}
 	if s.Busybox {
 		applets, err := busyboxApplets()
 		if err != nil {
 			return err
 		}
 		for _, a := range applets {
-			if _, taken := files["/bin/"+a]; taken || a == "busybox" {
+			_, script := s.Scripts["/bin/"+a]
+			if _, taken := files["/bin/"+a]; taken || script || a == "busybox" {
 				continue
 			}
 			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}); err != nil {

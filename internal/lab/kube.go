@@ -57,11 +57,14 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	if err := st.startControlPlane(ctx, p, out); err != nil {
 		return err
 	}
-	if err := st.applyManifests(ctx, deploy.Manifests, nil, "crds.yaml", "rbac.yaml"); err != nil {
+	if err := st.applyManifests(ctx, deploy.Manifests, nil, "crds.yaml",
+		"crd-clusternetworkpolicies.yaml", "crd-weirclusternetworkpolicies.yaml", "rbac.yaml"); err != nil {
 		return err
 	}
+	// The agents' watches fail their sync on a kind not yet served.
 	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/securityidentities.weir.io"); err != nil {
+		"crd/securityidentities.weir.io", "crd/clusternetworkpolicies.policy.networking.k8s.io",
+		"crd/weirclusternetworkpolicies.weir.io"); err != nil {
 		return fmt.Errorf("weir CRDs: %w", err)
 	}
 	for i := range st.Nodes {
@@ -108,7 +111,7 @@ func (st *State) deployAgents(ctx context.Context) error {
 		CNIConfDir: filepath.Join(node, "cni", "net.d"), CNIBinDir: filepath.Join(node, "cni", "bin"),
 		APIServerHost: controlPlaneIP.String(), APIServerPort: strconv.Itoa(apiPort),
 		// Each node is its own network namespace: one port serves all.
-		HealthPort: 9879,
+		HealthPort: 9879, MetricsPort: 9880,
 		// Pod network namespaces appear under the run directory after the
 		// agent starts. The lab mounted bpffs already.
 		Mounts: []deploy.Mount{{Name: "lab", Path: st.RunDir, Propagation: "HostToContainer"}, {Name: "bpffs", Path: "/sys/fs/bpf"}},

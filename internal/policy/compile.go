@@ -64,6 +64,10 @@ func (c *Compiler) Compile(s *Snapshot) *Result {
 			cp.res.Errors = append(cp.res.Errors, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err))
 		}
 	}
+	cp.applyClusterPolicies()
+	for _, ep := range cp.res.Endpoints {
+		ep.Entries = flatten(ep.Entries)
+	}
 	c.cidrs.keepOnly(cp.usedCIDR)
 	c.rules.keepOnly(cp.usedRule)
 	return cp.res
@@ -163,6 +167,7 @@ func (cp *compilation) buildCIDRs() {
 			}
 		})
 	}
+	cp.clusterPrefixes(add)
 	cp.addPodPrefixes(add)
 	cp.cidrs = sortedPrefixes(cp.cidrIDs)
 }
@@ -220,6 +225,7 @@ func (cp *compilation) addPodPrefixes(add func(string)) {
 			}
 		}
 	}
+	clusterEgressNamedPorts(cp.s.ClusterPolicies, names)
 	if len(names) == 0 {
 		return
 	}
@@ -252,7 +258,7 @@ func (cp *compilation) buildEndpoints() {
 			if !p.Local {
 				continue
 			}
-			cp.res.Endpoints[p.Key()] = &EndpointPolicy{Pod: p.Key(), Identity: set.id, Allow: map[Key]RuleID{}}
+			cp.res.Endpoints[p.Key()] = &EndpointPolicy{Pod: p.Key(), Identity: set.id, Entries: map[Key]Entry{}}
 		}
 	}
 }
@@ -344,7 +350,10 @@ func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
 func (cp *compilation) enforce(ep *EndpointPolicy, d Direction, policy string) {
 	if !ep.Enforced[d] {
 		ep.Enforced[d] = true
-		ep.Allow[Key{Direction: d, Peer: IdentityHost, Proto: ProtoAny}] = RuleNodeTraffic
+		k := Key{Direction: d, Peer: IdentityHost, Proto: ProtoAny}
+		e := ep.Entries[k]
+		e.Allow = RuleNodeTraffic
+		ep.Entries[k] = e
 		cp.res.Rules[RuleNodeTraffic] = RuleRef{Direction: d}
 	}
 	ep.Policies[d] = append(ep.Policies[d], policy)
@@ -379,15 +388,16 @@ func (cp *compilation) applyRule(p *networkingv1.NetworkPolicy, d Direction, ind
 	if err != nil {
 		return err
 	}
-	ref := RuleRef{Namespace: p.Namespace, Name: p.Name, Direction: d, Index: index}
+	ref := RuleRef{Kind: KindNetworkPolicy, Namespace: p.Namespace, Name: p.Name, Direction: d, Index: index}
 	rule := RuleID(cp.c.rules.get(ref))
 	used := false
 	for _, subj := range subjects {
 		ep := cp.res.Endpoints[subj.Key()]
 		for _, k := range ruleKeys(d, targets, specs, subj, cp.sets, cp.cidrIDs) {
 			used = true
-			if _, ok := ep.Allow[k]; !ok {
-				ep.Allow[k] = rule
+			if e := ep.Entries[k]; e.Allow == 0 {
+				e.Allow = rule
+				ep.Entries[k] = e
 			}
 		}
 	}
@@ -529,23 +539,23 @@ func ruleKeys(d Direction, targets []peerTarget, specs []portSpec, subj *Pod, se
 			continue
 		}
 		if d == Ingress {
-			port, ok := namedPort(subj.Ports, spec.name, spec.proto)
+			port, proto, ok := namedPort(subj.Ports, spec.name, spec.proto)
 			if !ok {
 				continue
 			}
 			for _, t := range targets {
-				out = append(out, Key{d, t.id, spec.proto, PortPrefix{port, 16}})
+				out = append(out, Key{d, t.id, proto, PortPrefix{port, 16}})
 			}
 			continue
 		}
 		for _, t := range targets {
 			for _, pod := range t.namedPortPods(sets) {
-				port, ok := namedPort(pod.Ports, spec.name, spec.proto)
+				port, proto, ok := namedPort(pod.Ports, spec.name, spec.proto)
 				if !ok {
 					continue
 				}
 				for _, id := range podPrefixIdentities(pod, cidrIDs) {
-					out = append(out, Key{d, id, spec.proto, PortPrefix{port, 16}})
+					out = append(out, Key{d, id, proto, PortPrefix{port, 16}})
 				}
 			}
 		}
@@ -579,6 +589,29 @@ func podPrefixIdentities(pod *Pod, cidrIDs map[netip.Prefix]Identity) []Identity
 		if id, ok := cidrIDs[netip.PrefixFrom(a, a.BitLen())]; ok {
 			out = append(out, id)
 		}
+	}
+	return out
+}
+
+// flatten gives each key what every shorter key covering it holds: the
+// same peer and direction with a shorter port prefix, or any protocol. An
+// LPM lookup returns only the longest key, so without this a port rule of
+// one tier would hide a wider rule of another.
+func flatten(entries map[Key]Entry) map[Key]Entry {
+	out := make(map[Key]Entry, len(entries))
+	for k, e := range entries {
+		if k.Proto != ProtoAny {
+			for bits := int(k.Ports.Bits) - 1; bits >= 0; bits-- {
+				up := Key{k.Direction, k.Peer, k.Proto, PortPrefix{maskPort(k.Ports.Port, uint8(bits)), uint8(bits)}}
+				if o, ok := entries[up]; ok {
+					e = e.merge(o)
+				}
+			}
+			if o, ok := entries[Key{k.Direction, k.Peer, ProtoAny, AllPorts}]; ok {
+				e = e.merge(o)
+			}
+		}
+		out[k] = e
 	}
 	return out
 }

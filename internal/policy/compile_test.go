@@ -215,10 +215,10 @@ func TestCompileSemantics(t *testing.T) {
 				t.Fatalf("errors: %v", res.Errors)
 			}
 			for _, p := range tt.probes {
-				got, rule := res.Lookup(p.pod, p.dir, netip.MustParseAddr(p.peer), p.proto, p.port)
-				if got != p.allow {
+				dec := res.Lookup(p.pod, p.dir, netip.MustParseAddr(p.peer), p.proto, p.port)
+				if dec.Allowed() != p.allow {
 					t.Errorf("%s %s %s %s/%d: allowed=%v (rule %v), want %v", p.pod, p.dir, p.peer,
-						ProtoName(p.proto), p.port, got, res.Rules[rule], p.allow)
+						ProtoName(p.proto), p.port, dec.Allowed(), res.Rules[dec.Rule], p.allow)
 				}
 			}
 			if err := checkPodsAgainstEvaluate(s, res, tt.probes); err != nil {
@@ -234,8 +234,8 @@ func checkPodsAgainstEvaluate(s *Snapshot, res *Result, probes []probe) error {
 			if s.Pods[i].Key() != p.pod {
 				continue
 			}
-			want, _ := Evaluate(s, &s.Pods[i], p.dir, netip.MustParseAddr(p.peer), p.proto, p.port)
-			if want != p.allow {
+			want := Evaluate(s, &s.Pods[i], p.dir, netip.MustParseAddr(p.peer), p.proto, p.port)
+			if (want.Verdict == VerdictAllow) != p.allow {
 				return fmt.Errorf("Evaluate disagrees with the table on %+v", p)
 			}
 		}
@@ -257,7 +257,7 @@ func TestInvalidPolicyFailsClosed(t *testing.T) {
 	if !strings.Contains(res.Errors[0].Error(), "networkpolicy x/bad: ingress[0]") {
 		t.Errorf("error does not name the rule: %v", res.Errors[0])
 	}
-	if ok, _ := res.Lookup("x/a", Ingress, netip.MustParseAddr("10.0.1.1"), ProtoTCP, 80); ok {
+	if res.Lookup("x/a", Ingress, netip.MustParseAddr("10.0.1.1"), ProtoTCP, 80).Allowed() {
 		t.Error("a policy that failed to compile let traffic in")
 	}
 }
@@ -273,7 +273,7 @@ func TestUnallocatedIdentityIsWorld(t *testing.T) {
 	if len(res.Unallocated) != 1 || res.Unallocated[0] != yKey {
 		t.Fatalf("Unallocated = %q, want [%q]", res.Unallocated, yKey)
 	}
-	if ok, _ := res.Lookup("x/a", Ingress, netip.MustParseAddr("10.0.1.1"), ProtoTCP, 80); ok {
+	if res.Lookup("x/a", Ingress, netip.MustParseAddr("10.0.1.1"), ProtoTCP, 80).Allowed() {
 		t.Error("a pod without identity was allowed before it had one")
 	}
 }
@@ -411,11 +411,28 @@ func dumpResult(r *Result) string {
 		ep := r.Endpoints[p]
 		fmt.Fprintf(&b, "endpoint %s identity=%d enforced ingress=%v egress=%v\n", p, ep.Identity, ep.Enforced[Ingress], ep.Enforced[Egress])
 		var keys []string
-		for k, rule := range ep.Allow {
-			keys = append(keys, fmt.Sprintf("  %s -> %s", k, r.Rules[rule]))
+		for k, e := range ep.Entries {
+			keys = append(keys, "  "+dumpEntry(k, e, r.Rules))
 		}
 		sort.Strings(keys)
 		b.WriteString(strings.Join(keys, "\n") + "\n")
 	}
 	return b.String()
+}
+
+// dumpEntry prints a key and what it holds; a NetworkPolicy-only entry
+// prints as it did before cluster policies existed.
+func dumpEntry(k Key, e Entry, rules map[RuleID]RuleRef) string {
+	out := k.String() + " ->"
+	if e.Allow != 0 {
+		out += " " + rules[e.Allow].String()
+	}
+	for t := range e.Tier {
+		for _, m := range []Match{e.Tier[t], e.Log[t]} {
+			if m.Found() {
+				out += fmt.Sprintf(" | #%d %s", m.Rank, rules[m.Rule])
+			}
+		}
+	}
+	return out
 }

@@ -24,11 +24,12 @@ type EndpointDiff struct {
 	Pod string
 	// Gone: the endpoint left the Result; delete all it had.
 	Gone bool
-	// Enforced is the new state; FlagsChanged says it differs (or the
-	// endpoint is new).
+	// Enforced and Tiered are the new flags; FlagsChanged says they
+	// differ (or the endpoint is new).
 	Enforced     [2]bool
+	Tiered       [2]bool
 	FlagsChanged bool
-	Upsert       map[Key]RuleID
+	Upsert       map[Key]Entry
 	Delete       []Key
 }
 
@@ -50,15 +51,15 @@ func DiffResults(prev, next *Result) Diff {
 	sort.Slice(d.CIDRDelete, func(i, j int) bool { return d.CIDRDelete[i].String() < d.CIDRDelete[j].String() })
 	for pod, ep := range next.Endpoints {
 		old := prev.Endpoints[pod]
-		ed := EndpointDiff{Pod: pod, Enforced: ep.Enforced}
-		var oldAllow map[Key]RuleID
+		ed := EndpointDiff{Pod: pod, Enforced: ep.Enforced, Tiered: ep.Tiered}
+		var oldEntries map[Key]Entry
 		if old == nil {
 			ed.FlagsChanged = true
 		} else {
-			ed.FlagsChanged = old.Enforced != ep.Enforced
-			oldAllow = old.Allow
+			ed.FlagsChanged = old.Enforced != ep.Enforced || old.Tiered != ep.Tiered
+			oldEntries = old.Entries
 		}
-		ed.Upsert, ed.Delete = diffMap(oldAllow, ep.Allow)
+		ed.Upsert, ed.Delete = diffMap(oldEntries, ep.Entries)
 		if ed.FlagsChanged || len(ed.Upsert) > 0 || len(ed.Delete) > 0 {
 			d.Endpoints = append(d.Endpoints, ed)
 		}
@@ -66,7 +67,7 @@ func DiffResults(prev, next *Result) Diff {
 	for pod, old := range prev.Endpoints {
 		if _, ok := next.Endpoints[pod]; !ok {
 			ed := EndpointDiff{Pod: pod, Gone: true, FlagsChanged: true}
-			_, ed.Delete = diffMap(old.Allow, nil)
+			_, ed.Delete = diffMap(old.Entries, nil)
 			d.Endpoints = append(d.Endpoints, ed)
 		}
 	}

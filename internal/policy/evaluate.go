@@ -1,26 +1,112 @@
 package policy
 
 import (
+	"errors"
 	"net/netip"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
 
+// Outcome is Evaluate's answer: the verdict, the stage of the
+// precedence order that gave it and the rules that did, by name.
+type Outcome struct {
+	Verdict Verdict
+	Stage   Stage
+	Rule    RuleRef // zero unless a rule decided
+	Log     RuleRef // the first Log rule passed, zero for none
+}
+
 // Evaluate decides one packet by reading the policies directly, with no
-// identities, prefixes or keys: the NetworkPolicy v1 semantics as the
-// Kubernetes documentation states them. target is the pod the direction
-// belongs to (the receiver for Ingress, the sender for Egress) and peer
-// the address on the other side. It is the reference the compiled Lookup
-// is tested against; it is far too slow for the datapath.
-func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) (bool, RuleRef) {
+// identities, prefixes or keys: the precedence order of the Kubernetes
+// network policy APIs written the obvious way (Admin tier, NetworkPolicy,
+// Baseline tier, allow). target is the pod the direction belongs to (the
+// receiver for Ingress, the sender for Egress) and peer the address on the
+// other side. It is the reference the compiled Lookup is tested against;
+// it is far too slow for the datapath.
+func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) Outcome {
+	var out Outcome
+	placed, _ := placeClusterPolicies(s.ClusterPolicies)
+	tiered := false
+	for _, tier := range []Tier{TierAdmin, TierBaseline} {
+		if tier == TierBaseline {
+			selected, allowed, ref := evaluateNetworkPolicy(s, target, d, peer, proto, port)
+			switch {
+			case allowed && selected:
+				out.Verdict, out.Stage, out.Rule = VerdictAllow, StageNetworkPolicy, ref
+				return out
+			case selected:
+				out.Verdict, out.Stage = VerdictDeny, StageNetworkPolicyDefaultDeny
+				return out
+			}
+		}
+	tierRules:
+		for _, pp := range placed {
+			if pp.tier != tier || !clusterSelects(s, pp.p, target) {
+				continue
+			}
+			rules := clusterRules(&pp.p.Spec, d)
+			tiered = tiered || len(rules) > 0
+			for i, r := range rules {
+				action, ok := evaluateClusterRule(s, pp.p.Kind, r, target, d, peer, proto, port)
+				if !ok {
+					continue
+				}
+				ref := RuleRef{Kind: pp.p.Kind, Name: pp.p.Name, Direction: d, Index: i,
+					Tier: tier, Priority: pp.p.Spec.Priority, Action: action, RuleName: r.name}
+				switch action {
+				case ActionLog:
+					if out.Log.Name == "" {
+						out.Log = ref
+					}
+				case ActionPass:
+					break tierRules
+				case ActionAccept:
+					out.Verdict, out.Stage, out.Rule = VerdictAllow, stageOf(tier), ref
+					return out
+				case ActionReject:
+					out.Verdict, out.Stage, out.Rule = VerdictReject, stageOf(tier), ref
+					return out
+				default:
+					out.Verdict, out.Stage, out.Rule = VerdictDeny, stageOf(tier), ref
+					return out
+				}
+			}
+		}
+	}
+	out.Verdict, out.Stage = VerdictAllow, StageDefault
+	if !tiered {
+		out.Stage = StageUnenforced
+	}
+	return out
+}
+
+func stageOf(t Tier) Stage {
+	if t == TierBaseline {
+		return StageBaseline
+	}
+	return StageAdmin
+}
+
+// evaluateNetworkPolicy is NetworkPolicy v1 alone: whether any policy
+// selects target in d, whether one of their rules allows, and which.
+func evaluateNetworkPolicy(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) (selected, allowed bool, ref RuleRef) {
 	for _, a := range s.HostIPs {
 		if a == peer {
-			return true, RuleRef{Direction: d} // the pod's own node
+			// The pod's own node, always allowed; a policy that selects
+			// the pod still ends evaluation here.
+			sel := false
+			for _, p := range s.Policies {
+				sel = sel || policySelects(s, p, target, d)
+			}
+			return sel, true, RuleRef{Direction: d}
 		}
 	}
 	peerPod := podByIP(s, peer)
-	selected := false
 	for _, p := range sortedPolicies(s.Policies) {
 		if !policySelects(s, p, target, d) {
 			continue
@@ -28,11 +114,11 @@ func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint
 		selected = true
 		for i, r := range rulesOf(p, d) {
 			if peersMatch(s, p.Namespace, r.peers, peer, peerPod) && portsMatch(r.ports, d, target, peerPod, proto, port) {
-				return true, RuleRef{Namespace: p.Namespace, Name: p.Name, Direction: d, Index: i}
+				return true, true, RuleRef{Kind: KindNetworkPolicy, Namespace: p.Namespace, Name: p.Name, Direction: d, Index: i}
 			}
 		}
 	}
-	return !selected, RuleRef{}
+	return selected, false, RuleRef{}
 }
 
 // rule is one ingress or egress rule, direction-neutral.
@@ -150,7 +236,7 @@ func portsMatch(ports []networkingv1.NetworkPolicyPort, d Direction, target, pee
 			if owner == nil {
 				continue
 			}
-			if n, ok := namedPort(owner.Ports, p.Port.StrVal, proto); ok && n == port {
+			if n, _, ok := namedPort(owner.Ports, p.Port.StrVal, proto); ok && n == port {
 				return true
 			}
 			continue
@@ -164,4 +250,118 @@ func portsMatch(ports []networkingv1.NetworkPolicyPort, d Direction, target, pee
 		}
 	}
 	return false
+}
+
+// clusterSelects reports whether p's subject selects target.
+func clusterSelects(s *Snapshot, p *ClusterPolicy, target *Pod) bool {
+	if target.HostNetwork {
+		return false
+	}
+	sub := p.Spec.Subject
+	nsLabels := labels.Set(s.namespace(target.Namespace).Labels)
+	switch {
+	case (sub.Namespaces == nil) == (sub.Pods == nil):
+		return false
+	case sub.Namespaces != nil:
+		return selectorMatches(sub.Namespaces, nsLabels)
+	}
+	return selectorMatches(&sub.Pods.NamespaceSelector, nsLabels) &&
+		selectorMatches(&sub.Pods.PodSelector, labels.Set(target.Labels))
+}
+
+func selectorMatches(sel *metav1.LabelSelector, set labels.Set) bool {
+	s, err := asSelector(sel)
+	return err == nil && s.Matches(set)
+}
+
+// evaluateClusterRule reports whether r matches the packet and with what
+// action; a rule it cannot read fails closed as the compiler's does.
+func evaluateClusterRule(s *Snapshot, kind string, r clusterRule, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) (Action, bool) {
+	action, err := ParseAction(kind, r.action)
+	peerPod := podByIP(s, peer)
+	peerOK := false
+	for _, p := range r.peers {
+		ok, perr := clusterPeerMatches(s, p, peer, peerPod)
+		peerOK = peerOK || ok
+		err = errors.Join(err, perr)
+	}
+	if len(r.peers) == 0 || namedPortWithAddressPeer(r) {
+		err = errors.Join(err, ErrInvalidPolicy)
+	}
+	portOK, perr := clusterPortsMatch(r.protocols, d, target, peerPod, proto, port)
+	if err = errors.Join(err, perr); err != nil {
+		switch action {
+		case ActionAccept, ActionLog:
+			return action, false
+		case ActionReject:
+			return ActionReject, true
+		}
+		return ActionDeny, true
+	}
+	return action, peerOK && portOK
+}
+
+func clusterPeerMatches(s *Snapshot, p npav1alpha2.ClusterNetworkPolicyEgressPeer, addr netip.Addr, pod *Pod) (bool, error) {
+	if countSet(p.Namespaces != nil, p.Pods != nil, p.Nodes != nil, len(p.Networks) > 0, len(p.DomainNames) > 0) != 1 {
+		return false, ErrInvalidPolicy
+	}
+	switch {
+	case p.Namespaces != nil:
+		return pod != nil && selectorMatches(p.Namespaces, labels.Set(s.namespace(pod.Namespace).Labels)), nil
+	case p.Pods != nil:
+		return pod != nil && selectorMatches(&p.Pods.NamespaceSelector, labels.Set(s.namespace(pod.Namespace).Labels)) &&
+			selectorMatches(&p.Pods.PodSelector, labels.Set(pod.Labels)), nil
+	case p.Nodes != nil:
+		for _, n := range s.Nodes {
+			if selectorMatches(p.Nodes, labels.Set(n.Labels)) && slices.Contains(n.IPs, addr) {
+				return true, nil
+			}
+		}
+		return false, nil
+	case len(p.Networks) > 0:
+		for _, n := range p.Networks {
+			cidr, err := netip.ParsePrefix(string(n))
+			if err != nil {
+				return false, ErrInvalidPolicy
+			}
+			if cidr.Contains(addr) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	return false, errUnsupportedPeer
+}
+
+// clusterPortsMatch: a named port resolves against the target on ingress
+// and the peer pod on egress, with the protocol the pod declares.
+func clusterPortsMatch(protos []npav1alpha2.ClusterNetworkPolicyProtocol, d Direction, target, peerPod *Pod, proto uint8, port uint16) (bool, error) {
+	specs, err := clusterPorts(protos)
+	if err != nil {
+		return false, err
+	}
+	for _, spec := range specs {
+		if spec.name != "" {
+			owner := target
+			if d == Egress {
+				owner = peerPod
+			}
+			if owner == nil {
+				continue
+			}
+			if n, p, ok := namedPort(owner.Ports, spec.name, ProtoAny); ok && n == port && p == proto {
+				return true, nil
+			}
+			continue
+		}
+		if spec.proto != ProtoAny && spec.proto != proto {
+			continue
+		}
+		for _, pp := range spec.ports {
+			if pp.Contains(port) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }

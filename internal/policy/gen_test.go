@@ -9,6 +9,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 )
 
 // The generator builds small random clusters in the shape cyclonus uses:
@@ -205,8 +206,10 @@ var (
 )
 
 // checkAgainstEvaluate compares the compiled lookup with Evaluate for
-// every local pod, direction, peer, protocol and port. It returns the
-// first disagreement.
+// every local pod, direction, peer, protocol and port: the verdict and the
+// stage always, and the deciding and Log rules of the cluster tiers. (Of
+// several NetworkPolicy rules that allow, either may be named.) It returns
+// the first disagreement.
 func checkAgainstEvaluate(s *Snapshot, res *Result) error {
 	for i := range s.Pods {
 		pod := &s.Pods[i]
@@ -217,11 +220,11 @@ func checkAgainstEvaluate(s *Snapshot, res *Result) error {
 			for _, peer := range genPeers() {
 				for _, proto := range genProtos {
 					for _, port := range genPortsUsed {
-						want, _ := Evaluate(s, pod, d, peer, proto, port)
-						got, rule := res.Lookup(pod.Key(), d, peer, proto, port)
-						if got != want {
-							return fmt.Errorf("%s %s peer %s proto %s port %d: compiled %v (rule %v), evaluated %v",
-								pod.Key(), d, peer, ProtoName(proto), port, got, res.Rules[rule], want)
+						want := Evaluate(s, pod, d, peer, proto, port)
+						got := res.Lookup(pod.Key(), d, peer, proto, port)
+						if err := sameDecision(res, got, want); err != nil {
+							return fmt.Errorf("%s %s peer %s proto %s port %d: %w",
+								pod.Key(), d, peer, ProtoName(proto), port, err)
 						}
 					}
 				}
@@ -229,4 +232,126 @@ func checkAgainstEvaluate(s *Snapshot, res *Result) error {
 		}
 	}
 	return nil
+}
+
+func sameDecision(res *Result, got Decision, want Outcome) error {
+	gotRule, gotLog := res.Rules[got.Rule], res.Rules[got.Log]
+	if got.Log == 0 {
+		gotLog = RuleRef{}
+	}
+	switch {
+	case got.Verdict != want.Verdict || got.Stage != want.Stage:
+		return fmt.Errorf("compiled %s at %s (rule %v), evaluated %s at %s (rule %v)",
+			got.Verdict, got.Stage, gotRule, want.Verdict, want.Stage, want.Rule)
+	case (want.Stage == StageAdmin || want.Stage == StageBaseline) && gotRule != want.Rule:
+		return fmt.Errorf("compiled rule %v, evaluated %v", gotRule, want.Rule)
+	case gotLog != want.Log:
+		return fmt.Errorf("compiled log rule %v, evaluated %v", gotLog, want.Log)
+	}
+	return nil
+}
+
+// genNodes are the two nodes of the generated cluster.
+func genNodes() []Node {
+	return []Node{
+		{Name: "n1", Labels: map[string]string{"node": "n1", "role": "worker"}, IPs: []netip.Addr{genHost}},
+		{Name: "n2", Labels: map[string]string{"node": "n2"}, IPs: []netip.Addr{genRemoteNode}},
+	}
+}
+
+// genClusterSnapshot is genSnapshot with cluster policies of both kinds
+// and tiers, priorities that collide, and every action.
+func genClusterSnapshot(r *rand.Rand, policies, clusterPolicies int) *Snapshot {
+	s := genSnapshot(r, policies)
+	s.Nodes = genNodes()
+	for i := 0; i < clusterPolicies; i++ {
+		s.ClusterPolicies = append(s.ClusterPolicies, genClusterPolicy(r, fmt.Sprintf("c%d", i)))
+	}
+	return s
+}
+
+func genClusterPolicy(r *rand.Rand, name string) *ClusterPolicy {
+	p := &ClusterPolicy{Kind: KindClusterNetworkPolicy, Name: name}
+	actions := []string{"Accept", "Deny", "Pass"}
+	if r.IntN(2) == 0 {
+		p.Kind = KindWeirClusterNetworkPolicy
+		actions = append(actions, "Reject", "Log")
+	}
+	p.Spec.Tier = npav1alpha2.AdminTier
+	if r.IntN(3) == 0 {
+		p.Spec.Tier = npav1alpha2.BaselineTier
+	}
+	p.Spec.Priority = []int32{0, 5, 5, 10}[r.IntN(4)]
+	if r.IntN(2) == 0 {
+		p.Spec.Subject.Namespaces = genSelector(r, "ns", genNamespaces)
+	} else {
+		p.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{
+			NamespaceSelector: *genSelector(r, "ns", genNamespaces), PodSelector: *genSelector(r, "pod", genPods)}
+	}
+	for i := r.IntN(4); i > 0; i-- {
+		rule := npav1alpha2.ClusterNetworkPolicyIngressRule{Name: fmt.Sprintf("in-%d", i),
+			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(actions[r.IntN(len(actions))])}
+		for j := 1 + r.IntN(2); j > 0; j-- {
+			peer := genClusterPeer(r, false)
+			rule.From = append(rule.From, npav1alpha2.ClusterNetworkPolicyIngressPeer{Namespaces: peer.Namespaces, Pods: peer.Pods})
+		}
+		rule.Protocols = genClusterProtocols(r)
+		p.Spec.Ingress = append(p.Spec.Ingress, rule)
+	}
+	for i := r.IntN(4); i > 0; i-- {
+		rule := npav1alpha2.ClusterNetworkPolicyEgressRule{Name: fmt.Sprintf("out-%d", i),
+			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(actions[r.IntN(len(actions))])}
+		for j := 1 + r.IntN(2); j > 0; j-- {
+			rule.To = append(rule.To, genClusterPeer(r, true))
+		}
+		rule.Protocols = genClusterProtocols(r)
+		p.Spec.Egress = append(p.Spec.Egress, rule)
+	}
+	return p
+}
+
+func genClusterPeer(r *rand.Rand, egress bool) npav1alpha2.ClusterNetworkPolicyEgressPeer {
+	n := 2
+	if egress {
+		n = 4
+	}
+	switch r.IntN(n) {
+	case 0:
+		return npav1alpha2.ClusterNetworkPolicyEgressPeer{Namespaces: genSelector(r, "ns", genNamespaces)}
+	case 1:
+		return npav1alpha2.ClusterNetworkPolicyEgressPeer{Pods: &npav1alpha2.NamespacedPod{
+			NamespaceSelector: *genSelector(r, "ns", genNamespaces), PodSelector: *genSelector(r, "pod", genPods)}}
+	case 2:
+		sel := []*metav1.LabelSelector{{}, {MatchLabels: map[string]string{"role": "worker"}}}[r.IntN(2)]
+		return npav1alpha2.ClusterNetworkPolicyEgressPeer{Nodes: sel}
+	}
+	nets := [][]npav1alpha2.CIDR{
+		{"10.0.0.0/16"}, {"10.0.1.0/24", npav1alpha2.CIDR(genPodIP(1, 2).String() + "/32")},
+		{"0.0.0.0/0"}, {"172.16.0.0/12"}, {"192.168.0.0/31"},
+	}
+	return npav1alpha2.ClusterNetworkPolicyEgressPeer{Networks: nets[r.IntN(len(nets))]}
+}
+
+func genClusterProtocols(r *rand.Rand) []npav1alpha2.ClusterNetworkPolicyProtocol {
+	var out []npav1alpha2.ClusterNetworkPolicyProtocol
+	for i := r.IntN(3); i > 0; i-- {
+		var p npav1alpha2.ClusterNetworkPolicyProtocol
+		switch r.IntN(6) {
+		case 0:
+			p.TCP = &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 80}}
+		case 1:
+			p.UDP = &npav1alpha2.ClusterNetworkPolicyProtocolUDP{DestinationPort: &npav1alpha2.Port{Number: 81}}
+		case 2:
+			p.TCP = &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{
+				Range: &npav1alpha2.PortRange{Start: 79, End: 81}}}
+		case 3:
+			p.TCP = &npav1alpha2.ClusterNetworkPolicyProtocolTCP{}
+		case 4:
+			p.DestinationNamedPort = []string{"web", "serve-80-tcp", "serve-81-udp"}[r.IntN(3)]
+		default:
+			p.SCTP = &npav1alpha2.ClusterNetworkPolicyProtocolSCTP{DestinationPort: &npav1alpha2.Port{Number: 80}}
+		}
+		out = append(out, p)
+	}
+	return out
 }

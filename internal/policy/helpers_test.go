@@ -9,7 +9,7 @@ import (
 )
 
 func dumpPolicies(s *Snapshot) string {
-	b, err := yaml.Marshal(s.Policies)
+	b, err := yaml.Marshal(map[string]any{"networkPolicies": s.Policies, "clusterPolicies": s.ClusterPolicies})
 	if err != nil {
 		return err.Error()
 	}
@@ -30,9 +30,9 @@ func applyDiff(t *testing.T, prev *Result, d Diff) *Result {
 			out.CIDRs[k] = v
 		}
 		for k, ep := range prev.Endpoints {
-			cp := &EndpointPolicy{Pod: k, Enforced: ep.Enforced, Allow: map[Key]RuleID{}}
-			for key, rule := range ep.Allow {
-				cp.Allow[key] = rule
+			cp := &EndpointPolicy{Pod: k, Enforced: ep.Enforced, Tiered: ep.Tiered, Entries: map[Key]Entry{}}
+			for key, e := range ep.Entries {
+				cp.Entries[key] = e
 			}
 			out.Endpoints[k] = cp
 		}
@@ -46,19 +46,19 @@ func applyDiff(t *testing.T, prev *Result, d Diff) *Result {
 	for _, ed := range d.Endpoints {
 		ep := out.Endpoints[ed.Pod]
 		if ep == nil {
-			ep = &EndpointPolicy{Pod: ed.Pod, Allow: map[Key]RuleID{}}
+			ep = &EndpointPolicy{Pod: ed.Pod, Entries: map[Key]Entry{}}
 			out.Endpoints[ed.Pod] = ep
 		}
 		for k, v := range ed.Upsert {
-			ep.Allow[k] = v
+			ep.Entries[k] = v
 		}
 		for _, k := range ed.Delete {
-			if _, ok := ep.Allow[k]; !ok {
+			if _, ok := ep.Entries[k]; !ok {
 				t.Fatalf("diff deletes %s from %s, which does not hold it", k, ed.Pod)
 			}
-			delete(ep.Allow, k)
+			delete(ep.Entries, k)
 		}
-		ep.Enforced = ed.Enforced
+		ep.Enforced, ep.Tiered = ed.Enforced, ed.Tiered
 		if ed.Gone {
 			delete(out.Endpoints, ed.Pod)
 		}
@@ -91,12 +91,12 @@ func sameState(got, want *Result) error {
 	}
 	for pod, w := range want.Endpoints {
 		g := got.Endpoints[pod]
-		if g == nil || g.Enforced != w.Enforced || len(g.Allow) != len(w.Allow) {
+		if g == nil || g.Enforced != w.Enforced || g.Tiered != w.Tiered || len(g.Entries) != len(w.Entries) {
 			return fmt.Errorf("endpoint %s differs: %+v, want %+v", pod, g, w)
 		}
-		for k, v := range w.Allow {
-			if g.Allow[k] != v {
-				return fmt.Errorf("endpoint %s key %s: rule %d, want %d", pod, k, g.Allow[k], v)
+		for k, v := range w.Entries {
+			if g.Entries[k] != v {
+				return fmt.Errorf("endpoint %s key %s: %+v, want %+v", pod, k, g.Entries[k], v)
 			}
 		}
 	}

@@ -94,12 +94,14 @@ func ProtoName(p uint8) string {
 	return fmt.Sprint(p)
 }
 
-// namedPort looks name up among ports for proto.
-func namedPort(ports []NamedPort, name string, proto uint8) (uint16, bool) {
+// namedPort looks name up among ports for proto, or for any protocol
+// when proto is ProtoAny (a cluster policy's destinationNamedPort); it
+// returns the port and its protocol.
+func namedPort(ports []NamedPort, name string, proto uint8) (uint16, uint8, bool) {
 	for _, p := range ports {
-		if p.Name == name && p.Protocol == proto {
-			return p.Port, true
+		if p.Name == name && (p.Protocol == proto || proto == ProtoAny) {
+			return p.Port, p.Protocol, true
 		}
 	}
-	return 0, false
+	return 0, 0, false
 }

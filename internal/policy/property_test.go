@@ -23,6 +23,46 @@ func TestCompiledMatchesEvaluate(t *testing.T) {
 	}
 }
 
+// TestClusterCompiledMatchesEvaluate holds the compiled tiers to the
+// direct reading of ClusterNetworkPolicy, NetworkPolicy and their
+// precedence order on many random clusters.
+func TestClusterCompiledMatchesEvaluate(t *testing.T) {
+	c := NewCompiler()
+	seen := map[string]int{}
+	for seed := uint64(0); seed < 400; seed++ {
+		r := rand.New(rand.NewPCG(seed, 11))
+		s := genClusterSnapshot(r, r.IntN(3), 1+r.IntN(4))
+		res := c.Compile(s)
+		if err := checkAgainstEvaluate(s, res); err != nil {
+			t.Fatalf("seed %d: %v\npolicies: %s", seed, err, dumpPolicies(s))
+		}
+		countOutcomes(s, seen)
+	}
+	// The generator must reach every stage, verdict and the Log and Pass
+	// paths, or agreement would prove little.
+	for _, want := range []string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny",
+		"baseline", "default", "allowed", "denied", "rejected", "logged"} {
+		if seen[want] == 0 {
+			t.Errorf("no probe reached %q: %v", want, seen)
+		}
+	}
+}
+
+func countOutcomes(s *Snapshot, seen map[string]int) {
+	for i := range s.Pods {
+		for _, d := range []Direction{Ingress, Egress} {
+			for _, peer := range genPeers() {
+				o := Evaluate(s, &s.Pods[i], d, peer, ProtoTCP, 80)
+				seen[o.Stage.String()]++
+				seen[o.Verdict.String()]++
+				if o.Log.Name != "" {
+					seen["logged"]++
+				}
+			}
+		}
+	}
+}
+
 // TestDiffReachesNext applies each diff to the previous state and expects
 // the next state, across a random sequence of snapshots that share one
 // compiler (so numbering is reused as it is in the agent).
@@ -31,7 +71,7 @@ func TestDiffReachesNext(t *testing.T) {
 	var prev *Result
 	r := rand.New(rand.NewPCG(42, 42))
 	for step := 0; step < 200; step++ {
-		next := c.Compile(genSnapshot(r, r.IntN(6)))
+		next := c.Compile(genClusterSnapshot(r, r.IntN(6), r.IntN(3)))
 		d := DiffResults(prev, next)
 		got := applyDiff(t, prev, d)
 		if err := sameState(got, next); err != nil {

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
 // Direction is the side of an endpoint a rule guards.
@@ -50,31 +51,100 @@ const RuleNodeTraffic RuleID = 1
 
 // RuleRef names the rule a RuleID stands for.
 type RuleRef struct {
-	Namespace string
+	// Kind is KindNetworkPolicy or one of the cluster kinds; empty only
+	// for the implicit node-traffic rule.
+	Kind      string
+	Namespace string // NetworkPolicy only
 	Name      string
 	Direction Direction
 	// Index is the rule's position in spec.ingress or spec.egress.
 	Index int
+	// Cluster policies only: where the rule stands and what it does.
+	Tier     Tier
+	Priority int32
+	Action   Action
+	RuleName string // the rule's optional name field
+}
+
+// Cluster reports whether the rule comes from a cluster-scoped kind.
+func (r RuleRef) Cluster() bool {
+	return r.Kind == KindClusterNetworkPolicy || r.Kind == KindWeirClusterNetworkPolicy
 }
 
 func (r RuleRef) String() string {
-	if r.Name == "" {
+	switch {
+	case r.Name == "":
 		return "node traffic (always allowed)"
+	case r.Cluster():
+		s := fmt.Sprintf("%s %s (%s tier, priority %d) %s[%d]", strings.ToLower(r.Kind), r.Name, r.Tier, r.Priority, r.Direction, r.Index)
+		if r.RuleName != "" {
+			s += fmt.Sprintf(" %q", r.RuleName)
+		}
+		return s + " " + r.Action.String()
 	}
 	return fmt.Sprintf("networkpolicy %s/%s %s[%d]", r.Namespace, r.Name, r.Direction, r.Index)
+}
+
+// Match is a cluster policy rule found for a key: the rule, its place in
+// the precedence order (lower first) and its action.
+type Match struct {
+	Rule   RuleID
+	Rank   uint32
+	Action Action
+}
+
+// Found reports whether m holds a rule.
+func (m Match) Found() bool { return m.Action != ActionNone }
+
+// before reports whether m takes precedence over o.
+func (m Match) before(o Match) bool {
+	return m.Found() && (!o.Found() || m.Rank < o.Rank)
+}
+
+// Entry is what one Key holds: a NetworkPolicy rule that allows it, and
+// per tier the first terminating rule and the first Log rule that match.
+// The datapath's policy map value mirrors it.
+type Entry struct {
+	Allow RuleID
+	Tier  [2]Match // by Tier: Accept, Deny, Reject or Pass
+	Log   [2]Match // by Tier: Log rules
+}
+
+// merge folds o (a key covering this one) into e: the allow of the
+// longest key stands, and per tier the rule first in precedence.
+func (e Entry) merge(o Entry) Entry {
+	if e.Allow == 0 {
+		e.Allow = o.Allow
+	}
+	for t := range e.Tier {
+		if o.Tier[t].before(e.Tier[t]) {
+			e.Tier[t] = o.Tier[t]
+		}
+		if o.Log[t].before(e.Log[t]) {
+			e.Log[t] = o.Log[t]
+		}
+	}
+	return e
 }
 
 // EndpointPolicy is the compiled policy of one local endpoint.
 type EndpointPolicy struct {
 	Pod      string // namespace/name
 	Identity Identity
-	// Enforced[d] is set when some policy selects the endpoint for d;
-	// otherwise every packet in d is allowed and Allow holds no d keys.
+	// Enforced[d] is set when some NetworkPolicy selects the endpoint
+	// for d: traffic no NetworkPolicy rule allows is then denied unless
+	// the Admin tier decided first.
 	Enforced [2]bool
-	// Allow maps each allow key to the first rule (by policy
-	// namespace/name, then rule index) that grants it.
-	Allow map[Key]RuleID
-	// Policies selecting the endpoint, by direction, as namespace/name.
+	// Tiered[d] is set when some cluster policy selects the endpoint for
+	// d. With neither flag every packet in d is allowed and Entries holds
+	// no d keys.
+	Tiered [2]bool
+	// Entries maps each key to what decides it. Each entry already holds
+	// what every shorter key covering it holds (see Entry.merge), so the
+	// longest match alone decides, as in the datapath's LPM trie.
+	Entries map[Key]Entry
+	// Policies selecting the endpoint, by direction: NetworkPolicies as
+	// namespace/name, cluster policies as kind/name.
 	Policies [2][]string
 }
 
@@ -112,36 +182,36 @@ func (r *Result) PeerIdentities(addr netip.Addr) (label, cidr Identity) {
 	return label, cidr
 }
 
-// Lookup decides a packet the way the datapath does: an unenforced
-// direction allows; otherwise the peer's label identity, its CIDR identity
-// and the wildcard are tried in turn, each with the longest matching key.
-// It returns whether the packet is allowed and the rule that allowed it.
-func (r *Result) Lookup(pod string, d Direction, peer netip.Addr, proto uint8, port uint16) (bool, RuleID) {
+// Lookup decides a packet the way the datapath does: a direction with no
+// policy allows; otherwise the entries of the peer's label identity, its
+// CIDR identity and the wildcard (each the longest matching key) are
+// combined by Decide.
+func (r *Result) Lookup(pod string, d Direction, peer netip.Addr, proto uint8, port uint16) Decision {
 	ep, ok := r.Endpoints[pod]
-	if !ok || !ep.Enforced[d] {
-		return true, 0
+	if !ok || (!ep.Enforced[d] && !ep.Tiered[d]) {
+		return Decision{Verdict: VerdictAllow, Stage: StageUnenforced}
 	}
 	label, cidr := r.PeerIdentities(peer)
-	for _, id := range []Identity{label, cidr, IdentityAny} {
-		if rule, ok := ep.match(d, id, proto, port); ok {
-			return true, rule
+	var found [3]*Entry
+	for i, id := range []Identity{label, cidr, IdentityAny} {
+		if e, ok := ep.match(d, id, proto, port); ok {
+			found[i] = &e
 		}
 	}
-	return false, 0
+	return Decide(ep.Enforced[d], found)
 }
 
 // match finds the longest key for (d, id, proto, port), as an LPM trie
 // whose key ends in protocol then port would.
-func (ep *EndpointPolicy) match(d Direction, id Identity, proto uint8, port uint16) (RuleID, bool) {
+func (ep *EndpointPolicy) match(d Direction, id Identity, proto uint8, port uint16) (Entry, bool) {
 	for bits := 16; bits >= 0; bits-- {
-		p := PortPrefix{Port: port, Bits: uint8(bits)}
-		p.Port = maskPort(port, uint8(bits))
-		if rule, ok := ep.Allow[Key{d, id, proto, p}]; ok {
-			return rule, true
+		p := PortPrefix{Port: maskPort(port, uint8(bits)), Bits: uint8(bits)}
+		if e, ok := ep.Entries[Key{d, id, proto, p}]; ok {
+			return e, true
 		}
 	}
-	rule, ok := ep.Allow[Key{d, id, ProtoAny, AllPorts}]
-	return rule, ok
+	e, ok := ep.Entries[Key{d, id, ProtoAny, AllPorts}]
+	return e, ok
 }
 
 // maskPort keeps the top bits of port.

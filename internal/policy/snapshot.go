@@ -42,11 +42,24 @@ type Pod struct {
 // Key is namespace/name.
 func (p Pod) Key() string { return p.Namespace + "/" + p.Name }
 
+// Node is what policy needs of a node: the nodes peer of a cluster
+// policy selects nodes by label and matches their addresses.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	IPs    []netip.Addr
+}
+
 // Snapshot is everything the compiler reads, taken at one moment.
 type Snapshot struct {
 	Namespaces map[string]Namespace
 	Pods       []Pod
 	Policies   []*networkingv1.NetworkPolicy
+	// ClusterPolicies are the cluster-scoped tiered policies of both
+	// kinds, in any order.
+	ClusterPolicies []*ClusterPolicy
+	// Nodes are every node of the cluster, this one too.
+	Nodes []Node
 	// Identities maps a label set's Key to its allocated cluster identity.
 	// A pod whose set has none yet is left out of the ipcache (it is
 	// "world" to others until allocated) and reported in Result.Unallocated.

@@ -301,6 +301,50 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, and trace agrees with the datapath", func(t *testing.T) {
+		t.Cleanup(func() {
+			for _, args := range [][]string{
+				{"delete", "weirclusternetworkpolicies.weir.io", "demo-guard", "--ignore-not-found"},
+				{"delete", "namespace", lab.DemoNamespace, "--ignore-not-found", "--wait=true", "--timeout=120s"},
+			} {
+				if out, err := st.Kubectl(ctx, nil, args...); err != nil {
+					t.Errorf("kubectl %v: %v: %s", args, err, out)
+				}
+			}
+		})
+		var out strings.Builder
+		err := lab.Demo(ctx, st, &out)
+		t.Log(out.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"rejected", "Programmed=True ProgrammedOnAllNodes", "agrees=true", "logged by"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("demo output lacks %q", want)
+			}
+		}
+	})
+
+	t.Run("ClusterNetworkPolicy conformance: fast subset of the upstream suite", func(t *testing.T) {
+		bin, err := lab.CNPSuite(ctx, testWriter{t})
+		if err != nil {
+			t.Fatal(err)
+		}
+		results := t.TempDir()
+		res, err := lab.RunCNP(ctx, st, bin, true, results, testWriter{t})
+		if err != nil {
+			dumpFile(t, filepath.Join(results, "cnp.log"), 200)
+			t.Fatal(err)
+		}
+		t.Logf("%s in %.0f s", res, res.Seconds)
+		for _, f := range res.Failed {
+			t.Errorf("%s: FAILED %s", res.Suite, f)
+		}
+		if t.Failed() {
+			dumpFile(t, filepath.Join(results, "cnp.log"), 200)
+		}
+	})
+
 	t.Run("the benchmarks' load tools run in pods", func(t *testing.T) {
 		tools := `
 apiVersion: v1

@@ -1,0 +1,90 @@
+package deploy
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestClusterPolicyCRDs checks the generated CRDs of the two cluster policy
+// kinds: names, scope, one served storage version with a status
+// subresource, and the rule actions each kind allows.
+func TestClusterPolicyCRDs(t *testing.T) {
+	for _, tc := range []struct {
+		file, name, group, kind, version string
+		actions                          []string
+	}{
+		{"crd-clusternetworkpolicies.yaml", "clusternetworkpolicies.policy.networking.k8s.io",
+			"policy.networking.k8s.io", "ClusterNetworkPolicy", "v1alpha2",
+			[]string{"Accept", "Deny", "Pass"}},
+		{"crd-weirclusternetworkpolicies.yaml", "weirclusternetworkpolicies.weir.io",
+			"weir.io", "WeirClusterNetworkPolicy", "v1alpha1",
+			[]string{"Accept", "Deny", "Pass", "Reject", "Log"}},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			crd := readCRD(t, tc.file)
+			if crd.Name != tc.name || crd.Spec.Group != tc.group || crd.Spec.Names.Kind != tc.kind ||
+				crd.Spec.Scope != apiextensionsv1.ClusterScoped {
+				t.Fatalf("%s: %s (group %s, kind %s, scope %s), want %s, cluster-scoped",
+					tc.file, crd.Name, crd.Spec.Group, crd.Spec.Names.Kind, crd.Spec.Scope, tc.name)
+			}
+			if len(crd.Spec.Versions) != 1 {
+				t.Fatalf("%s: %d versions, want only %s", tc.file, len(crd.Spec.Versions), tc.version)
+			}
+			v := crd.Spec.Versions[0]
+			if v.Name != tc.version || !v.Served || !v.Storage || v.Subresources == nil || v.Subresources.Status == nil {
+				t.Fatalf("%s: version %s (served %v, storage %v), want %s served and stored with a status subresource",
+					tc.file, v.Name, v.Served, v.Storage, tc.version)
+			}
+			spec := v.Schema.OpenAPIV3Schema.Properties["spec"]
+			for _, dir := range []string{"ingress", "egress"} {
+				if got := actionEnum(spec, dir); !slices.Equal(got, tc.actions) {
+					t.Errorf("%s: %s actions %v, want %v", tc.file, dir, got, tc.actions)
+				}
+			}
+		})
+	}
+}
+
+// TestUpstreamCRDKeepsAPIApproval: the API server refuses a CRD in a
+// *.k8s.io group without the approval annotation, which controller-gen on
+// the upstream types would not write.
+func TestUpstreamCRDKeepsAPIApproval(t *testing.T) {
+	crd := readCRD(t, "crd-clusternetworkpolicies.yaml")
+	if crd.Annotations[apiextensionsv1.KubeAPIApprovedAnnotation] == "" {
+		t.Fatalf("annotations %v: no %s", crd.Annotations, apiextensionsv1.KubeAPIApprovedAnnotation)
+	}
+}
+
+func readCRD(t *testing.T, file string) apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	b, err := Manifests.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.UnmarshalStrict(b, &crd); err != nil {
+		t.Fatalf("%s does not decode strictly as a CustomResourceDefinition: %v", file, err)
+	}
+	return crd
+}
+
+// actionEnum is the enum of spec.<dir>[].action.
+func actionEnum(spec apiextensionsv1.JSONSchemaProps, dir string) []string {
+	rules, ok := spec.Properties[dir]
+	if !ok || rules.Items == nil || rules.Items.Schema == nil {
+		return nil
+	}
+	var out []string
+	for _, v := range rules.Items.Schema.Properties["action"].Enum {
+		var s string
+		if json.Unmarshal(v.Raw, &s) != nil {
+			s = string(v.Raw) // not a string: shown as is, and unequal
+		}
+		out = append(out, s)
+	}
+	return out
+}

@@ -1,0 +1,12 @@
+package deploy
+
+// The CRDs of the two cluster policy kinds are generated, never edited.
+// The upstream ClusterNetworkPolicy CRD is copied from the module Weir
+// builds with (hack/upstreamcrd says why not controller-gen), from its
+// experimental channel: the standard one drops the `nodes` peer, which
+// Weir enforces (and `domainNames`, which Weir fails closed);
+// WeirClusterNetworkPolicy's comes from its Go types in
+// internal/k8s/apis/weirv1alpha1.
+//
+//go:generate go run ../hack/upstreamcrd -channel experimental -out crd-clusternetworkpolicies.yaml
+//go:generate sh -c "set -e; go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0 crd paths=../internal/k8s/apis/weirv1alpha1 output:crd:stdout > crd-weirclusternetworkpolicies.yaml.tmp; mv crd-weirclusternetworkpolicies.yaml.tmp crd-weirclusternetworkpolicies.yaml"

@@ -1,0 +1,333 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+var errLoadFailed = errors.New("load failed")
+
+// metricsDatapath is a datapath with counters and maps and nothing else.
+type metricsDatapath struct {
+	Datapath
+	counters map[string]uint64
+	entries  map[string]int
+	capacity int
+	counted  []string // MapEntries calls
+}
+
+func (d *metricsDatapath) Metrics() (map[string]uint64, error) { return d.counters, nil }
+func (d *metricsDatapath) MapCapacity(string) (int, error)     { return d.capacity, nil }
+func (d *metricsDatapath) MapEntries(name string, _ int) (int, error) {
+	d.counted = append(d.counted, name)
+	return d.entries[name], nil
+}
+
+func newTestMetrics(t *testing.T, dp *metricsDatapath) (*metrics, *bytes.Buffer) {
+	t.Helper()
+	var logs bytes.Buffer
+	return newMetrics(dp, openTestFlowLog(t, t.TempDir()), slog.New(slog.NewTextHandler(&logs, nil))), &logs
+}
+
+func TestFillAlarm(t *testing.T) {
+	steps := []struct {
+		ratio float64
+		want  fillChange
+	}{
+		{0.1, fillSame},
+		{0.79, fillSame},
+		{0.8, fillRaised},
+		{0.95, fillSame}, // still high: warned already
+		{0.75, fillSame}, // between the two: no flapping
+		{0.85, fillSame},
+		{0.69, fillCleared},
+		{0.72, fillSame},
+		{1.0, fillRaised}, // a new crossing
+		{0, fillCleared},
+	}
+	a := fillAlarm{warnAt: 0.8, clearAt: 0.7}
+	for i, s := range steps {
+		if got := a.observe("conntrack", s.ratio); got != s.want {
+			t.Fatalf("step %d (%.2f): %v, want %v", i, s.ratio, got, s.want)
+		}
+		// Other maps have their own state.
+		if got := a.observe("ipcache", 0.5); got != fillSame {
+			t.Fatalf("step %d: ipcache changed: %v", i, got)
+		}
+	}
+}
+
+func TestObserveFlowCounts(t *testing.T) {
+	m, _ := newTestMetrics(t, &metricsDatapath{})
+	deny := &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "block-db", Action: "Deny"}
+	logRule := &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Action: "Log"}
+	flows := []api.Flow{
+		{Verdict: "allowed", Direction: "ingress", Stage: "networkpolicy", Pod: "shop/web"},
+		{Verdict: "allowed", Direction: "ingress", Stage: "networkpolicy", Pod: "shop/web", LoggedBy: logRule},
+		{Verdict: "denied", Direction: "ingress", Stage: "networkpolicy-default-deny", Pod: "shop/db"},
+		{Verdict: "denied", Direction: "ingress", Stage: "networkpolicy-default-deny", Pod: "shop/db"},
+		{Verdict: "denied", Direction: "egress", Stage: "admin", Pod: "shop/web", Decider: deny},
+		{Verdict: "rejected", Direction: "egress", Stage: "baseline", Pod: "ifindex 7"}, // rule unloaded meanwhile
+	}
+	for _, f := range flows {
+		m.observeFlow(f)
+	}
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"allowed ingress networkpolicy", testutil.ToFloat64(m.verdicts.WithLabelValues("allowed", "ingress", "networkpolicy")), 2},
+		{"denied ingress default deny", testutil.ToFloat64(m.verdicts.WithLabelValues("denied", "ingress", "networkpolicy-default-deny")), 2},
+		{"drops by default deny", testutil.ToFloat64(m.drops.WithLabelValues("NetworkPolicy", "shop", "", "DefaultDeny")), 2},
+		{"drops by block-db", testutil.ToFloat64(m.drops.WithLabelValues(policy.KindWeirClusterNetworkPolicy, "", "block-db", "Deny")), 1},
+		{"drops by an unknown rule", testutil.ToFloat64(m.drops.WithLabelValues("", "", "", "Reject")), 1},
+		{"logged by audit", testutil.ToFloat64(m.logged.WithLabelValues(policy.KindWeirClusterNetworkPolicy, "audit")), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.drops); n != 3 {
+		t.Errorf("%d drop series, want 3: allowed flows are no drops", n)
+	}
+}
+
+func TestMapFillCountsAndWarns(t *testing.T) {
+	dp := &metricsDatapath{capacity: 100, entries: map[string]int{datapath.MapConntrack: 85, datapath.MapPolicy: 3}}
+	m, logs := newTestMetrics(t, dp)
+
+	// Before a policy load the policy map is counted; after one the
+	// agent's own count stands in.
+	m.maps.current(0)
+	if !slices.Contains(dp.counted, datapath.MapPolicy) {
+		t.Fatalf("counted %v: the policy map must be counted while its content is unknown", dp.counted)
+	}
+	res := &policy.Result{Endpoints: map[string]*policy.EndpointPolicy{
+		"shop/web": {Entries: map[policy.Key]policy.Entry{{Peer: 1}: {}, {Peer: 2}: {}}},
+		"shop/db":  {Entries: map[policy.Key]policy.Entry{{Peer: 3}: {}}},
+		"gone/pod": {Entries: map[policy.Key]policy.Entry{{Peer: 4}: {}}}, // no veth: not written
+	}}
+	m.reconciled(3*time.Millisecond, res, map[string]datapath.PolicyEndpoint{"shop/web": {Ifindex: 5}, "shop/db": {Ifindex: 6}, "gone/pod": {}}, nil)
+	dp.counted = nil
+	usage := m.maps.current(0)
+	if slices.Contains(dp.counted, datapath.MapPolicy) || usage[datapath.MapPolicy].entries != 3 {
+		t.Fatalf("policy map %+v (counted %v): want the 3 entries the agent wrote, uncounted", usage[datapath.MapPolicy], dp.counted)
+	}
+	if got := strings.Count(logs.String(), "BPF map nearly full"); got != 1 || !strings.Contains(logs.String(), "map=conntrack") {
+		t.Fatalf("%d warnings, want one for conntrack:\n%s", got, logs)
+	}
+	// Counted again within the interval: the cached counts, no warning.
+	dp.counted = nil
+	m.maps.current(time.Hour)
+	if len(dp.counted) != 0 || strings.Count(logs.String(), "BPF map nearly full") != 1 {
+		t.Fatalf("counted %v again within the interval", dp.counted)
+	}
+	// A failed load leaves the map's content unknown: counted again.
+	m.reconciled(time.Millisecond, res, nil, errLoadFailed)
+	m.maps.current(0)
+	if !slices.Contains(dp.counted, datapath.MapPolicy) {
+		t.Fatalf("counted %v after a failed load, want the policy map", dp.counted)
+	}
+	if got := testutil.ToFloat64(m.reconcileErrors); got != 1 {
+		t.Fatalf("reconcile errors %v, want 1", got)
+	}
+}
+
+// gatherAll fills every metric of a registry with one sample and gathers
+// them, by name.
+func gatherAll(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	counters := map[string]uint64{}
+	for i, name := range datapath.MetricNames {
+		counters[name] = uint64(i + 1)
+	}
+	dp := &metricsDatapath{counters: counters, capacity: 1000, entries: map[string]int{datapath.MapConntrack: 10}}
+	m, _ := newTestMetrics(t, dp)
+	m.observeFlow(api.Flow{Verdict: "denied", Direction: "ingress", Stage: "admin", Pod: "a/b",
+		Decider:  &api.FlowRule{Kind: policy.KindClusterNetworkPolicy, Name: "deny-all", Action: "Deny"},
+		LoggedBy: &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Action: "Log"}})
+	m.reconciled(2*time.Millisecond, &policy.Result{}, nil, nil)
+	m.reconciled(time.Millisecond, nil, nil, errLoadFailed)
+	families, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, f := range families {
+		out[f.GetName()] = f
+	}
+	return out
+}
+
+func labelNames(f *dto.MetricFamily) []string {
+	var out []string
+	for _, l := range f.GetMetric()[0].GetLabel() {
+		out = append(out, l.GetName())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestMetricsRegistry(t *testing.T) {
+	families := gatherAll(t)
+	want := map[string]struct {
+		typ    dto.MetricType
+		labels []string
+	}{
+		metricPackets:         {dto.MetricType_COUNTER, []string{"outcome"}},
+		metricEventsLost:      {dto.MetricType_COUNTER, nil},
+		metricVerdicts:        {dto.MetricType_COUNTER, []string{"direction", "stage", "verdict"}},
+		metricDrops:           {dto.MetricType_COUNTER, []string{"action", "kind", "namespace", "policy"}},
+		metricLogged:          {dto.MetricType_COUNTER, []string{"kind", "policy"}},
+		metricReconcile:       {dto.MetricType_HISTOGRAM, nil},
+		metricReconcileErrors: {dto.MetricType_COUNTER, nil},
+		metricMapEntries:      {dto.MetricType_GAUGE, []string{"map"}},
+		metricMapCapacity:     {dto.MetricType_GAUGE, []string{"map"}},
+		metricMapFill:         {dto.MetricType_GAUGE, []string{"map"}},
+		metricFlowBytes:       {dto.MetricType_GAUGE, nil},
+		metricFlowSegments:    {dto.MetricType_GAUGE, nil},
+		metricFlowWritten:     {dto.MetricType_COUNTER, nil},
+		metricFlowDropped:     {dto.MetricType_COUNTER, nil},
+		metricFlowWriteErrors: {dto.MetricType_COUNTER, nil},
+	}
+	for name, w := range want {
+		f, ok := families[name]
+		if !ok {
+			t.Errorf("%s not registered", name)
+			continue
+		}
+		if f.GetType() != w.typ || !slices.Equal(labelNames(f), w.labels) {
+			t.Errorf("%s: %v with labels %v, want %v with %v", name, f.GetType(), labelNames(f), w.typ, w.labels)
+		}
+	}
+	// Every datapath counter but event_lost is an outcome.
+	if n := len(families[metricPackets].GetMetric()); n != len(datapath.MetricNames)-1 {
+		t.Errorf("%d outcomes, want %d", n, len(datapath.MetricNames)-1)
+	}
+	for _, mt := range families[metricMapFill].GetMetric() {
+		if mt.GetLabel()[0].GetValue() == datapath.MapConntrack && mt.GetGauge().GetValue() != 0.01 {
+			t.Errorf("conntrack fill %v, want 0.01", mt.GetGauge().GetValue())
+		}
+	}
+}
+
+func TestMetricsHandlerServesText(t *testing.T) {
+	a := &Agent{metrics: newMetrics(&metricsDatapath{counters: map[string]uint64{"drop_policy": 7, "event_lost": 2}}, openTestFlowLog(t, t.TempDir()), slog.Default())}
+	rec := httptest.NewRecorder()
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", PathMetrics, nil))
+	body := rec.Body.String()
+	for _, line := range []string{`weir_datapath_packets_total{outcome="drop_policy"} 7`, "weir_verdict_events_lost_total 2", "weir_flowstore_bytes 0"} {
+		if !strings.Contains(body, line+"\n") {
+			t.Errorf("no %q in:\n%s", line, body)
+		}
+	}
+	rec = httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", PathMetrics, nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), metricPackets) {
+		t.Errorf("the socket's %s: %d\n%s", PathMetrics, rec.Code, rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", api.PathStatus, nil))
+	if rec.Code != 404 {
+		t.Errorf("the metrics listener answered %s with %d: it must serve metrics alone", api.PathStatus, rec.Code)
+	}
+}
+
+// grafanaPanel is what the dashboard test reads of a panel.
+type grafanaPanel struct {
+	Title   string `json:"title"`
+	Type    string `json:"type"`
+	Targets []struct {
+		Expr string `json:"expr"`
+	} `json:"targets"`
+	Panels []grafanaPanel `json:"panels"` // a collapsed row's
+}
+
+// TestDashboardMatchesMetrics keeps docs/grafana-dashboard.json from
+// drifting: every weir_ metric a panel or variable queries is one the
+// agent registers.
+func TestDashboardMatchesMetrics(t *testing.T) {
+	b, err := os.ReadFile("../../docs/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		SchemaVersion int            `json:"schemaVersion"`
+		Panels        []grafanaPanel `json:"panels"`
+		Templating    struct {
+			List []struct {
+				Name  string          `json:"name"`
+				Type  string          `json:"type"`
+				Query json.RawMessage `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("dashboard: %v", err)
+	}
+	if dash.SchemaVersion < 36 {
+		t.Errorf("schemaVersion %d: want a current Grafana dashboard", dash.SchemaVersion)
+	}
+	exprs := map[string]string{} // expression -> where
+	var walk func([]grafanaPanel)
+	walk = func(ps []grafanaPanel) {
+		for _, p := range ps {
+			if p.Type != "row" && len(p.Targets) == 0 {
+				t.Errorf("panel %q queries nothing", p.Title)
+			}
+			for _, tg := range p.Targets {
+				exprs[tg.Expr] = "panel " + p.Title
+			}
+			walk(p.Panels)
+		}
+	}
+	walk(dash.Panels)
+	hasDatasource := false
+	for _, v := range dash.Templating.List {
+		hasDatasource = hasDatasource || v.Type == "datasource"
+		exprs[string(v.Query)] = "variable " + v.Name
+	}
+	if !hasDatasource || !strings.Contains(string(b), `"${datasource}"`) {
+		t.Error("the dashboard must pick its Prometheus through a datasource variable")
+	}
+
+	families := gatherAll(t)
+	name := regexp.MustCompile(`\bweir_[a-z0-9_]+`)
+	used := map[string]bool{}
+	for expr, where := range exprs {
+		for _, n := range name.FindAllString(expr, -1) {
+			base := n
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if f, ok := families[strings.TrimSuffix(n, suffix)]; ok && f.GetType() == dto.MetricType_HISTOGRAM {
+					base = strings.TrimSuffix(n, suffix)
+				}
+			}
+			if _, ok := families[base]; !ok {
+				t.Errorf("%s queries %s, which the agent does not register", where, n)
+			}
+			used[base] = true
+		}
+	}
+	for _, want := range []string{metricPackets, metricDrops, metricVerdicts, metricMapFill, metricReconcile, metricFlowBytes} {
+		if !used[want] {
+			t.Errorf("no panel shows %s", want)
+		}
+	}
+}

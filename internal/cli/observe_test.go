@@ -1,0 +1,96 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weirnet/weir/internal/api"
+)
+
+func observeFlows() []api.Flow {
+	now := time.Now()
+	return []api.Flow{
+		{Time: now.Add(-time.Hour), Verdict: "allowed", Pod: "demo/web", Peer: "demo/db", Dst: "10.0.0.2:5432",
+			PeerLabels: []string{"k8s:app=db", "ns:team=a"}, Decider: &api.FlowRule{Kind: "NetworkPolicy", Namespace: "demo", Name: "allow-db"}},
+		{Time: now.Add(-time.Minute), Verdict: "rejected", Pod: "demo/web", Peer: "demo/cache", Dst: "10.0.0.3:6379",
+			PeerLabels: []string{"k8s:app=cache"}, Decider: &api.FlowRule{Kind: "WeirClusterNetworkPolicy", Name: "guard", Action: "Reject"},
+			LoggedBy: &api.FlowRule{Kind: "ClusterNetworkPolicy", Name: "audit", Action: "Log"}},
+		{Time: now.Add(-2 * time.Hour), LastTime: now.Add(-10 * time.Second), Count: 7, Verdict: "denied", Pod: "other/x", Peer: "10.1.1.1", Dst: "10.1.1.1:53"},
+	}
+}
+
+func TestObserveFilters(t *testing.T) {
+	tests := []struct {
+		name string
+		f    observeFlags
+		want []int // indexes into observeFlows()
+	}{
+		{"no filter", observeFlags{}, []int{0, 1, 2}},
+		{"verdict rejected", observeFlags{verdict: "rejected"}, []int{1}},
+		{"port", observeFlags{port: 5432}, []int{0}},
+		{"policy by name (decider)", observeFlags{policy: "guard"}, []int{1}},
+		{"policy by kind/name (log rule)", observeFlags{policy: "clusternetworkpolicy/audit"}, []int{1}},
+		{"policy by namespace/name", observeFlags{policy: "demo/allow-db"}, []int{0}},
+		{"since: an aggregate counts by its last flow", observeFlags{since: 5 * time.Minute}, []int{1, 2}},
+		{"label selector on the peer", observeFlags{selector: "app in (db,cache)"}, []int{0, 1}},
+		{"namespace", observeFlags{namespace: "other"}, []int{2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := tt.f
+			if err := f.validate(); err != nil {
+				t.Fatal(err)
+			}
+			var got []int
+			for i, fl := range observeFlows() {
+				if f.match(fl) {
+					got = append(got, i)
+				}
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("matched %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Fatalf("matched %v, want %v", got, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestObserveRejectsBadFlags(t *testing.T) {
+	for _, f := range []observeFlags{{output: "xml"}, {verdict: "dropped"}, {port: 70000}, {since: -time.Second}, {selector: "app in ("}} {
+		if err := runObserve(context.Background(), &f, nil, &bytes.Buffer{}); err == nil {
+			t.Errorf("%+v: no error", f)
+		}
+	}
+}
+
+func TestObserveTableShowsCounts(t *testing.T) {
+	var b bytes.Buffer
+	printFlowHeader(&b, "")
+	printFlow(&b, &b, observeFlows()[2], "")
+	if !strings.Contains(b.String(), "COUNT") || !strings.Contains(b.String(), "\t7\t") {
+		t.Fatalf("table without the aggregate's count:\n%s", b.String())
+	}
+}
+
+func TestStatusPrintsPolicy(t *testing.T) {
+	var b bytes.Buffer
+	printStatus(&api.Status{Node: "n1", Policy: &api.PolicyStatus{
+		Loaded: time.Unix(0, 0), Error: "write key: no space", Endpoints: 3, Rules: 7, Entries: 40,
+		CompileErrors:   []string{"WeirClusterNetworkPolicy/x: ingress[0]: bad"},
+		ClusterPolicies: map[string]int64{"ClusterNetworkPolicy/guard": 4},
+		Maps:            map[string]api.MapFill{"conntrack": {Entries: 900, Capacity: 1000}},
+	}}, &b)
+	for _, want := range []string{"last load FAILED", "3 endpoints, 7 rules, 40 map entries", "policy error WeirClusterNetworkPolicy/x",
+		"cluster policy ClusterNetworkPolicy/guard generation 4 programmed", "map conntrack        900/1000 (90.0%)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Names of the maps whose fill MapEntries and MapCapacity report, as
+// metrics label them. A full one fails: conntrack evicts live flows (it
+// is an LRU hash), the others refuse the policy the agent writes.
+const (
+	MapConntrack      = "conntrack"       // weir_ct
+	MapPolicy         = "policy"          // weir_policy, an LPM trie
+	MapEndpointPolicy = "endpoint_policy" // weir_ep_policy
+	MapIPCache        = "ipcache"         // weir_ipcache
+	MapCIDRIdentities = "cidr_identities" // weir_cidr_ids, an LPM trie
+)
+
+// FillMaps lists the maps MapEntries knows.
+var FillMaps = []string{MapConntrack, MapPolicy, MapEndpointPolicy, MapIPCache, MapCIDRIdentities}
+
+// ErrUnknownMap is returned for a name not in FillMaps.
+var ErrUnknownMap = errors.New("unknown map")
+
+// countBatch is how many entries one batch lookup asks for: large enough
+// for any hash bucket (a smaller batch fails with ENOSPC), small enough
+// to keep the buffers a few hundred KiB.
+const countBatch = 4096
+
+// MapCapacity returns a map's max_entries.
+func (n *Node) MapCapacity(name string) (int, error) {
+	m, err := n.fillMap(name)
+	if err != nil {
+		return 0, err
+	}
+	return int(m.MaxEntries()), nil
+}
+
+// MapEntries counts a map's entries, stopping once it has seen limit
+// (0: no limit). The count is a moment's: the datapath adds and evicts
+// conntrack entries while it runs. It costs a syscall per batch of
+// entries, or per entry on a kernel without batch lookups for the map.
+func (n *Node) MapEntries(name string, limit int) (int, error) {
+	if _, err := n.fillMap(name); err != nil {
+		return 0, err
+	}
+	p := n.progs
+	var (
+		count int
+		err   error
+	)
+	switch name {
+	case MapConntrack:
+		count, err = countEntries[lxcCtKey, lxcCtEntry](p.CT, limit)
+	case MapPolicy:
+		count, err = countEntries[lxcPolicyKey, lxcPolicyEntry](p.Policy, limit)
+	case MapEndpointPolicy:
+		count, err = countEntries[uint32, lxcEpPolicy](p.EpPolicy, limit)
+	case MapIPCache:
+		count, err = countEntries[lxcWeirAddr, uint32](p.IPCache, limit)
+	case MapCIDRIdentities:
+		count, err = countEntries[lxcCidrKey, uint32](p.CIDRIDs, limit)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("count entries of map %s: %w", name, err)
+	}
+	return count, nil
+}
+
+func (n *Node) fillMap(name string) (*ebpf.Map, error) {
+	p := n.progs
+	m := map[string]*ebpf.Map{
+		MapConntrack: p.CT, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
+		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs,
+	}[name]
+	if m == nil {
+		return nil, fmt.Errorf("map %q: %w", name, ErrUnknownMap)
+	}
+	return m, nil
+}
+
+// countEntries counts in batches, or key by key where the kernel has no
+// batch lookup for the map's type.
+func countEntries[K, V any](m *ebpf.Map, limit int) (int, error) {
+	count, err := countInBatches[K, V](m, limit)
+	if errors.Is(err, errNoBatch) {
+		return countKeys(m, limit)
+	}
+	return count, err
+}
+
+// errNoBatch means the first batch lookup was refused as unsupported.
+var errNoBatch = errors.New("batch lookup not supported")
+
+func countInBatches[K, V any](m *ebpf.Map, limit int) (int, error) {
+	size := min(countBatch, int(m.MaxEntries()))
+	keys, values := make([]K, size), make([]V, size)
+	var (
+		cursor ebpf.MapBatchCursor
+		count  int
+	)
+	for first := true; ; first = false {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		count += n
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return count, nil // the end
+		case err != nil && first && batchUnsupported(err):
+			return 0, errNoBatch
+		case err != nil:
+			return 0, err
+		case n == 0 || (limit > 0 && count >= limit):
+			return count, nil
+		}
+	}
+}
+
+// enotsupp is the kernel's internal ENOTSUPP, which some map types
+// return for an operation they lack; x/sys/unix does not name it.
+const enotsupp = unix.Errno(524)
+
+func batchUnsupported(err error) bool {
+	return errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) ||
+		errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, enotsupp)
+}
+
+// countKeys walks the keys one syscall at a time. A hash map restarts
+// from its first key when the previous one was deleted meanwhile, so the
+// walk never goes past the map's capacity.
+func countKeys(m *ebpf.Map, limit int) (int, error) {
+	if limit <= 0 || limit > int(m.MaxEntries()) {
+		limit = int(m.MaxEntries())
+	}
+	var (
+		prev  any // nil: from the first key
+		count int
+	)
+	key, next := make([]byte, m.KeySize()), make([]byte, m.KeySize())
+	for count < limit {
+		err := m.NextKey(prev, next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		count++
+		copy(key, next)
+		prev = key
+	}
+	return count, nil
+}

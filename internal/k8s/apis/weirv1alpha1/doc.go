@@ -1,0 +1,20 @@
+// Package weirv1alpha1 holds the Go types of Weir's own cluster policy
+// kind, weir.io/v1alpha1 WeirClusterNetworkPolicy. Its spec is the
+// upstream ClusterNetworkPolicy's (policy.networking.k8s.io/v1alpha2), built
+// from the upstream Go types, with two more rule actions: Reject and Log.
+// Keeping the shape lets one compiler path serve both kinds and lets a
+// policy move between them by changing apiVersion and kind.
+//
+// The deepcopy functions and deploy/crd-weirclusternetworkpolicies.yaml are
+// generated from these types by controller-gen; after editing the types run
+// `go generate ./internal/k8s/apis/weirv1alpha1 ./deploy`.
+//
+// Every field is required unless marked optional, as upstream.
+//
+// +kubebuilder:object:generate=true
+// +kubebuilder:validation:Required
+// +groupName=weir.io
+// +versionName=v1alpha1
+package weirv1alpha1
+
+//go:generate go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0 object paths=.

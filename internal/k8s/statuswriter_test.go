@@ -1,0 +1,148 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
+)
+
+// reportingNode is a Node whose agent reported acks just now.
+func reportingNode(t *testing.T, name string, acks map[string]PolicyAck) *corev1.Node {
+	t.Helper()
+	b, err := json.Marshal(AgentState{Ready: true, Updated: time.Now().UTC().Truncate(time.Second), ClusterPolicies: acks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := node(name, "10.99.0.1", "10.244.0.0/24")
+	n.Annotations = map[string]string{AgentAnnotation: string(b)}
+	return n
+}
+
+// statusUpdates counts the status updates the client was asked for.
+func statusUpdates(dyn *dynfake.FakeDynamicClient) int {
+	n := 0
+	for _, a := range dyn.Actions() {
+		if a.GetVerb() == "update" && a.GetSubresource() == "status" {
+			n++
+		}
+	}
+	return n
+}
+
+func programmedOf(t *testing.T, dyn dynamic.Interface, p ClusterPolicyObject) (*metav1.Condition, *unstructured.Unstructured) {
+	t.Helper()
+	u, err := dyn.Resource(policyKinds[p.Kind].gvr).Get(context.Background(), p.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st npav1alpha2.ClusterNetworkPolicyStatus
+	if m, ok := u.Object["status"].(map[string]any); ok {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return meta.FindStatusCondition(st.Conditions, ConditionProgrammed), u
+}
+
+// TestSyncPolicyStatus: only the elected node writes, it writes what
+// changed and nothing else, and a conflict waits for the next round.
+func TestSyncPolicyStatus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	both := map[string]PolicyAck{"ClusterNetworkPolicy/b-deny": {Generation: 3}, "WeirClusterNetworkPolicy/a-weir": {Generation: 7}}
+	behind := map[string]PolicyAck{"ClusterNetworkPolicy/b-deny": {Generation: 3}, "WeirClusterNetworkPolicy/a-weir": {Generation: 6}}
+	kube := fake.NewSimpleClientset(reportingNode(t, "n1", both), reportingNode(t, "n2", behind), node("n0", "10.99.0.9", "10.244.9.0/24"))
+	dyn := newWatcherDynamic(weirPolicy(t, "a-weir", 7), upstreamPolicy(t, "b-deny", 3, npav1alpha2.ClusterNetworkPolicyRuleActionDeny))
+	w := NewWatcher(kube, dyn, "n1", 0)
+	changes := w.PolicyStatusChanges()
+	w.Start(ctx)
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changes:
+	case <-ctx.Done():
+		t.Fatal("no status change signalled for the listed objects")
+	}
+	nodes := w.Nodes()
+	if len(nodes) != 3 || nodes[0].Agent != nil || nodes[1].Agent == nil || nodes[1].Agent.ClusterPolicies["WeirClusterNetworkPolicy/a-weir"].Generation != 7 {
+		t.Fatalf("nodes %+v: want n0 without an agent state, n1 with its acks", nodes)
+	}
+	policies := w.ClusterPolicyObjects()
+	if len(policies) != 2 || policies[0].Ref() != "ClusterNetworkPolicy/b-deny" || policies[1].Generation != 7 {
+		t.Fatalf("policies %+v", policies)
+	}
+
+	r, err := SyncPolicyStatus(ctx, dyn, "n2", nodes, policies, time.Now())
+	if err != nil || r.Writer || statusUpdates(dyn) != 0 {
+		t.Fatalf("n2: %+v, %v, %d updates; want no writer, no updates", r, err, statusUpdates(dyn))
+	}
+	r, err = SyncPolicyStatus(ctx, dyn, "n1", nodes, policies, time.Now())
+	if err != nil || !r.Writer || r.Written != 2 || !r.Pending {
+		t.Fatalf("n1: %+v, %v; want both written, a-weir pending", r, err)
+	}
+	deny, u := programmedOf(t, dyn, policies[0])
+	if deny == nil || deny.Status != metav1.ConditionTrue || deny.Message != "programmed on 2/2 nodes" || deny.ObservedGeneration != 3 {
+		t.Fatalf("b-deny Programmed %+v, want True on 2/2 nodes at generation 3", deny)
+	}
+	if p, _, _ := unstructured.NestedInt64(u.Object, "spec", "priority"); p != 10 {
+		t.Fatalf("b-deny spec priority %d after the status update, want 10 kept", p)
+	}
+	if weir, _ := programmedOf(t, dyn, policies[1]); weir == nil || weir.Reason != ReasonPending ||
+		weir.Message != "programmed on 1/2 nodes; waiting for n2 (generation 6)" {
+		t.Fatalf("a-weir Programmed %+v, want Pending on n2", weir)
+	}
+
+	// Once the cache has the written status, the same reports write nothing.
+	for {
+		policies = w.ClusterPolicyObjects()
+		if len(policies) == 2 && len(policies[0].Conditions) == 2 && len(policies[1].Conditions) == 2 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the written status never reached the cache")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	r, err = SyncPolicyStatus(ctx, dyn, "n1", nodes, policies, time.Now())
+	if err != nil || r.Written != 0 || !r.Pending || statusUpdates(dyn) != 2 {
+		t.Fatalf("unchanged: %+v, %v, %d updates; want nothing written, still pending", r, err, statusUpdates(dyn))
+	}
+
+	// n2 catches up, but the object changed under the writer: skipped,
+	// pending, then written on the next round.
+	nodes[2].Agent.ClusterPolicies = both
+	conflict := true
+	dyn.PrependReactor("update", WeirClusterPolicyResource.Resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if conflict && a.GetSubresource() == "status" {
+			return true, nil, apierrors.NewConflict(WeirClusterPolicyResource.GroupResource(), "a-weir", nil)
+		}
+		return false, nil, nil
+	})
+	r, err = SyncPolicyStatus(ctx, dyn, "n1", nodes, policies, time.Now())
+	if err != nil || r.Written != 0 || !r.Pending {
+		t.Fatalf("conflict: %+v, %v; want skipped and pending, no error", r, err)
+	}
+	conflict = false
+	r, err = SyncPolicyStatus(ctx, dyn, "n1", nodes, policies, time.Now())
+	if err != nil || r.Written != 1 || r.Pending {
+		t.Fatalf("after the conflict: %+v, %v; want a-weir written, nothing pending", r, err)
+	}
+	if weir, _ := programmedOf(t, dyn, policies[1]); weir == nil || weir.Status != metav1.ConditionTrue {
+		t.Fatalf("a-weir Programmed %+v, want True", weir)
+	}
+}
