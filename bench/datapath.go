@@ -23,6 +23,10 @@ type setup struct {
 	ServerNS string
 	Dst      string
 	Weir     bool // its eBPF programs are on the path
+	// FlowsOff runs it with the lab's verdict events switched off, and
+	// Lab is the Weir lab whose switch that is (nil: not a Weir setup).
+	FlowsOff bool       `json:"-"`
+	Lab      *lab.State `json:"-"`
 }
 
 // Names of the setups, as they appear in the results.
@@ -34,14 +38,14 @@ const (
 	setupWeirVXLAN   = "weir vxlan"
 	setupWeirNative  = "weir native"
 	setupBridgeVXLAN = "bridge+vxlan"
-	// The same Weir setups with verdict events off: what flow records
-	// cost (the agents run with --flow-events=false).
+	// The same Weir setups, same lab and pods, with the datapath's
+	// verdict events switched off for the run: what flow records cost.
 	setupWeirNoFlows      = "weir (flows off)"
 	setupWeirVXLANNoFlows = "weir vxlan (flows off)"
 )
 
 // Lab names of the benchmark; Down removes each by name.
-var benchLabs = []string{"wb-raw", "wb-v", "wb-vq", "wb-n", "wb-b"}
+var benchLabs = []string{"wb-raw", "wb-v", "wb-n", "wb-b"}
 
 func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	if os.Geteuid() != 0 {
@@ -65,18 +69,11 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	}
 	labs := map[string]*lab.State{}
 	for _, l := range []struct {
-		name    string
-		mode    datapath.Mode
-		cni     string
-		noFlows bool
-	}{
-		{"wb-v", datapath.ModeVXLAN, lab.CNIWeir, false},
-		{"wb-vq", datapath.ModeVXLAN, lab.CNIWeir, true},
-		{"wb-n", datapath.ModeNative, lab.CNIWeir, false},
-		{"wb-b", datapath.ModeVXLAN, lab.CNIBridge, false},
-	} {
-		st, err := lab.Up(ctx, lab.Config{Name: l.name, Nodes: 2, PodsPerNode: 2, Mode: l.mode, BinDir: o.binDir,
-			CNI: l.cni, NoFlowEvents: l.noFlows}, io.Discard)
+		name string
+		mode datapath.Mode
+		cni  string
+	}{{"wb-v", datapath.ModeVXLAN, lab.CNIWeir}, {"wb-n", datapath.ModeNative, lab.CNIWeir}, {"wb-b", datapath.ModeVXLAN, lab.CNIBridge}} {
+		st, err := lab.Up(ctx, lab.Config{Name: l.name, Nodes: 2, PodsPerNode: 2, Mode: l.mode, BinDir: o.binDir, CNI: l.cni}, io.Discard)
 		if err != nil {
 			return fmt.Errorf("lab %s: %w", l.name, err)
 		}
@@ -85,11 +82,11 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 	setups := []setup{
 		{Name: setupRaw, Path: "intra", ClientNS: raw.NSA, ServerNS: raw.NSB, Dst: raw.AddrB.String()},
 		podPair(labs["wb-v"], setupWeir, "intra", "n1-p1", "n1-p2", true),
-		podPair(labs["wb-vq"], setupWeirNoFlows, "intra", "n1-p1", "n1-p2", true),
+		flowsOff(podPair(labs["wb-v"], setupWeirNoFlows, "intra", "n1-p1", "n1-p2", true)),
 		podPair(labs["wb-b"], setupBridge, "intra", "n1-p1", "n1-p2", false),
 		nodePair(labs["wb-v"], setupHost),
 		podPair(labs["wb-v"], setupWeirVXLAN, "inter", "n1-p1", "n2-p1", true),
-		podPair(labs["wb-vq"], setupWeirVXLANNoFlows, "inter", "n1-p1", "n2-p1", true),
+		flowsOff(podPair(labs["wb-v"], setupWeirVXLANNoFlows, "inter", "n1-p1", "n2-p1", true)),
 		podPair(labs["wb-n"], setupWeirNative, "inter", "n1-p1", "n2-p1", true),
 		podPair(labs["wb-b"], setupBridgeVXLAN, "inter", "n1-p1", "n2-p1", false),
 	}
@@ -151,7 +148,30 @@ func selectSetups(setups []setup, names []string) []setup {
 func podPair(st *lab.State, name, path, client, server string, weir bool) setup {
 	c, _ := st.PodByName(client)
 	s, _ := st.PodByName(server)
-	return setup{Name: name, Path: path, ClientNS: lab.PodNSPath(*c), ServerNS: lab.PodNSPath(*s), Dst: s.IP.String(), Weir: weir}
+	out := setup{Name: name, Path: path, ClientNS: lab.PodNSPath(*c), ServerNS: lab.PodNSPath(*s), Dst: s.IP.String(), Weir: weir}
+	if weir {
+		out.Lab = st
+	}
+	return out
+}
+
+func flowsOff(s setup) setup {
+	s.FlowsOff = true
+	return s
+}
+
+// setFlowEvents switches the verdict events of every node of the setup's
+// lab as the setup wants them (on unless FlowsOff).
+func (s setup) setFlowEvents() error {
+	if s.Lab == nil {
+		return nil
+	}
+	for _, n := range s.Lab.Nodes {
+		if err := datapath.SetPinnedFlowEvents(n.PinDir, !s.FlowsOff); err != nil {
+			return fmt.Errorf("%s node %s: %w", s.Lab.Config.Name, n.Name, err)
+		}
+	}
+	return nil
 }
 
 func nodePair(st *lab.State, name string) setup {
@@ -209,6 +229,9 @@ func measureBPFCost(ctx context.Context, o options, setups []setup, res *result,
 // runOne runs one test on one setup. With costOnly it records the eBPF
 // programs' run time per run instead of the traffic figures.
 func runOne(ctx context.Context, o options, s setup, test string, rep int, res *result, costOnly bool) error {
+	if err := s.setFlowEvents(); err != nil {
+		return err
+	}
 	before, err := datapath.ProgramStats()
 	if err != nil {
 		return err

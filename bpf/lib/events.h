@@ -43,7 +43,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_events SEC(".maps");
 
-volatile const __u32 FLOW_EVENTS = 1;
+struct flow_config {
+	__u32 no_events;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct flow_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_flow_config SEC(".maps");
 
 /*
  * event_emit writes one event without waking the reader: the agent polls
@@ -54,8 +64,10 @@ volatile const __u32 FLOW_EVENTS = 1;
 __always_inline_fn void event_emit(const struct verdict_event *ev)
 {
 	__u64 flags = BPF_RB_NO_WAKEUP;
+	__u32 zero = 0;
+	struct flow_config *cfg = bpf_map_lookup_elem(&weir_flow_config, &zero);
 
-	if (!FLOW_EVENTS)
+	if (cfg && cfg->no_events)
 		return;
 	if (bpf_ringbuf_query(&weir_events, BPF_RB_AVAIL_DATA) > EVENTS_RING_SIZE / 8)
 		flags = BPF_RB_FORCE_WAKEUP;

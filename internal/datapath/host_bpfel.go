@@ -51,6 +51,11 @@ type hostEpPolicy struct {
 	Pad      [2]uint8
 }
 
+type hostFlowConfig struct {
+	_        structs.HostLayout
+	NoEvents uint32
+}
+
 type hostPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -110,13 +115,13 @@ const (
 	hostMapWeirEndpoints      = "weir_endpoints"
 	hostMapWeirEpPolicy       = "weir_ep_policy"
 	hostMapWeirEvents         = "weir_events"
+	hostMapWeirFlowConfig     = "weir_flow_config"
 	hostMapWeirIpcache        = "weir_ipcache"
 	hostMapWeirMetrics        = "weir_metrics"
 	hostMapWeirPolicy         = "weir_policy"
 	hostMapWeirPolicyRev      = "weir_policy_rev"
 	hostMapWeirTunnels        = "weir_tunnels"
 	hostProgFromNetdev        = "from_netdev"
-	hostVarFLOW_EVENTS        = "FLOW_EVENTS"
 	hostVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
 	hostVarTUNNEL_MODE        = "TUNNEL_MODE"
 	hostVarTUNNEL_VNI         = "TUNNEL_VNI"
@@ -172,23 +177,23 @@ type hostProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostMapSpecs struct {
-	WeirCidrIds   *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
-	WeirCt        *ebpf.MapSpec `ebpf:"weir_ct"`
-	WeirEndpoints *ebpf.MapSpec `ebpf:"weir_endpoints"`
-	WeirEpPolicy  *ebpf.MapSpec `ebpf:"weir_ep_policy"`
-	WeirEvents    *ebpf.MapSpec `ebpf:"weir_events"`
-	WeirIpcache   *ebpf.MapSpec `ebpf:"weir_ipcache"`
-	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
-	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
-	WeirTunnels   *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
 // hostVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostVariableSpecs struct {
-	FLOW_EVENTS        *ebpf.VariableSpec `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
@@ -215,16 +220,17 @@ func (o *hostObjects) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostMaps struct {
-	WeirCidrIds   *ebpf.Map `ebpf:"weir_cidr_ids"`
-	WeirCt        *ebpf.Map `ebpf:"weir_ct"`
-	WeirEndpoints *ebpf.Map `ebpf:"weir_endpoints"`
-	WeirEpPolicy  *ebpf.Map `ebpf:"weir_ep_policy"`
-	WeirEvents    *ebpf.Map `ebpf:"weir_events"`
-	WeirIpcache   *ebpf.Map `ebpf:"weir_ipcache"`
-	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
-	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
-	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
-	WeirTunnels   *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
+	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
 func (m *hostMaps) Close() error {
@@ -234,6 +240,7 @@ func (m *hostMaps) Close() error {
 		m.WeirEndpoints,
 		m.WeirEpPolicy,
 		m.WeirEvents,
+		m.WeirFlowConfig,
 		m.WeirIpcache,
 		m.WeirMetrics,
 		m.WeirPolicy,
@@ -246,7 +253,6 @@ func (m *hostMaps) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostVariables struct {
-	FLOW_EVENTS        *ebpf.Variable `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`

@@ -44,9 +44,6 @@ type ProgramConfig struct {
 	OverlayIfindex int
 	// PinDir is the bpffs directory the maps are pinned in (and reused from).
 	PinDir string
-	// NoFlowEvents turns the verdict events off (FLOW_EVENTS in
-	// bpf/lib/events.h): no flow records, for measuring their cost.
-	NoFlowEvents bool
 }
 
 // Programs are the loaded programs of one node and the maps they share.
@@ -69,6 +66,8 @@ type Programs struct {
 	PolicyRev *ebpf.Map
 	CT        *ebpf.Map
 	Events    *ebpf.Map
+	// FlowConfig turns the verdict events on and off (events.h).
+	FlowConfig *ebpf.Map
 
 	// Socket-level Service translation (bpf/sock.c, bpf/lib/lb.h).
 	SockConnect4     *ebpf.Program
@@ -93,10 +92,6 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
 		"TUNNEL_VNI":      cfg.VNI,
 		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
-		"FLOW_EVENTS":     1,
-	}
-	if cfg.NoFlowEvents {
-		consts["FLOW_EVENTS"] = 0
 	}
 	p := &Programs{cfg: cfg}
 	defer func() {
@@ -112,7 +107,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.FromContainer, p.ToContainer = lxc.FromContainer, lxc.ToContainer
 	p.Endpoints, p.Tunnels, p.Metrics = lxc.WeirEndpoints, lxc.WeirTunnels, lxc.WeirMetrics
 	p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy = lxc.WeirIpcache, lxc.WeirCidrIds, lxc.WeirEpPolicy, lxc.WeirPolicy
-	p.PolicyRev, p.CT, p.Events = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents
+	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
 
 	var ov overlayObjects
 	if err := loadWithConsts(loadOverlay, consts, &ov, opts); err != nil {
@@ -120,7 +115,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
 	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
-		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirEvents)
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirEvents, ov.WeirFlowConfig)
 
 	var host hostObjects
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
@@ -128,7 +123,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromNetdev = host.FromNetdev
 	closeMaps(host.WeirEndpoints, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
-		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirEvents)
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirEvents, host.WeirFlowConfig)
 
 	var sock sockObjects
 	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
@@ -169,7 +164,7 @@ func closeMaps(ms ...*ebpf.Map) {
 // Close releases the handles; pinned maps and links stay in the kernel.
 func (p *Programs) Close() {
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
-		p.Endpoints, p.Tunnels, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events,
+		p.Endpoints, p.Tunnels, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events, p.FlowConfig,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:

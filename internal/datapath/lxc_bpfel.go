@@ -51,6 +51,11 @@ type lxcEpPolicy struct {
 	Pad      [2]uint8
 }
 
+type lxcFlowConfig struct {
+	_        structs.HostLayout
+	NoEvents uint32
+}
+
 type lxcPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -129,6 +134,7 @@ const (
 	lxcMapWeirEndpoints      = "weir_endpoints"
 	lxcMapWeirEpPolicy       = "weir_ep_policy"
 	lxcMapWeirEvents         = "weir_events"
+	lxcMapWeirFlowConfig     = "weir_flow_config"
 	lxcMapWeirIpcache        = "weir_ipcache"
 	lxcMapWeirMetrics        = "weir_metrics"
 	lxcMapWeirPolicy         = "weir_policy"
@@ -136,7 +142,6 @@ const (
 	lxcMapWeirTunnels        = "weir_tunnels"
 	lxcProgFromContainer     = "from_container"
 	lxcProgToContainer       = "to_container"
-	lxcVarFLOW_EVENTS        = "FLOW_EVENTS"
 	lxcVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
 	lxcVarTUNNEL_MODE        = "TUNNEL_MODE"
 	lxcVarTUNNEL_VNI         = "TUNNEL_VNI"
@@ -193,23 +198,23 @@ type lxcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcMapSpecs struct {
-	WeirCidrIds   *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
-	WeirCt        *ebpf.MapSpec `ebpf:"weir_ct"`
-	WeirEndpoints *ebpf.MapSpec `ebpf:"weir_endpoints"`
-	WeirEpPolicy  *ebpf.MapSpec `ebpf:"weir_ep_policy"`
-	WeirEvents    *ebpf.MapSpec `ebpf:"weir_events"`
-	WeirIpcache   *ebpf.MapSpec `ebpf:"weir_ipcache"`
-	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
-	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
-	WeirTunnels   *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
 // lxcVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcVariableSpecs struct {
-	FLOW_EVENTS        *ebpf.VariableSpec `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
@@ -236,16 +241,17 @@ func (o *lxcObjects) Close() error {
 //
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcMaps struct {
-	WeirCidrIds   *ebpf.Map `ebpf:"weir_cidr_ids"`
-	WeirCt        *ebpf.Map `ebpf:"weir_ct"`
-	WeirEndpoints *ebpf.Map `ebpf:"weir_endpoints"`
-	WeirEpPolicy  *ebpf.Map `ebpf:"weir_ep_policy"`
-	WeirEvents    *ebpf.Map `ebpf:"weir_events"`
-	WeirIpcache   *ebpf.Map `ebpf:"weir_ipcache"`
-	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
-	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
-	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
-	WeirTunnels   *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
+	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
 func (m *lxcMaps) Close() error {
@@ -255,6 +261,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirEndpoints,
 		m.WeirEpPolicy,
 		m.WeirEvents,
+		m.WeirFlowConfig,
 		m.WeirIpcache,
 		m.WeirMetrics,
 		m.WeirPolicy,
@@ -267,7 +274,6 @@ func (m *lxcMaps) Close() error {
 //
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcVariables struct {
-	FLOW_EVENTS        *ebpf.Variable `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`

@@ -46,7 +46,8 @@ type NodeConfig struct {
 	// NetNS, when set, is the namespace the node lives in; otherwise the
 	// caller's. Tests and the lab use it to run many nodes in one process.
 	NetNS string
-	// NoFlowEvents loads the programs without verdict events.
+	// NoFlowEvents turns the datapath's verdict events off (see
+	// SetFlowEvents).
 	NoFlowEvents bool
 }
 
@@ -148,12 +149,15 @@ func (n *Node) setupDevices() error {
 		overlayIfindex = vx.Attrs().Index
 	}
 	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, VNI: n.cfg.VNI, OverlayIfindex: overlayIfindex,
-		PinDir: n.cfg.PinDir, NoFlowEvents: n.cfg.NoFlowEvents})
+		PinDir: n.cfg.PinDir})
 	if err != nil {
 		return err
 	}
 	n.endpoints = endpointMap{n.progs.Endpoints}
 	n.tunnels = tunnelMap{n.progs.Tunnels}
+	if err := n.SetFlowEvents(!n.cfg.NoFlowEvents); err != nil {
+		return err
+	}
 
 	links := filepath.Join(n.cfg.PinDir, "devices")
 	if n.cfg.Mode == ModeVXLAN {

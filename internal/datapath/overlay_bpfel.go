@@ -51,6 +51,11 @@ type overlayEpPolicy struct {
 	Pad      [2]uint8
 }
 
+type overlayFlowConfig struct {
+	_        structs.HostLayout
+	NoEvents uint32
+}
+
 type overlayPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -110,6 +115,7 @@ const (
 	overlayMapWeirEndpoints      = "weir_endpoints"
 	overlayMapWeirEpPolicy       = "weir_ep_policy"
 	overlayMapWeirEvents         = "weir_events"
+	overlayMapWeirFlowConfig     = "weir_flow_config"
 	overlayMapWeirIpcache        = "weir_ipcache"
 	overlayMapWeirMetrics        = "weir_metrics"
 	overlayMapWeirPolicy         = "weir_policy"
@@ -117,7 +123,6 @@ const (
 	overlayMapWeirTunnels        = "weir_tunnels"
 	overlayProgFromOverlay       = "from_overlay"
 	overlayProgToOverlay         = "to_overlay"
-	overlayVarFLOW_EVENTS        = "FLOW_EVENTS"
 	overlayVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
 	overlayVarTUNNEL_MODE        = "TUNNEL_MODE"
 	overlayVarTUNNEL_VNI         = "TUNNEL_VNI"
@@ -174,23 +179,23 @@ type overlayProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayMapSpecs struct {
-	WeirCidrIds   *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
-	WeirCt        *ebpf.MapSpec `ebpf:"weir_ct"`
-	WeirEndpoints *ebpf.MapSpec `ebpf:"weir_endpoints"`
-	WeirEpPolicy  *ebpf.MapSpec `ebpf:"weir_ep_policy"`
-	WeirEvents    *ebpf.MapSpec `ebpf:"weir_events"`
-	WeirIpcache   *ebpf.MapSpec `ebpf:"weir_ipcache"`
-	WeirMetrics   *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirPolicy    *ebpf.MapSpec `ebpf:"weir_policy"`
-	WeirPolicyRev *ebpf.MapSpec `ebpf:"weir_policy_rev"`
-	WeirTunnels   *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
 // overlayVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayVariableSpecs struct {
-	FLOW_EVENTS        *ebpf.VariableSpec `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
@@ -217,16 +222,17 @@ func (o *overlayObjects) Close() error {
 //
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayMaps struct {
-	WeirCidrIds   *ebpf.Map `ebpf:"weir_cidr_ids"`
-	WeirCt        *ebpf.Map `ebpf:"weir_ct"`
-	WeirEndpoints *ebpf.Map `ebpf:"weir_endpoints"`
-	WeirEpPolicy  *ebpf.Map `ebpf:"weir_ep_policy"`
-	WeirEvents    *ebpf.Map `ebpf:"weir_events"`
-	WeirIpcache   *ebpf.Map `ebpf:"weir_ipcache"`
-	WeirMetrics   *ebpf.Map `ebpf:"weir_metrics"`
-	WeirPolicy    *ebpf.Map `ebpf:"weir_policy"`
-	WeirPolicyRev *ebpf.Map `ebpf:"weir_policy_rev"`
-	WeirTunnels   *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
+	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
 func (m *overlayMaps) Close() error {
@@ -236,6 +242,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirEndpoints,
 		m.WeirEpPolicy,
 		m.WeirEvents,
+		m.WeirFlowConfig,
 		m.WeirIpcache,
 		m.WeirMetrics,
 		m.WeirPolicy,
@@ -248,7 +255,6 @@ func (m *overlayMaps) Close() error {
 //
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayVariables struct {
-	FLOW_EVENTS        *ebpf.Variable `ebpf:"FLOW_EVENTS"`
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`

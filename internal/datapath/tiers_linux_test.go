@@ -307,3 +307,31 @@ func randomClusterPolicy(r *rand.Rand, name string) *policy.ClusterPolicy {
 	}
 	return cp
 }
+
+// TestFlowEventsSwitch: with the events switched off a new flow is still
+// judged but leaves no event; switched on again, the next one does.
+func TestFlowEventsSwitch(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	rd, err := n.OpenEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	loadCluster(t, n, rejectB())
+	if err := SetPinnedFlowEvents(p.cfg.PinDir, false); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := run(t, p.FromContainer, tcpFrame(hostMAC, podMAC, podA, podB, 40001, 80, 1, tcpSYN, nil), ifA); ret != tcActRedirect {
+		t.Fatalf("rejected SYN with events off: verdict %d, want the answer", ret)
+	}
+	if err := n.SetFlowEvents(true); err != nil {
+		t.Fatal(err)
+	}
+	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 9999), ifA); ret != tcActRedirect {
+		t.Fatalf("allowed datagram: verdict %d, want delivery", ret)
+	}
+	if ev := readEvent(t, rd); ev.Dst.Port() != 9999 {
+		t.Fatalf("first event after switching on is for port %d: the flow sent with events off left one", ev.Dst.Port())
+	}
+}
