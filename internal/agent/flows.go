@@ -75,12 +75,9 @@ func (l *flowLog) close() error {
 	return l.store.Close()
 }
 
-// add stores a flow (a record of Count flows, or one) and sends it to the
-// followers.
-func (l *flowLog) add(f api.Flow) {
-	l.store.Add(f)
-	l.send(f)
-}
+// record stores a flow record (of Count flows, or one). Followers got
+// its events one by one as they came (send).
+func (l *flowLog) record(f api.Flow) { l.store.Add(f) }
 
 // send hands f to every follower that keeps up.
 func (l *flowLog) send(f api.Flow) {
@@ -318,7 +315,7 @@ func (a *Agent) recordEventBatch() {
 		f := names.explain(a.cfg.NodeName, agg.first)
 		f.Count, f.LastTime = agg.count, agg.last
 		a.metrics.observeFlows(f, agg.count)
-		a.flows.store.Add(f)
+		a.flows.record(f)
 	}
 }
 

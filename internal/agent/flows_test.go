@@ -30,10 +30,10 @@ func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
 	l := openTestFlowLog(t, dir)
 	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	for i := 0; i < flowHistory+10; i++ {
-		l.add(api.Flow{Time: t0.Add(time.Duration(i) * time.Millisecond), Src: "10.244.1.2:40000", PeerIdentity: uint32(i)})
+		add(l, api.Flow{Time: t0.Add(time.Duration(i) * time.Millisecond), Src: "10.244.1.2:40000", PeerIdentity: uint32(i)})
 	}
 	// The same peer again, from another port: counted, not kept apart.
-	l.add(api.Flow{Time: t0.Add(time.Hour), Src: "10.244.1.2:40001", PeerIdentity: flowHistory + 9})
+	add(l, api.Flow{Time: t0.Add(time.Hour), Src: "10.244.1.2:40001", PeerIdentity: flowHistory + 9})
 	newest := func(context string) []api.Flow {
 		t.Helper()
 		got, err := l.recent()
@@ -58,7 +58,7 @@ func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
 	if err != nil || len(held) != flowHistory {
 		t.Fatalf("follow held %d (%v)", len(held), err)
 	}
-	l.add(api.Flow{Src: "10.244.1.2:40002", PeerIdentity: 99999})
+	add(l, api.Flow{Src: "10.244.1.2:40002", PeerIdentity: 99999})
 	select {
 	case f := <-ch:
 		// Followers get each flow as it happens, port and all.
@@ -76,7 +76,7 @@ func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
 	}
 	defer cancel()
 	for i := 0; i < followerBuffer+5; i++ {
-		l.add(api.Flow{})
+		add(l, api.Flow{})
 	}
 	if l.missed.Load() != 5 {
 		t.Fatalf("missed %d, want 5", l.missed.Load())
@@ -125,4 +125,11 @@ func TestFlowNamesExplainVerdicts(t *testing.T) {
 	if f = n.explain("n1", ev); f.Pod != "ifindex 8" || f.Peer != a.String() || !strings.Contains(f.Rule, "no policy selects") {
 		t.Fatalf("unknown endpoint explained as %+v", f)
 	}
+}
+
+// add records f and sends it to the followers, as an event and its record
+// both reach them.
+func add(l *flowLog, f api.Flow) {
+	l.record(f)
+	l.send(f)
 }

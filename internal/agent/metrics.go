@@ -126,9 +126,6 @@ func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
-// observeFlow counts one verdict event.
-func (m *metrics) observeFlow(f api.Flow) { m.observeFlows(f, 1) }
-
 // observeFlows counts n verdict events explained as f (a batch of them,
 // see eventBatch).
 func (m *metrics) observeFlows(f api.Flow, n uint64) {

@@ -152,25 +152,8 @@ func TestMetricsAfterTraffic(t *testing.T) {
 // listeners opened before it are closed.
 func TestMetricsAddrInUse(t *testing.T) {
 	n := newTestNode(t, "10.244.10.0/24")
-	taken, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
 	n.agent.cfg.HealthAddr = freeLoopbackAddr(t)
-	n.agent.cfg.MetricsAddr = taken.Addr().String()
-	ln, err := n.agent.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = n.agent.ServeOn(context.Background(), ln)
-	if err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
-		t.Fatalf("serve with a taken metrics port: %v, want an error naming --metrics-addr", err)
-	}
-	if c, err := ln.Accept(); err == nil {
-		c.Close()
-		t.Fatal("the socket listener still accepts after a failed start")
-	}
+	serveOnTakenPort(t, n, &n.agent.cfg.MetricsAddr, "--metrics-addr")
 	if c, err := net.DialTimeout("tcp", n.agent.cfg.HealthAddr, time.Second); err == nil {
 		c.Close()
 		t.Fatal("the health listener still accepts after a failed start")

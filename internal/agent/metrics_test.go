@@ -86,7 +86,7 @@ func TestObserveFlowCounts(t *testing.T) {
 		{Verdict: "rejected", Direction: "egress", Stage: "baseline", Pod: "ifindex 7"}, // rule unloaded meanwhile
 	}
 	for _, f := range flows {
-		m.observeFlow(f)
+		m.observeFlows(f, 1)
 	}
 	for _, c := range []struct {
 		name string
@@ -160,9 +160,9 @@ func gatherAll(t *testing.T) map[string]*dto.MetricFamily {
 	}
 	dp := &metricsDatapath{counters: counters, capacity: 1000, entries: map[string]int{datapath.MapConntrack: 10}}
 	m, _ := newTestMetrics(t, dp)
-	m.observeFlow(api.Flow{Verdict: "denied", Direction: "ingress", Stage: "admin", Pod: "a/b",
+	m.observeFlows(api.Flow{Verdict: "denied", Direction: "ingress", Stage: "admin", Pod: "a/b",
 		Decider:  &api.FlowRule{Kind: policy.KindClusterNetworkPolicy, Name: "deny-all", Action: "Deny"},
-		LoggedBy: &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Action: "Log"}})
+		LoggedBy: &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Action: "Log"}}, 1)
 	m.reconciled(2*time.Millisecond, &policy.Result{}, nil, nil)
 	m.reconciled(time.Millisecond, nil, nil, errLoadFailed)
 	families, err := m.reg.Gather()

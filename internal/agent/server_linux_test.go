@@ -77,19 +77,26 @@ func TestHealthAddrServesHealthOnly(t *testing.T) {
 // socket listener handed in is closed, not leaked.
 func TestHealthAddrInUse(t *testing.T) {
 	n := newTestNode(t, "10.244.8.0/24")
+	serveOnTakenPort(t, n, &n.agent.cfg.HealthAddr, "--health-addr")
+}
+
+// serveOnTakenPort points *addr at a port already in use and requires
+// ServeOn to fail naming flag, with the socket listener closed.
+func serveOnTakenPort(t *testing.T, n *testNode, addr *string, flag string) {
+	t.Helper()
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	n.agent.cfg.HealthAddr = taken.Addr().String()
+	*addr = taken.Addr().String()
 	ln, err := n.agent.Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = n.agent.ServeOn(context.Background(), ln)
-	if err == nil || !strings.Contains(err.Error(), "--health-addr") {
-		t.Fatalf("serve with a taken health port: %v, want an error naming --health-addr", err)
+	if err == nil || !strings.Contains(err.Error(), flag) {
+		t.Fatalf("serve with a taken port: %v, want an error naming %s", err, flag)
 	}
 	if c, err := ln.Accept(); err == nil {
 		c.Close()

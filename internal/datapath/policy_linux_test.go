@@ -80,14 +80,21 @@ func ingressFromApp(app string, proto string, ports ...int32) *networkingv1.Netw
 	return p
 }
 
-func TestPolicyVerdictsAndEvents(t *testing.T) {
+// eventNode loads the test programs and opens their verdict events.
+func eventNode(t *testing.T) (*Programs, *Node, *EventReader) {
+	t.Helper()
 	p := loadTest(t, ModeVXLAN)
 	n := &Node{progs: p}
 	rd, err := n.OpenEventReader()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rd.Close()
+	t.Cleanup(func() { rd.Close() })
+	return p, n, rd
+}
+
+func TestPolicyVerdictsAndEvents(t *testing.T) {
+	p, n, rd := eventNode(t)
 	c := policy.NewCompiler()
 
 	res := loadPolicy(t, n, c, nil, policyFixture(ingressFromApp("a", "UDP", 7777)))

@@ -61,13 +61,7 @@ func loadCluster(t *testing.T, n *Node, cps ...*policy.ClusterPolicy) *policy.Re
 // the sender as a reset with valid checksums, and the verdict event names
 // the rule.
 func TestRejectAnswersTCPWithReset(t *testing.T) {
-	p := loadTest(t, ModeVXLAN)
-	n := &Node{progs: p}
-	rd, err := n.OpenEventReader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
+	p, n, rd := eventNode(t)
 	res := loadCluster(t, n, rejectB())
 	want := res.Lookup("x/b", policy.Ingress, podA, 6, 80)
 	if want.Verdict != policy.VerdictReject {
@@ -187,13 +181,7 @@ func TestRejectAnswersRemoteSenderThroughOverlay(t *testing.T) {
 // compiled result's own decision; `weir policy trace`'s BPF_PROG_RUN of
 // the same flow must give the same events.
 func TestTieredPolicyDatapathAgreesWithCompiler(t *testing.T) {
-	p := loadTest(t, ModeVXLAN)
-	n := &Node{progs: p}
-	rd, err := n.OpenEventReader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
+	_, n, rd := eventNode(t)
 	c := policy.NewCompiler()
 	var prev *policy.Result
 	sport, checked := uint16(20000), 0
@@ -311,13 +299,7 @@ func randomClusterPolicy(r *rand.Rand, name string) *policy.ClusterPolicy {
 // TestFlowEventsSwitch: with the events switched off a new flow is still
 // judged but leaves no event; switched on again, the next one does.
 func TestFlowEventsSwitch(t *testing.T) {
-	p := loadTest(t, ModeVXLAN)
-	n := &Node{progs: p}
-	rd, err := n.OpenEventReader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rd.Close()
+	p, n, rd := eventNode(t)
 	loadCluster(t, n, rejectB())
 	if err := SetPinnedFlowEvents(p.cfg.PinDir, false); err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 // startAgent runs the node's weir-agent inside the node namespace
 // (startProc); it outlives `weir lab up` and is stopped by its PID.
 func (st *State) startAgent(ctx context.Context, n *Node) error {
-	args := []string{
+	p, err := startProc(n.Name+"/weir-agent", n.NetNS, n.Log, []string{
 		filepath.Join(st.Config.BinDir, "weir-agent"),
 		"--node-name", n.Name,
 		"--mode", string(st.Config.Mode),
@@ -21,11 +21,7 @@ func (st *State) startAgent(ctx context.Context, n *Node) error {
 		"--bpf-pin-dir", n.PinDir,
 		"--socket", n.Socket,
 		"--peers-file", filepath.Join(st.RunDir, "peers.json"),
-	}
-	if st.Config.NoFlowEvents {
-		args = append(args, "--flow-events=false")
-	}
-	p, err := startProc(n.Name+"/weir-agent", n.NetNS, n.Log, args, nil)
+	}, nil)
 	if err != nil {
 		return err
 	}

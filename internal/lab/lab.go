@@ -28,9 +28,6 @@ type Config struct {
 	// CNI is the plugin pods are attached with: CNIWeir (default), or
 	// CNIBridge for the reference baseline benchmarks compare against.
 	CNI string
-	// NoFlowEvents runs the agents with --flow-events=false: the
-	// datapath benchmark's baseline for what flow records cost.
-	NoFlowEvents bool `json:"noFlowEvents,omitempty"`
 	// Kubernetes makes the lab a real cluster: a control plane, and on
 	// every node containerd, kubelet, kube-proxy and the Weir agent as a
 	// Kubernetes node agent. Pods then come from the API, not from
