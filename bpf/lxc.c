@@ -10,7 +10,9 @@
  *                  denied it (conntrack.h, reject.h)
  *   IPv4, local  -> straight into the destination pod (endpoint.h)
  *   IPv4, remote -> to the owning node, overlay or FIB (tunnel.h)
- *   anything else-> the node's stack (node addresses, masquerade to outside)
+ *   IPv4, other  -> the node's stack (node addresses, masquerade to outside)
+ *   IPv6 neighbour discovery -> the node's stack (podlink.h)
+ *   anything else, and any tagged frame -> dropped (podlink.h)
  *
  * to_container (tcx egress) sees what the node's stack delivers to the pod:
  * traffic from the node itself and flows the stack translated. Packets
@@ -21,6 +23,7 @@
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nfct.h"
+#include "lib/podlink.h"
 #include "lib/reject.h"
 #include "lib/tunnel.h"
 
@@ -66,15 +69,22 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 SEC("tcx/ingress")
 int from_container(struct __sk_buff *skb)
 {
-	switch (eth_proto(skb)) {
+	__be16 proto = eth_proto(skb);
+
+	if (podlink_tagged(skb, proto)) {
+		metric_inc(METRIC_DROP_VLAN);
+		return TC_ACT_SHOT;
+	}
+	switch (proto) {
 	case bpf_htons(ETH_P_ARP):
 		return arp_respond(skb);
 	case bpf_htons(ETH_P_IP):
 		return handle_ipv4(skb);
+	case bpf_htons(ETH_P_IPV6):
+		return podlink_ipv6(skb);
 	default:
-		/* IPv6 and the rest take the host path until dual-stack lands. */
-		metric_inc(METRIC_PASS_HOST);
-		return TC_ACT_OK;
+		metric_inc(METRIC_DROP_ETHERTYPE);
+		return TC_ACT_SHOT;
 	}
 }
 

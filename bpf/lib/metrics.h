@@ -28,6 +28,10 @@ enum weir_metric {
 	METRIC_SOCK_LB,            /* a pod's socket sent to a Service backend (sock.c) */
 	METRIC_SOCK_LB_MISS,       /* a Service address left to kube-proxy: no backend slot */
 	METRIC_POLICY_REJECT,      /* denied by a Reject rule and answered (reject.h) */
+	METRIC_DROP_IPV6,          /* IPv6 from a pod other than neighbour discovery (podlink.h) */
+	METRIC_DROP_VLAN,          /* a VLAN-tagged frame from a pod (podlink.h) */
+	METRIC_DROP_ETHERTYPE,     /* a frame from a pod neither ARP, IPv4 nor IPv6 (podlink.h) */
+	METRIC_DROP_TUNNEL_SOURCE, /* overlay or underlay packet from a source its sender cannot own */
 	METRIC_MAX,
 };
 

@@ -143,6 +143,11 @@ func (n *Node) ConfigureHost(ep *Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("find host veth %d: %w", ep.HostIfindex, err)
 	}
+	// Before the link is up: no router advertisement a pod sends may
+	// ever configure the node (podlink.h drops them too).
+	if err := n.do(func() error { return setHostVethSysctls(host.Attrs().Name) }); err != nil {
+		return err
+	}
 	if err := n.nl.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set %s up: %w", host.Attrs().Name, err)
 	}

@@ -218,6 +218,10 @@ var MetricNames = []string{
 	"sock_lb",
 	"sock_lb_miss",
 	"policy_reject",
+	"drop_ipv6",
+	"drop_vlan",
+	"drop_ethertype",
+	"drop_tunnel_source",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -134,10 +134,50 @@ func TestFromContainerPassesOutsideTrafficToHost(t *testing.T) {
 	if ret != tcActOK || !bytes.Equal(out[:len(frame)], frame) {
 		t.Fatalf("verdict %d (want pass, unmodified)", ret)
 	}
-	// IPv6 takes the host path until dual-stack lands.
-	v6 := append(ethHeader(hostMAC, podMAC, etherTypeIPv6), make([]byte, 40)...)
-	if ret, _ := run(t, p.FromContainer, v6, ifA); ret != tcActOK {
-		t.Fatalf("IPv6 verdict %d, want pass", ret)
+}
+
+// TestFromContainerFiltersLinkFrames: of what is not IPv4 or ARP, only
+// IPv6 neighbour discovery reaches the node; router advertisements,
+// redirects, other IPv6, tagged frames and other EtherTypes are dropped
+// and counted by reason. (A tag the stack strips before tcx is tried with
+// real frames in internal/agent.)
+func TestFromContainerFiltersLinkFrames(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	ll, allNodes := netip.MustParseAddr("fe80::1"), netip.MustParseAddr("ff02::1")
+	nd := func(typ uint8) []byte {
+		return testutil.IPv6ICMP(hostMAC, podMAC, ll, allNodes, typ, 0, make([]byte, 20))
+	}
+	hop64 := nd(135)
+	hop64[14+7] = 64 // a forwarded solicitation is no neighbour discovery
+	udp6 := append(ethHeader(hostMAC, podMAC, etherTypeIPv6), make([]byte, 48)...)
+	udp6[14] = 0x60
+	udp6[14+6], udp6[14+7] = 17, 255
+	cases := []struct {
+		name   string
+		frame  []byte
+		want   uint32
+		metric string
+	}{
+		{"neighbour solicitation", nd(135), tcActOK, "pass_host"},
+		{"neighbour advertisement", nd(136), tcActOK, "pass_host"},
+		{"router solicitation", nd(133), tcActShot, "drop_ipv6"},
+		{"router advertisement", testutil.RouterAdvertisement(podMAC, ll, netip.MustParsePrefix("2001:db8::/64"), 1800), tcActShot, "drop_ipv6"},
+		{"redirect", nd(137), tcActShot, "drop_ipv6"},
+		{"MLD report", nd(143), tcActShot, "drop_ipv6"},
+		{"solicitation with hop limit 64", hop64, tcActShot, "drop_ipv6"},
+		{"IPv6 UDP", udp6, tcActShot, "drop_ipv6"},
+		{"802.1Q tagged IPv4", testutil.VLANTagged(udpFrame(hostMAC, podMAC, podA, outside, nil), testutil.Ether8021Q, 0), tcActShot, "drop_vlan"},
+		{"802.1ad tagged IPv4", testutil.VLANTagged(udpFrame(hostMAC, podMAC, podA, outside, nil), testutil.Ether8021AD, 7), tcActShot, "drop_vlan"},
+		{"LLDP", append(ethHeader(hostMAC, podMAC, 0x88cc), make([]byte, 46)...), tcActShot, "drop_ethertype"},
+	}
+	for _, c := range cases {
+		before := metric(t, p, c.metric)
+		if ret, _ := run(t, p.FromContainer, c.frame, ifA); ret != c.want {
+			t.Errorf("%s: verdict %d, want %d", c.name, ret, c.want)
+		}
+		if got := metric(t, p, c.metric) - before; got != 1 {
+			t.Errorf("%s: %s grew by %d, want 1", c.name, c.metric, got)
+		}
 	}
 }
 

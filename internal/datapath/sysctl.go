@@ -1,7 +1,9 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +23,33 @@ var nodeSysctls = map[string]string{
 func setNodeSysctls() error {
 	for k, v := range nodeSysctls {
 		if err := writeSysctl(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hostVethSysctls harden the node side of a pod's veth: a pod is never a
+// router of the node's, so its router advertisements and redirects must
+// not configure the node's addresses or routes.
+var hostVethSysctls = []struct{ key, value string }{
+	{"net/ipv6/conf/%s/accept_ra", "0"},
+	{"net/ipv6/conf/%s/accept_redirects", "0"},
+	{"net/ipv4/conf/%s/accept_redirects", "0"},
+	{"net/ipv4/conf/%s/send_redirects", "0"},
+}
+
+// setHostVethSysctls writes hostVethSysctls for ifName in the calling
+// thread's namespace. A node without IPv6 has no IPv6 keys to set.
+func setHostVethSysctls(ifName string) error {
+	for _, s := range hostVethSysctls {
+		name := fmt.Sprintf(s.key, ifName)
+		if strings.HasPrefix(name, "net/ipv6/") {
+			if _, err := os.Stat(filepath.Join("/proc/sys", name)); errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+		}
+		if err := writeSysctl(name, s.value); err != nil {
 			return err
 		}
 	}

@@ -132,3 +132,93 @@ func TestClusterRuleFailsClosed(t *testing.T) {
 		t.Fatalf("an unknown action must deny all, got %+v", d)
 	}
 }
+
+// TestClusterNodesPeerOwnNode: a nodes peer that selects the pod's own
+// node matches its address, which the ipcache knows as the host identity,
+// not as a remote node; and egress to the own node has no exemption, so
+// whatever the peer does not reach stays under NetworkPolicy.
+func TestClusterNodesPeerOwnNode(t *testing.T) {
+	toNodes := func(name string, tier npav1alpha2.Tier, action string, nodes map[string]string) *ClusterPolicy {
+		p := cnp(KindClusterNetworkPolicy, name, tier, 0)
+		p.Spec.Egress = []npav1alpha2.ClusterNetworkPolicyEgressRule{{
+			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(action),
+			To:     []npav1alpha2.ClusterNetworkPolicyEgressPeer{{Nodes: &metav1.LabelSelector{MatchLabels: nodes}}},
+			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
+				DestinationPort: &npav1alpha2.Port{Number: 10250}}}},
+		}}
+		return p
+	}
+	denyEgress := np("x", "deny-egress", nil, []string{"Egress"}, nil)
+	own, other := map[string]string{"kubernetes.io/hostname": "n1"}, map[string]string{"kubernetes.io/hostname": "n2"}
+	admin, baseline := npav1alpha2.AdminTier, npav1alpha2.BaselineTier
+	type want struct {
+		verdict Verdict
+		stage   Stage
+		decider string
+	}
+	tests := []struct {
+		name        string
+		nps         []*networkingv1.NetworkPolicy
+		cp          *ClusterPolicy
+		host, other want // egress to the own node and to the other node
+	}{
+		{"admin deny of the own node", nil, toNodes("deny-own", admin, "Deny", own),
+			want{VerdictDeny, StageAdmin, "deny-own"}, want{VerdictAllow, StageDefault, ""}},
+		{"admin accept of the own node beats an egress default deny", []*networkingv1.NetworkPolicy{denyEgress},
+			toNodes("accept-own", admin, "Accept", own),
+			want{VerdictAllow, StageAdmin, "accept-own"}, want{VerdictDeny, StageNetworkPolicyDefaultDeny, ""}},
+		{"admin accept of every node", []*networkingv1.NetworkPolicy{denyEgress}, toNodes("accept-all", admin, "Accept", nil),
+			want{VerdictAllow, StageAdmin, "accept-all"}, want{VerdictAllow, StageAdmin, "accept-all"}},
+		{"accepting the other node leaves the own node to NetworkPolicy", []*networkingv1.NetworkPolicy{denyEgress},
+			toNodes("accept-other", admin, "Accept", other),
+			want{VerdictDeny, StageNetworkPolicyDefaultDeny, ""}, want{VerdictAllow, StageAdmin, "accept-other"}},
+		{"a baseline accept of the own node does not reach past a NetworkPolicy", []*networkingv1.NetworkPolicy{denyEgress},
+			toNodes("base-accept-own", baseline, "Accept", own),
+			want{VerdictDeny, StageNetworkPolicyDefaultDeny, ""}, want{VerdictDeny, StageNetworkPolicyDefaultDeny, ""}},
+	}
+	hostIP, otherIP := netip.MustParseAddr("192.168.0.1"), netip.MustParseAddr("192.168.0.2")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := fixture(tt.nps...)
+			s.Nodes = []Node{
+				{Name: "n1", Labels: own, IPs: s.HostIPs},
+				{Name: "n2", Labels: other, IPs: s.RemoteNodeIPs},
+			}
+			s.ClusterPolicies = []*ClusterPolicy{tt.cp}
+			res := NewCompiler().Compile(s)
+			if len(res.Errors) > 0 {
+				t.Fatalf("errors: %v", res.Errors)
+			}
+			if label, _ := res.PeerIdentities(hostIP); label != IdentityHost {
+				t.Fatalf("own node's address has label identity %d, want host", label)
+			}
+			var pod *Pod
+			for i := range s.Pods {
+				if s.Pods[i].Key() == "x/a" {
+					pod = &s.Pods[i]
+				}
+			}
+			check := func(peer netip.Addr, port uint16, w want) {
+				t.Helper()
+				d := res.Lookup("x/a", Egress, peer, ProtoTCP, port)
+				if d.Verdict != w.verdict || d.Stage != w.stage || res.Rules[d.Rule].Name != w.decider {
+					t.Errorf("egress to %s:%d: %s at %s by %q, want %s at %s by %q", peer, port,
+						d.Verdict, d.Stage, res.Rules[d.Rule].Name, w.verdict, w.stage, w.decider)
+				}
+				if err := sameDecision(res, d, Evaluate(s, pod, Egress, peer, ProtoTCP, port)); err != nil {
+					t.Errorf("egress to %s:%d: %v", peer, port, err)
+				}
+			}
+			// The rule names port 10250; other ports of either node get
+			// what no cluster rule decides.
+			rest := want{VerdictAllow, StageDefault, ""}
+			if len(tt.nps) > 0 {
+				rest = want{VerdictDeny, StageNetworkPolicyDefaultDeny, ""}
+			}
+			check(hostIP, 10250, tt.host)
+			check(otherIP, 10250, tt.other)
+			check(hostIP, 9880, rest)
+			check(otherIP, 9880, rest)
+		})
+	}
+}

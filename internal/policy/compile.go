@@ -346,15 +346,21 @@ func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
 	return nil
 }
 
-// enforce marks ep enforced in d and adds the node-traffic allowance.
+// enforce marks ep enforced in d. Enforcing ingress adds the node-traffic
+// allowance: Kubernetes requires that a pod's own node can reach it
+// (kubelet probes). Egress to the node has none: it is judged like any
+// other peer, so an ipBlock over the node's address or a cluster policy's
+// nodes peer allows it and an egress default deny denies it.
 func (cp *compilation) enforce(ep *EndpointPolicy, d Direction, policy string) {
 	if !ep.Enforced[d] {
 		ep.Enforced[d] = true
-		k := Key{Direction: d, Peer: IdentityHost, Proto: ProtoAny}
-		e := ep.Entries[k]
-		e.Allow = RuleNodeTraffic
-		ep.Entries[k] = e
-		cp.res.Rules[RuleNodeTraffic] = RuleRef{Direction: d}
+		if d == Ingress {
+			k := Key{Direction: Ingress, Peer: IdentityHost, Proto: ProtoAny}
+			e := ep.Entries[k]
+			e.Allow = RuleNodeTraffic
+			ep.Entries[k] = e
+			cp.res.Rules[RuleNodeTraffic] = RuleRef{Direction: Ingress}
+		}
 	}
 	ep.Policies[d] = append(ep.Policies[d], policy)
 }

@@ -105,12 +105,47 @@ func TestCompileSemantics(t *testing.T) {
 			{"x/a", Ingress, "10.0.1.1", ProtoTCP, 80, true},
 			{"x/a", Egress, "172.16.0.1", ProtoUDP, 53, true},
 		}},
-		{"default deny ingress keeps egress and node traffic", []*networkingv1.NetworkPolicy{
+		{"default deny ingress keeps egress and ingress from the node", []*networkingv1.NetworkPolicy{
 			np("x", "deny", nil, []string{"Ingress"}, nil)}, []probe{
 			{"x/a", Ingress, "10.0.0.2", ProtoTCP, 80, false},
 			{"x/a", Ingress, "192.168.0.2", ProtoTCP, 80, false}, // another node is not exempt
 			{"x/a", Ingress, "192.168.0.1", ProtoTCP, 80, true},  // its own node is
 			{"x/a", Egress, "10.0.1.1", ProtoTCP, 80, true},
+		}},
+		{"default deny egress denies the pod's own node", []*networkingv1.NetworkPolicy{
+			np("x", "deny", nil, []string{"Egress"}, nil)}, []probe{
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 10250, false}, // kubelet
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 9880, false},  // agent metrics
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 30080, false}, // a NodePort
+			{"x/a", Egress, "192.168.0.1", 1, 0, false},
+			{"x/a", Egress, "192.168.0.2", ProtoTCP, 10250, false},
+		}},
+		{"default deny both ways: ingress from the node stays allowed, egress to it does not", []*networkingv1.NetworkPolicy{
+			np("x", "deny", nil, []string{"Ingress", "Egress"}, nil)}, []probe{
+			{"x/a", Ingress, "192.168.0.1", ProtoTCP, 8080, true},
+			{"x/a", Ingress, "192.168.0.1", 1, 0, true},
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 10250, false},
+			{"x/b", Ingress, "192.168.0.1", ProtoTCP, 9090, true},
+			{"x/b", Egress, "192.168.0.1", ProtoTCP, 10250, false},
+		}},
+		{"egress ipBlock over the node's address allows the node", []*networkingv1.NetworkPolicy{
+			np("x", "to-nodes", nil, []string{"Egress"}, func(s *networkingv1.NetworkPolicySpec) {
+				s.Egress = []networkingv1.NetworkPolicyEgressRule{{
+					To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/24"}}},
+					Ports: []networkingv1.NetworkPolicyPort{tcp(10250)}}}
+			})}, []probe{
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 10250, true},
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 9880, false}, // only the port the rule names
+			{"x/a", Egress, "192.168.0.2", ProtoTCP, 10250, true},
+			{"x/a", Egress, "10.0.0.2", ProtoTCP, 10250, false},
+		}},
+		{"an ipBlock except carves the pod's own node out", []*networkingv1.NetworkPolicy{
+			np("x", "not-my-node", nil, []string{"Egress"}, func(s *networkingv1.NetworkPolicySpec) {
+				s.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{
+					IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/16", Except: []string{"192.168.0.1/32"}}}}}}
+			})}, []probe{
+			{"x/a", Egress, "192.168.0.1", ProtoTCP, 10250, false},
+			{"x/a", Egress, "192.168.0.2", ProtoTCP, 10250, true},
 		}},
 		{"an empty rule allows all, ICMP too", []*networkingv1.NetworkPolicy{
 			np("x", "all", nil, []string{"Ingress"}, allIngress)}, []probe{

@@ -19,6 +19,9 @@
 //     policy selects it for that direction) and a set of allow Keys: peer
 //     identity (or any), protocol (or any), and a port prefix, so a port
 //     range is a handful of prefixes and a lookup never loops over rules.
+//   - A pod's own node (the host identity) can always reach it: enforcing
+//     ingress adds an allow for it, as Kubernetes requires. Egress to the
+//     node is judged by the egress rules like any other peer.
 //
 // Evaluate is the same semantics written the obvious way, one packet at a
 // time; the tests hold the compiled lookup to it.

@@ -95,16 +95,15 @@ func stageOf(t Tier) Stage {
 // evaluateNetworkPolicy is NetworkPolicy v1 alone: whether any policy
 // selects target in d, whether one of their rules allows, and which.
 func evaluateNetworkPolicy(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) (selected, allowed bool, ref RuleRef) {
-	for _, a := range s.HostIPs {
-		if a == peer {
-			// The pod's own node, always allowed; a policy that selects
-			// the pod still ends evaluation here.
-			sel := false
-			for _, p := range s.Policies {
-				sel = sel || policySelects(s, p, target, d)
-			}
-			return sel, true, RuleRef{Direction: d}
+	if d == Ingress && slices.Contains(s.HostIPs, peer) {
+		// Ingress from the pod's own node, always allowed; a policy that
+		// selects the pod still ends evaluation here. Egress to the node
+		// is judged by the rules below like any other peer.
+		sel := false
+		for _, p := range s.Policies {
+			sel = sel || policySelects(s, p, target, d)
 		}
+		return sel, true, RuleRef{Direction: d}
 	}
 	peerPod := podByIP(s, peer)
 	for _, p := range sortedPolicies(s.Policies) {

@@ -10,6 +10,7 @@ import (
 // reading of the policies on many random clusters.
 func TestCompiledMatchesEvaluate(t *testing.T) {
 	c := NewCompiler()
+	seen := map[string]int{}
 	for seed := uint64(0); seed < 300; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
 		s := genSnapshot(r, 1+r.IntN(5))
@@ -19,6 +20,14 @@ func TestCompiledMatchesEvaluate(t *testing.T) {
 		}
 		if err := checkAgainstEvaluate(s, res); err != nil {
 			t.Fatalf("seed %d: %v\npolicies: %s", seed, err, dumpPolicies(s))
+		}
+		countOutcomes(s, seen)
+	}
+	// The pod's own node is exempt on ingress only: the generator must
+	// reach egress to it both allowed by a rule and denied by default.
+	for _, want := range []string{"host ingress networkpolicy", "host egress networkpolicy", "host egress networkpolicy-default-deny"} {
+		if seen[want] == 0 {
+			t.Errorf("no probe reached %q: %v", want, seen)
 		}
 	}
 }
@@ -41,7 +50,8 @@ func TestClusterCompiledMatchesEvaluate(t *testing.T) {
 	// The generator must reach every stage, verdict and the Log and Pass
 	// paths, or agreement would prove little.
 	for _, want := range []string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny",
-		"baseline", "default", "allowed", "denied", "rejected", "logged"} {
+		"baseline", "default", "allowed", "denied", "rejected", "logged",
+		"host ingress networkpolicy", "host egress admin", "host egress networkpolicy-default-deny"} {
 		if seen[want] == 0 {
 			t.Errorf("no probe reached %q: %v", want, seen)
 		}
@@ -57,6 +67,9 @@ func countOutcomes(s *Snapshot, seen map[string]int) {
 				seen[o.Verdict.String()]++
 				if o.Log.Name != "" {
 					seen["logged"]++
+				}
+				if peer == genHost {
+					seen["host "+d.String()+" "+o.Stage.String()]++
 				}
 			}
 		}

@@ -44,9 +44,9 @@ func (k Key) String() string {
 // while the rule exists.
 type RuleID uint32
 
-// RuleNodeTraffic is the implicit rule that lets a pod's own node reach
-// it (and it reach the node), which Kubernetes requires whatever the
-// policies say.
+// RuleNodeTraffic is the implicit ingress rule that lets a pod's own node
+// reach it, which Kubernetes requires whatever the policies say. It is
+// ingress only: a pod's egress to its node is judged by egress rules.
 const RuleNodeTraffic RuleID = 1
 
 // RuleRef names the rule a RuleID stands for.
@@ -74,7 +74,7 @@ func (r RuleRef) Cluster() bool {
 func (r RuleRef) String() string {
 	switch {
 	case r.Name == "":
-		return "node traffic (always allowed)"
+		return "node traffic: ingress from the pod's own node (always allowed)"
 	case r.Cluster():
 		s := fmt.Sprintf("%s %s (%s tier, priority %d) %s[%d]", strings.ToLower(r.Kind), r.Name, r.Tier, r.Priority, r.Direction, r.Index)
 		if r.RuleName != "" {

@@ -266,6 +266,46 @@ func TestKubernetes(t *testing.T) {
 		del("client-egress")
 		expectService("ok")
 
+		// Egress isolation covers the pod's own node too: Kubernetes
+		// exempts traffic from the node (kubelet probes), not to it. Under
+		// an egress default deny the node's address is closed on the
+		// agent's metrics port (the DaemonSet's --metrics-addr, 9880 in
+		// the lab) and on a NodePort, through which kube-proxy would
+		// otherwise forward to any Service.
+		apply("apiVersion: v1\nkind: Service\nmetadata: {name: web-nodeport}\n" +
+			"spec: {type: NodePort, selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}\n")
+		defer st.Kubectl(ctx, nil, "delete", "service", "web-nodeport", "--ignore-not-found")
+		nodePortSvc, err := c.CoreV1().Services("default").Get(ctx, "web-nodeport", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		callerPod, err := c.CoreV1().Pods("default").Get(ctx, "egress-client", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeIP := callerPod.Status.HostIP
+		metrics := net.JoinHostPort(nodeIP, "9880")
+		nodePort := net.JoinHostPort(nodeIP, fmt.Sprint(nodePortSvc.Spec.Ports[0].NodePort))
+		expectOwnNode := func(want string) {
+			t.Helper()
+			waitFor(t, 10*time.Second, func() error {
+				// The NodePort twice more: its backends are on both nodes.
+				for _, target := range []string{metrics, nodePort, nodePort, nodePort} {
+					if got := probeFrom("egress-client", target); got != want {
+						return fmt.Errorf("egress-client -> its own node %s (%s): %s, want %s", target, callerPod.Spec.NodeName, got, want)
+					}
+				}
+				return nil
+			})
+		}
+		defer del("client-deny-egress")
+		expectOwnNode("ok")
+		apply("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: client-deny-egress}\n" +
+			"spec: {podSelector: {matchLabels: {role: client}}, policyTypes: [Egress]}\n")
+		expectOwnNode("TIMEOUT")
+		del("client-deny-egress")
+		expectOwnNode("ok")
+
 		out, err := st.Kubectl(ctx, nil, "get", "securityidentities", "-l", "weir.io/namespace=default", "-o", "name")
 		if err != nil || len(strings.Fields(string(out))) == 0 {
 			t.Errorf("no SecurityIdentity for the default namespace's pods: %v %s", err, out)
