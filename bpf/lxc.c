@@ -52,7 +52,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
 	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
-	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr));
+	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr), NULL);
 	if (verdict == CT_POLICY_REJECT)
 		return reject_v4(skb, sizeof(struct ethhdr));
 	if (verdict != TC_ACT_OK)
@@ -60,7 +60,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	if (dst)
 		return endpoint_deliver(skb, dst);
 	if (remote)
-		return tunnel_forward_v4(skb, ip, remote);
+		return tunnel_forward_v4(skb, ip, remote, label_identity_v4(ip->saddr));
 
 	metric_inc(METRIC_PASS_HOST);
 	return TC_ACT_OK;
@@ -101,5 +101,5 @@ int to_container(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	/* The sender is the node's stack: a reject is a silent drop here. */
-	return ct_policy_v4(skb, ip, sizeof(struct ethhdr)) == TC_ACT_OK ? TC_ACT_OK : TC_ACT_SHOT;
+	return ct_policy_v4(skb, ip, sizeof(struct ethhdr), NULL) == TC_ACT_OK ? TC_ACT_OK : TC_ACT_SHOT;
 }

@@ -38,7 +38,18 @@
  */
 volatile const __u32 TUNNEL_MODE = WEIR_MODE_VXLAN;
 volatile const __u32 OVERLAY_IFINDEX = 0; /* the node's VXLAN device */
-volatile const __u32 TUNNEL_VNI = 0;      /* VXLAN network identifier */
+volatile const __u32 POD_CIDR_V4 = 0;      /* this node's pod CIDR, network order */
+volatile const __u32 POD_CIDR_V4_MASK = 0; /* its netmask, network order */
+/* Set only in the copies `weir policy trace` and tests run with
+ * BPF_PROG_RUN, which cannot attach tunnel metadata: the sending node and
+ * its VNI come from skb->cb[0] and cb[1] instead (tunnel.h). */
+volatile const __u32 SENDER_FROM_CB = 0;
+
+/* in_pod_cidr_v4 reports whether ip belongs to this node's pod CIDR. */
+__always_inline_fn int in_pod_cidr_v4(__be32 ip)
+{
+	return POD_CIDR_V4_MASK && (ip & POD_CIDR_V4_MASK) == POD_CIDR_V4;
+}
 
 /* ctx_data_ok reports whether len bytes from off lie inside the packet. */
 __always_inline_fn int ctx_data_ok(struct __sk_buff *skb, __u32 off, __u32 len)

@@ -105,13 +105,14 @@ __always_inline_fn void ct_reverse(const struct ct_key *k, struct ct_key *r)
  * policy_judge_end judges one local end of a flow and reports its verdict;
  * it returns VERDICT_*. A Log rule makes even a quiet re-check report.
  */
-__always_inline_fn int policy_judge_end(const struct ct_key *flow, __u32 ifindex, __u8 dir, int report)
+__always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct identity_hint *hint, __u32 ifindex,
+					 __u8 dir, int report)
 {
 	struct verdict_event ev = {};
 	struct policy_verdict v;
 	__be32 peer = dir == POLICY_EGRESS ? flow->daddr : flow->saddr;
 
-	policy_check(ifindex, dir, peer, flow->proto, flow->dport, &v, &ev.peer_id);
+	policy_check(ifindex, dir, peer, hint, flow->proto, flow->dport, &v, &ev.peer_id);
 	if (v.verdict == VERDICT_ALLOWED && !report && !v.log)
 		return VERDICT_ALLOWED;
 	ev.rule = v.rule;
@@ -137,19 +138,19 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, __u32 ifindex
  * ingress. report: emit allowed events too (a new connection, not a
  * re-check).
  */
-__always_inline_fn int policy_decide(const struct ct_key *flow, int report)
+__always_inline_fn int policy_decide(const struct ct_key *flow, const struct identity_hint *hint, int report)
 {
 	const struct endpoint_info *src = endpoint_lookup_v4(flow->saddr);
 	const struct endpoint_info *dst = endpoint_lookup_v4(flow->daddr);
 	int verdict;
 
 	if (src) {
-		verdict = policy_judge_end(flow, src->ifindex, POLICY_EGRESS, report);
+		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, report);
 		if (verdict != VERDICT_ALLOWED)
 			return verdict;
 	}
 	if (dst)
-		return policy_judge_end(flow, dst->ifindex, POLICY_INGRESS, report);
+		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, report);
 	return VERDICT_ALLOWED;
 }
 
@@ -170,9 +171,11 @@ __always_inline_fn int ct_denied(int verdict)
 /*
  * ct_policy_v4 returns TC_ACT_OK to let the packet on, TC_ACT_SHOT when
  * policy denies its flow, CT_POLICY_REJECT when a Reject rule does. ip
- * must be a validated header at l3_off.
+ * must be a validated header at l3_off; hint (or NULL) is the identity the
+ * packet's sender carried.
  */
-__always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off)
+__always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off,
+				    const struct identity_hint *hint)
 {
 	struct ct_key key, rev_key, *orig = &key;
 	struct ct_entry *e, fresh = {};
@@ -199,7 +202,7 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		 * (allowed verdicts quietly; a drop is reported). */
 		e->rev = rev;
 		e->last_ns = bpf_ktime_get_ns();
-		verdict = policy_decide(orig, 0);
+		verdict = policy_decide(orig, hint, 0);
 		if (verdict != VERDICT_ALLOWED) {
 			e->flags |= CT_DENIED;
 			return ct_denied(verdict);
@@ -207,7 +210,7 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		e->flags &= ~CT_DENIED;
 		return TC_ACT_OK;
 	}
-	verdict = policy_decide(&key, 1);
+	verdict = policy_decide(&key, hint, 1);
 	if (verdict != VERDICT_ALLOWED)
 		return ct_denied(verdict);
 	fresh.rev = rev;

@@ -11,17 +11,30 @@
  * tells every ipBlock at once whether it contains the address; pod
  * addresses are looked up here too, since an ipBlock may cover them.
  *
- * Both miss with IDENTITY_WORLD.
+ * An address the ipcache does not know is IDENTITY_WORLD, unless it lies
+ * inside a pod CIDR (this node's, or a peer's in weir_tunnels): then it is
+ * a pod whose identity has not reached this node yet, IDENTITY_UNIDENTIFIED,
+ * which policy.h denies wherever any policy applies (it could be any pod,
+ * so no rule can be known to allow it). The CIDR lookup misses with
+ * IDENTITY_WORLD.
+ *
+ * A packet from the overlay carries its sender's identity (tunnel.h); the
+ * hint passes it down to the policy lookup in place of the ipcache's.
  */
 #ifndef WEIR_LIB_IDENTITY_H
 #define WEIR_LIB_IDENTITY_H
 
 #include "addr.h"
+#include "tunnel.h"
 
 /* Reserved identities (internal/policy/identity.go). */
 #define IDENTITY_ANY 0
 #define IDENTITY_HOST 1
 #define IDENTITY_WORLD 2
+#define IDENTITY_REMOTE_NODE 3
+#define IDENTITY_UNIDENTIFIED 4
+#define IDENTITY_MIN_CLUSTER 256
+#define IDENTITY_MAX_CLUSTER 65535
 
 #define CIDR_KEY_PREFIX_BITS 32 /* family + pad in front of the address */
 
@@ -48,15 +61,39 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_cidr_ids SEC(".maps");
 
+/* identity_hint: addr's identity as the packet's sender vouched for it. */
+struct identity_hint {
+	__be32 addr;
+	__u32 id; /* 0: no hint */
+};
+
+/* label_identity_v4 is an address's label identity from the ipcache. */
+__always_inline_fn __u32 label_identity_v4(__be32 ip)
+{
+	struct weir_addr key;
+	__u32 *id;
+
+	weir_addr_from_v4(&key, ip);
+	id = bpf_map_lookup_elem(&weir_ipcache, &key);
+	if (id)
+		return *id;
+	if (in_pod_cidr_v4(ip) || tunnel_lookup_v4(ip))
+		return IDENTITY_UNIDENTIFIED;
+	return IDENTITY_WORLD;
+}
+
 /* peer_identities_v4 returns an address's label and CIDR identities. */
-__always_inline_fn void peer_identities_v4(__be32 ip, __u32 *label, __u32 *cidr)
+__always_inline_fn void peer_identities_v4(__be32 ip, const struct identity_hint *hint, __u32 *label,
+					   __u32 *cidr)
 {
 	struct cidr_key key = { .prefixlen = CIDR_KEY_PREFIX_BITS + 32 };
 	__u32 *id;
 
+	if (hint && hint->id && hint->addr == ip)
+		*label = hint->id;
+	else
+		*label = label_identity_v4(ip);
 	weir_addr_from_v4(&key.addr, ip);
-	id = bpf_map_lookup_elem(&weir_ipcache, &key.addr);
-	*label = id ? *id : IDENTITY_WORLD;
 	id = bpf_map_lookup_elem(&weir_cidr_ids, &key);
 	*cidr = id ? *id : IDENTITY_WORLD;
 }

@@ -58,6 +58,7 @@
 #define STAGE_NP_DEFAULT_DENY 3
 #define STAGE_BASELINE 4
 #define STAGE_DEFAULT 5
+#define STAGE_UNIDENTIFIED 6 /* a pod address with no known identity yet */
 
 struct ep_policy {
 	__u32 identity;
@@ -225,10 +226,11 @@ __always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_en
 
 /*
  * policy_check decides one direction of one local endpoint into *v;
- * *peer_id is the peer's label identity, for the verdict event.
+ * *peer_id is the peer's label identity, for the verdict event. hint, if
+ * not NULL, is the identity the packet's sender carried (tunnel.h).
  */
-__always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, __u8 proto, __be16 dport,
-				     struct policy_verdict *v, __u32 *peer_id)
+__always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, const struct identity_hint *hint,
+				     __u8 proto, __be16 dport, struct policy_verdict *v, __u32 *peer_id)
 {
 	struct ep_policy *ep = bpf_map_lookup_elem(&weir_ep_policy, &ifindex);
 	const struct policy_entry *by_label, *by_cidr = NULL, *any;
@@ -238,13 +240,19 @@ __always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, __u8 
 	__builtin_memset(v, 0, sizeof(*v));
 	v->verdict = VERDICT_ALLOWED;
 	v->stage = STAGE_UNENFORCED;
-	peer_identities_v4(peer, &label, &cidr);
+	peer_identities_v4(peer, hint, &label, &cidr);
 	*peer_id = label;
 	if (!ep)
 		return;
 	flags = ep->enforce[dir & 1];
 	if (!flags)
 		return;
+	if (label == IDENTITY_UNIDENTIFIED) {
+		/* Fail closed: it may be a pod some rule denies. */
+		v->verdict = VERDICT_DENIED;
+		v->stage = STAGE_UNIDENTIFIED;
+		return;
+	}
 	by_label = policy_lookup(ifindex, dir, label, proto, dport);
 	if (cidr != label)
 		by_cidr = policy_lookup(ifindex, dir, cidr, proto, dport);

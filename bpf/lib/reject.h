@@ -161,7 +161,8 @@ __always_inline_fn int reject_v4(struct __sk_buff *skb, __u32 l3_off)
 	ip = ipv4_hdr(skb);
 	if (!ip)
 		goto drop;
-	return tunnel_forward_v4(skb, ip, remote);
+	/* The answer is the rejecting pod's: it carries that pod's identity. */
+	return tunnel_forward_v4(skb, ip, remote, label_identity_v4(ip->saddr));
 drop:
 	metric_inc(METRIC_DROP_POLICY);
 	return TC_ACT_SHOT;

@@ -6,6 +6,15 @@
  * value struct tunnel_info (the node that owns the CIDR). prefixlen counts
  * the 32 bits of family and padding first, so an IPv4 /24 is stored with
  * prefixlen 32 + 24 and can never match an IPv6 address.
+ *
+ * weir_peer_nodes: hash, key struct weir_addr (a peer node's underlay
+ * address), value __u32 (reserved). Only these may send into the overlay.
+ *
+ * The VXLAN network identifier carries the sender's security identity, as
+ * Cilium's does: the receiving node judges a new pod by the identity its
+ * own node vouches for, from the first packet, instead of waiting for the
+ * pod's address to reach it through the API server. A pod address is
+ * accepted from the overlay only from the node that owns its CIDR.
  */
 #ifndef WEIR_LIB_TUNNEL_H
 #define WEIR_LIB_TUNNEL_H
@@ -34,6 +43,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_tunnels SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct weir_addr);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_peer_nodes SEC(".maps");
+
 __always_inline_fn struct tunnel_info *tunnel_lookup_v4(__be32 ip)
 {
 	struct tunnel_key key = { .prefixlen = TUNNEL_KEY_PREFIX_BITS + 32 };
@@ -42,11 +60,32 @@ __always_inline_fn struct tunnel_info *tunnel_lookup_v4(__be32 ip)
 	return bpf_map_lookup_elem(&weir_tunnels, &key);
 }
 
+/* tunnel_peer_node_v4 reports whether ip (network order) is a peer node's. */
+__always_inline_fn int tunnel_peer_node_v4(__be32 ip)
+{
+	struct weir_addr key;
+
+	weir_addr_from_v4(&key, ip);
+	return bpf_map_lookup_elem(&weir_peer_nodes, &key) != NULL;
+}
+
+/* tunnel_owner_is reports whether the tunnel entry t names node (network order). */
+__always_inline_fn int tunnel_owner_is(const struct tunnel_info *t, __be32 node)
+{
+	__be32 owner;
+
+	if (t->node.family != WEIR_AF_INET)
+		return 0;
+	__builtin_memcpy(&owner, t->node.addr, sizeof(owner));
+	return owner == node;
+}
+
 /*
  * tunnel_set_key attaches VXLAN metadata for the node that owns the
- * destination; the collect-metadata VXLAN device encapsulates with it.
+ * destination, with the sender's identity as the network identifier; the
+ * collect-metadata VXLAN device encapsulates with it.
  */
-__always_inline_fn int tunnel_set_key(struct __sk_buff *skb, const struct tunnel_info *t)
+__always_inline_fn int tunnel_set_key(struct __sk_buff *skb, const struct tunnel_info *t, __u32 src_id)
 {
 	struct bpf_tunnel_key key = {};
 	__u32 remote;
@@ -55,20 +94,23 @@ __always_inline_fn int tunnel_set_key(struct __sk_buff *skb, const struct tunnel
 		return -1;
 	__builtin_memcpy(&remote, t->node.addr, sizeof(remote));
 	key.remote_ipv4 = bpf_ntohl(remote);
-	key.tunnel_id = TUNNEL_VNI;
+	key.tunnel_id = src_id & 0xffffff;
 	key.tunnel_ttl = 64;
 	return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX);
 }
 
-/* tunnel_forward_v4 sends a packet for a remote pod to the node that owns it. */
+/*
+ * tunnel_forward_v4 sends a packet for a remote pod to the node that owns
+ * it; src_id is the sender's identity, carried in VXLAN mode.
+ */
 __always_inline_fn int tunnel_forward_v4(struct __sk_buff *skb, struct iphdr *ip,
-					 const struct tunnel_info *t)
+					 const struct tunnel_info *t, __u32 src_id)
 {
 	struct bpf_fib_lookup fib = {};
 	long rc;
 
 	if (TUNNEL_MODE == WEIR_MODE_VXLAN) {
-		if (tunnel_set_key(skb, t) < 0) {
+		if (tunnel_set_key(skb, t, src_id) < 0) {
 			metric_inc(METRIC_DROP_TUNNEL);
 			return TC_ACT_SHOT;
 		}

@@ -30,7 +30,6 @@ type flags struct {
 	metricsAddr                                        string
 	kubeconfig, cniConfDir, flowDir                    string
 	kubernetes, flowEvents                             bool
-	vni                                                uint32
 	flowMaxBytes                                       int64
 }
 
@@ -64,7 +63,6 @@ func newCommand() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")
 	fl.StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "how pod traffic reaches other nodes: vxlan or native")
-	fl.Uint32Var(&f.vni, "vni", 2, "VXLAN network identifier (vxlan mode)")
 	fl.StringVar(&f.underlay, "underlay-dev", "eth0", "the interface that reaches other nodes")
 	fl.StringVar(&f.nodeIP, "node-ip", "", "this node's address on the underlay (required unless --kubernetes: then the Node's InternalIP)")
 	fl.StringVar(&f.podCIDR, "pod-cidr", "", "the CIDR this node assigns pod addresses from (required unless --kubernetes: then the Node's spec.podCIDR)")
@@ -123,7 +121,7 @@ func (f flags) config() (agent.Config, error) {
 		return agent.Config{}, fmt.Errorf("--cluster-cidr %q: want a CIDR: %w", f.clusterCIDR, err)
 	}
 	cfg := agent.Config{
-		NodeName: f.node, Mode: mode, VNI: f.vni, UnderlayDev: f.underlay, NodeIP: nodeIP,
+		NodeName: f.node, Mode: mode, UnderlayDev: f.underlay, NodeIP: nodeIP,
 		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket, HealthAddr: f.healthAddr,
 		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir, MetricsAddr: f.metricsAddr,
 		FlowDir: f.flowDir, FlowMaxBytes: f.flowMaxBytes, NoFlowEvents: !f.flowEvents,

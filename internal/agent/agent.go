@@ -24,7 +24,6 @@ import (
 type Config struct {
 	NodeName    string
 	Mode        datapath.Mode
-	VNI         uint32
 	UnderlayDev string
 	NodeIP      netip.Addr
 	PodCIDR     netip.Prefix
@@ -64,7 +63,7 @@ type Config struct {
 // nodeConfig is the datapath's share of the config.
 func (c Config) nodeConfig() datapath.NodeConfig {
 	return datapath.NodeConfig{
-		Name: c.NodeName, Mode: c.Mode, VNI: c.VNI, UnderlayDev: c.UnderlayDev,
+		Name: c.NodeName, Mode: c.Mode, UnderlayDev: c.UnderlayDev,
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
 		NoFlowEvents: c.NoFlowEvents,
 	}

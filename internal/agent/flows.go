@@ -207,6 +207,8 @@ func (n *flowNames) why(ev datapath.VerdictEvent, dir string) string {
 		return "no policy selects the pod for " + dir
 	case policy.StageNetworkPolicyDefaultDeny:
 		return "default deny: network policies select the pod for " + dir + " and no rule allows this peer and port"
+	case policy.StageUnidentified:
+		return "unidentified peer: a pod address whose identity has not reached this node yet, denied while policy selects the pod for " + dir
 	case policy.StageDefault:
 		if ev.Passed != 0 {
 			return "passed by " + ruleName(n, ev.Passed) + "; no later rule decided: allowed"

@@ -49,7 +49,7 @@ func newTestNode(t *testing.T, podCIDR string) *testNode {
 		t.Fatalf("underlay: %v", err)
 	}
 	cfg := Config{
-		NodeName: "n1", Mode: datapath.ModeVXLAN, VNI: 2, UnderlayDev: "eth0",
+		NodeName: "n1", Mode: datapath.ModeVXLAN, UnderlayDev: "eth0",
 		NodeIP: netip.MustParseAddr("10.99.0.11"), PodCIDR: netip.MustParsePrefix(podCIDR),
 		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
 		StateDir:    t.TempDir(), PinDir: testutil.BPFDir(t),

@@ -118,13 +118,16 @@ const (
 	hostMapWeirFlowConfig     = "weir_flow_config"
 	hostMapWeirIpcache        = "weir_ipcache"
 	hostMapWeirMetrics        = "weir_metrics"
+	hostMapWeirPeerNodes      = "weir_peer_nodes"
 	hostMapWeirPolicy         = "weir_policy"
 	hostMapWeirPolicyRev      = "weir_policy_rev"
 	hostMapWeirTunnels        = "weir_tunnels"
 	hostProgFromNetdev        = "from_netdev"
 	hostVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
+	hostVarPOD_CIDR_V4        = "POD_CIDR_V4"
+	hostVarPOD_CIDR_V4MASK    = "POD_CIDR_V4_MASK"
+	hostVarSENDER_FROM_CB     = "SENDER_FROM_CB"
 	hostVarTUNNEL_MODE        = "TUNNEL_MODE"
-	hostVarTUNNEL_VNI         = "TUNNEL_VNI"
 	hostVarUnusedVerdictEvent = "unused_verdict_event"
 )
 
@@ -185,6 +188,7 @@ type hostMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
@@ -195,8 +199,10 @@ type hostMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostVariableSpecs struct {
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4        *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK    *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB     *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
 	UnusedVerdictEvent *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
@@ -228,6 +234,7 @@ type hostMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
@@ -243,6 +250,7 @@ func (m *hostMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirIpcache,
 		m.WeirMetrics,
+		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
 		m.WeirTunnels,
@@ -254,8 +262,10 @@ func (m *hostMaps) Close() error {
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostVariables struct {
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4        *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK    *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB     *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`
 	UnusedVerdictEvent *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 

@@ -1,8 +1,11 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 )
@@ -40,10 +43,36 @@ func (m Mode) bpfMode() uint32 {
 // ProgramConfig holds the load-time constants of the programs.
 type ProgramConfig struct {
 	Mode           Mode
-	VNI            uint32
 	OverlayIfindex int
+	// PodCIDR is this node's pod CIDR: its addresses never arrive from
+	// another node, and one the ipcache does not know is an unidentified
+	// pod, not the world.
+	PodCIDR netip.Prefix
 	// PinDir is the bpffs directory the maps are pinned in (and reused from).
 	PinDir string
+
+	// senderFromCB loads copies that read the sending node and its VNI
+	// from skb->cb, for BPF_PROG_RUN (trace and tests): no tunnel
+	// metadata can be attached there.
+	senderFromCB bool
+}
+
+// constants are the programs' load-time globals (bpf/lib/common.h).
+func (cfg ProgramConfig) constants() map[string]uint32 {
+	c := map[string]uint32{
+		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
+		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
+	}
+	if p := cfg.PodCIDR.Masked(); p.Addr().Is4() {
+		a := p.Addr().As4()
+		c["POD_CIDR_V4"] = binary.NativeEndian.Uint32(a[:])
+		mask := net.CIDRMask(p.Bits(), 32)
+		c["POD_CIDR_V4_MASK"] = binary.NativeEndian.Uint32(mask)
+	}
+	if cfg.senderFromCB {
+		c["SENDER_FROM_CB"] = 1
+	}
+	return c
 }
 
 // Programs are the loaded programs of one node and the maps they share.
@@ -56,6 +85,7 @@ type Programs struct {
 
 	Endpoints *ebpf.Map
 	Tunnels   *ebpf.Map
+	PeerNodes *ebpf.Map // underlay addresses of the peers (tunnel.h)
 	Metrics   *ebpf.Map
 
 	// Policy state (bpf/lib/identity.h, policy.h, conntrack.h, events.h).
@@ -88,11 +118,7 @@ type Programs struct {
 // agent keeps the state the running datapath already has.
 func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
-	consts := map[string]uint32{
-		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
-		"TUNNEL_VNI":      cfg.VNI,
-		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
-	}
+	consts := cfg.constants()
 	p := &Programs{cfg: cfg}
 	defer func() {
 		if retErr != nil {
@@ -108,13 +134,14 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.Endpoints, p.Tunnels, p.Metrics = lxc.WeirEndpoints, lxc.WeirTunnels, lxc.WeirMetrics
 	p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy = lxc.WeirIpcache, lxc.WeirCidrIds, lxc.WeirEpPolicy, lxc.WeirPolicy
 	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
+	p.PeerNodes = lxc.WeirPeerNodes
 
 	var ov overlayObjects
 	if err := loadWithConsts(loadOverlay, consts, &ov, opts); err != nil {
 		return nil, fmt.Errorf("load overlay programs: %w", err)
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
-	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
+	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirPeerNodes, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
 		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirEvents, ov.WeirFlowConfig)
 
 	var host hostObjects
@@ -122,7 +149,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		return nil, fmt.Errorf("load from_netdev: %w", err)
 	}
 	p.FromNetdev = host.FromNetdev
-	closeMaps(host.WeirEndpoints, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
+	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
 		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirEvents, host.WeirFlowConfig)
 
 	var sock sockObjects
@@ -164,7 +191,7 @@ func closeMaps(ms ...*ebpf.Map) {
 // Close releases the handles; pinned maps and links stay in the kernel.
 func (p *Programs) Close() {
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
-		p.Endpoints, p.Tunnels, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events, p.FlowConfig,
+		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.Events, p.FlowConfig,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:

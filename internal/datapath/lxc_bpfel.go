@@ -137,14 +137,17 @@ const (
 	lxcMapWeirFlowConfig     = "weir_flow_config"
 	lxcMapWeirIpcache        = "weir_ipcache"
 	lxcMapWeirMetrics        = "weir_metrics"
+	lxcMapWeirPeerNodes      = "weir_peer_nodes"
 	lxcMapWeirPolicy         = "weir_policy"
 	lxcMapWeirPolicyRev      = "weir_policy_rev"
 	lxcMapWeirTunnels        = "weir_tunnels"
 	lxcProgFromContainer     = "from_container"
 	lxcProgToContainer       = "to_container"
 	lxcVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
+	lxcVarPOD_CIDR_V4        = "POD_CIDR_V4"
+	lxcVarPOD_CIDR_V4MASK    = "POD_CIDR_V4_MASK"
+	lxcVarSENDER_FROM_CB     = "SENDER_FROM_CB"
 	lxcVarTUNNEL_MODE        = "TUNNEL_MODE"
-	lxcVarTUNNEL_VNI         = "TUNNEL_VNI"
 	lxcVarUnusedVerdictEvent = "unused_verdict_event"
 )
 
@@ -206,6 +209,7 @@ type lxcMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
@@ -216,8 +220,10 @@ type lxcMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcVariableSpecs struct {
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4        *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK    *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB     *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
 	UnusedVerdictEvent *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
@@ -249,6 +255,7 @@ type lxcMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
@@ -264,6 +271,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirIpcache,
 		m.WeirMetrics,
+		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
 		m.WeirTunnels,
@@ -275,8 +283,10 @@ func (m *lxcMaps) Close() error {
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcVariables struct {
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4        *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK    *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB     *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`
 	UnusedVerdictEvent *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 

@@ -146,6 +146,52 @@ func (em endpointMap) list() ([]EndpointEntry, error) {
 	return out, nil
 }
 
+// peerNodeMap wraps weir_peer_nodes: the underlay addresses that may
+// send into the overlay.
+type peerNodeMap struct{ m *ebpf.Map }
+
+func (pm peerNodeMap) put(a netip.Addr) error {
+	k, err := bpfAddr(a)
+	if err != nil {
+		return err
+	}
+	if err := pm.m.Put(&k, uint32(0)); err != nil {
+		return fmt.Errorf("add peer node %v: %w", a, err)
+	}
+	return nil
+}
+
+func (pm peerNodeMap) delete(a netip.Addr) error {
+	k, err := bpfAddr(a)
+	if err != nil {
+		return err
+	}
+	if err := pm.m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete peer node %v: %w", a, err)
+	}
+	return nil
+}
+
+func (pm peerNodeMap) list() (map[netip.Addr]bool, error) {
+	var (
+		k   lxcWeirAddr
+		v   uint32
+		out = map[netip.Addr]bool{}
+	)
+	it := pm.m.Iterate()
+	for it.Next(&k, &v) {
+		a, err := addrFromBPF(k)
+		if err != nil {
+			return nil, err
+		}
+		out[a] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("iterate peer node map: %w", err)
+	}
+	return out, nil
+}
+
 // tunnelMap wraps weir_tunnels.
 type tunnelMap struct{ m *ebpf.Map }
 

@@ -34,7 +34,6 @@ const routeProtocol = netlink.RouteProtocol(0xe8)
 type NodeConfig struct {
 	Name        string
 	Mode        Mode
-	VNI         uint32
 	UnderlayDev string       // the interface that reaches other nodes
 	NodeIP      netip.Addr   // this node's address on UnderlayDev
 	PodCIDR     netip.Prefix // the addresses this node gives its pods
@@ -79,6 +78,7 @@ type Node struct {
 	progs     *Programs
 	endpoints endpointMap
 	tunnels   tunnelMap
+	peerNodes peerNodeMap
 	podMTU    int
 	// trace is the instance Trace runs packets through, loaded on first use.
 	traceMu sync.Mutex
@@ -148,13 +148,14 @@ func (n *Node) setupDevices() error {
 		}
 		overlayIfindex = vx.Attrs().Index
 	}
-	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, VNI: n.cfg.VNI, OverlayIfindex: overlayIfindex,
-		PinDir: n.cfg.PinDir})
+	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, OverlayIfindex: overlayIfindex,
+		PodCIDR: n.cfg.PodCIDR, PinDir: n.cfg.PinDir})
 	if err != nil {
 		return err
 	}
 	n.endpoints = endpointMap{n.progs.Endpoints}
 	n.tunnels = tunnelMap{n.progs.Tunnels}
+	n.peerNodes = peerNodeMap{n.progs.PeerNodes}
 	if err := n.SetFlowEvents(!n.cfg.NoFlowEvents); err != nil {
 		return err
 	}

@@ -118,14 +118,17 @@ const (
 	overlayMapWeirFlowConfig     = "weir_flow_config"
 	overlayMapWeirIpcache        = "weir_ipcache"
 	overlayMapWeirMetrics        = "weir_metrics"
+	overlayMapWeirPeerNodes      = "weir_peer_nodes"
 	overlayMapWeirPolicy         = "weir_policy"
 	overlayMapWeirPolicyRev      = "weir_policy_rev"
 	overlayMapWeirTunnels        = "weir_tunnels"
 	overlayProgFromOverlay       = "from_overlay"
 	overlayProgToOverlay         = "to_overlay"
 	overlayVarOVERLAY_IFINDEX    = "OVERLAY_IFINDEX"
+	overlayVarPOD_CIDR_V4        = "POD_CIDR_V4"
+	overlayVarPOD_CIDR_V4MASK    = "POD_CIDR_V4_MASK"
+	overlayVarSENDER_FROM_CB     = "SENDER_FROM_CB"
 	overlayVarTUNNEL_MODE        = "TUNNEL_MODE"
-	overlayVarTUNNEL_VNI         = "TUNNEL_VNI"
 	overlayVarUnusedVerdictEvent = "unused_verdict_event"
 )
 
@@ -187,6 +190,7 @@ type overlayMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
@@ -197,8 +201,10 @@ type overlayMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayVariableSpecs struct {
 	OVERLAY_IFINDEX    *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4        *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK    *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB     *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE        *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI         *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
 	UnusedVerdictEvent *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
@@ -230,6 +236,7 @@ type overlayMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
@@ -245,6 +252,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirIpcache,
 		m.WeirMetrics,
+		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
 		m.WeirTunnels,
@@ -256,8 +264,10 @@ func (m *overlayMaps) Close() error {
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayVariables struct {
 	OVERLAY_IFINDEX    *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4        *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK    *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB     *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE        *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI         *ebpf.Variable `ebpf:"TUNNEL_VNI"`
 	UnusedVerdictEvent *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 

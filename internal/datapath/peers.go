@@ -31,6 +31,12 @@ func (n *Node) SetPeers(peers []Peer) error {
 		}
 		want[p.PodCIDR.Masked()] = p.NodeIP
 	}
+	// Peer nodes first: a node's pod addresses are accepted from the
+	// overlay only once the node is a peer, and a departed node stops
+	// being one before its pods' addresses stop being pods.
+	if err := n.setPeerNodes(want); err != nil {
+		return err
+	}
 	have, err := n.tunnels.list()
 	if err != nil {
 		return err
@@ -56,6 +62,30 @@ func (n *Node) SetPeers(peers []Peer) error {
 		nodes = append(nodes, ip)
 	}
 	errs = append(errs, n.do(func() error { return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, nodes) }))
+	return errors.Join(errs...)
+}
+
+// setPeerNodes makes weir_peer_nodes hold exactly the nodes of want.
+func (n *Node) setPeerNodes(want map[netip.Prefix]netip.Addr) error {
+	nodes := map[netip.Addr]bool{}
+	for _, ip := range want {
+		nodes[ip] = true
+	}
+	have, err := n.peerNodes.list()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for ip := range have {
+		if !nodes[ip] {
+			errs = append(errs, n.peerNodes.delete(ip))
+		}
+	}
+	for ip := range nodes {
+		if !have[ip] {
+			errs = append(errs, n.peerNodes.put(ip))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -69,8 +69,10 @@ const (
 	sockProgSock4Recvmsg     = "sock4_recvmsg"
 	sockProgSock4Sendmsg     = "sock4_sendmsg"
 	sockVarOVERLAY_IFINDEX   = "OVERLAY_IFINDEX"
+	sockVarPOD_CIDR_V4       = "POD_CIDR_V4"
+	sockVarPOD_CIDR_V4MASK   = "POD_CIDR_V4_MASK"
+	sockVarSENDER_FROM_CB    = "SENDER_FROM_CB"
 	sockVarTUNNEL_MODE       = "TUNNEL_MODE"
-	sockVarTUNNEL_VNI        = "TUNNEL_VNI"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -137,8 +139,10 @@ type sockMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
 	OVERLAY_IFINDEX *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4     *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB  *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE     *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.VariableSpec `ebpf:"TUNNEL_VNI"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -183,8 +187,10 @@ func (m *sockMaps) Close() error {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
 	OVERLAY_IFINDEX *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4     *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB  *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
 	TUNNEL_MODE     *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	TUNNEL_VNI      *ebpf.Variable `ebpf:"TUNNEL_VNI"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

@@ -106,11 +106,8 @@ func loadTracePrograms(cfg ProgramConfig) (_ *tracePrograms, retErr error) {
 	t.bootOffset = time.Duration(time.Now().UnixNano() - ts.Nano())
 
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}, MapReplacements: repl}
-	consts := map[string]uint32{
-		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
-		"TUNNEL_VNI":      cfg.VNI,
-		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
-	}
+	cfg.senderFromCB = true
+	consts := cfg.constants()
 	var lxc struct {
 		FromContainer *ebpf.Program `ebpf:"from_container"`
 		ToContainer   *ebpf.Program `ebpf:"to_container"`
@@ -307,12 +304,17 @@ func (t *tracePrograms) drain() ([]VerdictEvent, error) {
 	}
 }
 
-// skbCtx is the head of struct __sk_buff up to ifindex; BPF_PROG_RUN
-// accepts a prefix and copies ingress_ifindex into the test skb.
+// skbCtx is the head of struct __sk_buff up to cb; BPF_PROG_RUN accepts
+// a prefix and copies ingress_ifindex and cb into the test skb.
 type skbCtx struct {
 	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
 	IngressIfindex                                                                        uint32
 	Ifindex                                                                               uint32
+	TCIndex                                                                               uint32
+	// Cb carries, for copies loaded with senderFromCB, the sending node
+	// (cb[0], network order; 0: the owner of the source's CIDR) and its
+	// VNI (cb[1]).
+	Cb [5]uint32
 }
 
 // TC verdicts (linux/pkt_cls.h).

@@ -43,9 +43,14 @@ const (
 	// StageDefault: cluster policies select the endpoint, none decided
 	// (no match, or Pass), and no NetworkPolicy does: allowed.
 	StageDefault
+	// StageUnidentified: a policy selects the endpoint and the peer is a
+	// pod address whose identity has not reached this node yet
+	// (IdentityUnidentified): denied, since no rule can be known to allow
+	// it. Only the datapath decides this; Decide is never asked.
+	StageUnidentified
 )
 
-var stageNames = [...]string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny", "baseline", "default"}
+var stageNames = [...]string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny", "baseline", "default", "unidentified"}
 
 func (s Stage) String() string {
 	if int(s) < len(stageNames) {

@@ -21,6 +21,13 @@ const (
 	IdentityWorld Identity = 2
 	// IdentityRemoteNode is another node's address.
 	IdentityRemoteNode Identity = 3
+	// IdentityUnidentified is an address inside a pod CIDR that the
+	// ipcache does not know yet (a pod whose address or identity has not
+	// reached this node). Never world: the datapath denies it wherever a
+	// policy applies. A node names its pods to its peers in the VXLAN
+	// network identifier, so in VXLAN mode a peer's new pod has its
+	// identity from the first packet.
+	IdentityUnidentified Identity = 4
 
 	// MinClusterIdentity and MaxClusterIdentity bound the identities
 	// allocated for label sets through the API server. 16 bits leave room
@@ -43,6 +50,8 @@ func ReservedName(id Identity) string {
 		return "world"
 	case IdentityRemoteNode:
 		return "remote-node"
+	case IdentityUnidentified:
+		return "unidentified"
 	}
 	return ""
 }
