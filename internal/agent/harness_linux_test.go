@@ -29,6 +29,14 @@ type testNode struct {
 
 func newTestNode(t *testing.T, podCIDR string) *testNode {
 	t.Helper()
+	return newTestNodeMode(t, podCIDR, datapath.ModeVXLAN)
+}
+
+// newTestNodeMode is newTestNode in the given routing mode. The underlay
+// is eth0 of a veth pair whose other end, eth0peer, stays in the node's
+// namespace until a test moves it (see underlayPeer).
+func newTestNodeMode(t *testing.T, podCIDR string, mode datapath.Mode) *testNode {
+	t.Helper()
 	nodeNS := testutil.NewNS(t)
 	err := nodeNS.Do(func(ns.NetNS) error {
 		// This kernel has no dummy driver: one end of a veth pair serves.
@@ -49,7 +57,7 @@ func newTestNode(t *testing.T, podCIDR string) *testNode {
 		t.Fatalf("underlay: %v", err)
 	}
 	cfg := Config{
-		NodeName: "n1", Mode: datapath.ModeVXLAN, UnderlayDev: "eth0",
+		NodeName: "n1", Mode: mode, UnderlayDev: "eth0",
 		NodeIP: netip.MustParseAddr("10.99.0.11"), PodCIDR: netip.MustParsePrefix(podCIDR),
 		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"),
 		StateDir:    t.TempDir(), PinDir: testutil.BPFDir(t),
