@@ -17,6 +17,28 @@
  * the reverse direction, judged by the rules for that direction, and the
  * revoked connection would carry on through it.
  *
+ * weir_ct_revoked: hash (not LRU), key struct ct_key (the flow's original
+ * direction), value __u64 (last packet, ns). A second record of each
+ * revoked flow that no pod can churn out of the table: were the LRU's
+ * CT_DENIED entry evicted, the flow's next packet would otherwise be a
+ * new flow. The agent deletes records idle for long (GCRevokedFlows); a
+ * re-judgement that allows the flow again deletes its record at once.
+ *
+ * A TCP flow begins only with a SYN: any other TCP packet that matches no
+ * tracked flow is dropped (counted as drop_no_flow), as a stateful
+ * firewall drops INVALID, so a lost entry cannot be reopened from the
+ * middle of a connection by either end.
+ *
+ * weir_frags: LRU hash, key struct frag_key (addresses, protocol and IP
+ * ID of a fragmented datagram), value struct frag_ports (the ports its
+ * first fragment carried). Later fragments have no ports; they are judged
+ * as the flow of their first fragment, and dropped when it was not seen.
+ *
+ * ICMP errors (destination unreachable, time exceeded, parameter problem)
+ * belong to the flow they quote: one that quotes a tracked, allowed flow
+ * travelling the other way passes with it, as conntrack's RELATED does,
+ * so a refused connection fails at once and path MTU discovery works.
+ *
  * ct_policy_v4 is the one entry point: every hook calls it before it
  * delivers a packet. It judges only the ends of the flow that are local
  * endpoints of this node (egress of a local source, ingress of a local
@@ -48,6 +70,41 @@ struct ct_entry {
 #define CT_DENIED 1
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ct_key);
+	__type(value, __u64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_ct_revoked SEC(".maps");
+
+struct frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct frag_ports {
+	__be16 sport;
+	__be16 dport;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct frag_key);
+	__type(value, struct frag_ports);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_frags SEC(".maps");
+
+#define IP_MF_BIT 0x2000
+#define IP_OFFSET_MASK 0x1fff
+#define CT_TCP_SYN 0x02
+#define CT_TCP_ACK 0x10
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 131072);
 	__type(key, struct ct_key);
@@ -70,9 +127,27 @@ __always_inline_fn __u32 policy_revision(void)
 	return rev ? *rev : 0;
 }
 
-/* ct_key_v4 fills key from an IPv4 packet; ports are 0 without L4 ports. */
+/* ct_key_v4's answer for a later fragment whose first was not seen. */
+#define CT_KEY_NO_FIRST_FRAGMENT (-2)
+
+/* frag_key_v4 names the datagram a fragment belongs to. */
+__always_inline_fn void frag_key_v4(const struct iphdr *ip, struct frag_key *fk)
+{
+	__builtin_memset(fk, 0, sizeof(*fk));
+	fk->saddr = ip->saddr;
+	fk->daddr = ip->daddr;
+	fk->id = ip->id;
+	fk->proto = ip->protocol;
+}
+
+/*
+ * ct_key_v4 fills key from an IPv4 packet; ports are 0 without L4 ports.
+ * A later fragment takes the ports its first fragment recorded.
+ */
 __always_inline_fn int ct_key_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off, struct ct_key *key)
 {
+	struct frag_ports *fp, ports_seen;
+	struct frag_key fk;
 	__be16 *ports;
 
 	__builtin_memset(key, 0, sizeof(*key));
@@ -81,13 +156,28 @@ __always_inline_fn int ct_key_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 
 	key->proto = ip->protocol;
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_SCTP)
 		return 0;
-	if (ip->frag_off & bpf_htons(0x1fff))
-		return 0; /* a later fragment: judged by its flow's addresses only */
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK)) {
+		frag_key_v4(ip, &fk);
+		fp = bpf_map_lookup_elem(&weir_frags, &fk);
+		if (!fp)
+			return CT_KEY_NO_FIRST_FRAGMENT;
+		key->sport = fp->sport;
+		key->dport = fp->dport;
+		if (!(ip->frag_off & bpf_htons(IP_MF_BIT)))
+			bpf_map_delete_elem(&weir_frags, &fk); /* the last fragment */
+		return 0;
+	}
 	ports = (void *)(long)skb->data + l3_off + (ip->ihl & 0xf) * 4;
 	if ((void *)(ports + 2) > (void *)(long)skb->data_end)
 		return -1;
 	key->sport = ports[0];
 	key->dport = ports[1];
+	if (ip->frag_off & bpf_htons(IP_MF_BIT)) {
+		frag_key_v4(ip, &fk);
+		ports_seen.sport = ports[0];
+		ports_seen.dport = ports[1];
+		bpf_map_update_elem(&weir_frags, &fk, &ports_seen, BPF_ANY);
+	}
 	return 0;
 }
 
@@ -169,6 +259,82 @@ __always_inline_fn int ct_denied(int verdict)
 }
 
 /*
+ * ct_tcp_opens reports whether a packet may begin a flow: anything but
+ * TCP, or a TCP SYN without ACK.
+ */
+__always_inline_fn int ct_tcp_opens(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off)
+{
+	__u8 flags;
+
+	if (ip->protocol != IPPROTO_TCP)
+		return 1;
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK))
+		return 0;
+	if (bpf_skb_load_bytes(skb, l3_off + (ip->ihl & 0xf) * 4 + 13, &flags, 1) < 0)
+		return 0;
+	return (flags & (CT_TCP_SYN | CT_TCP_ACK)) == CT_TCP_SYN;
+}
+
+/* The ICMP errors that quote the packet they are about. */
+#define ICMP_ERR_DEST_UNREACH 3
+#define ICMP_ERR_TIME_EXCEEDED 11
+#define ICMP_ERR_PARAMETER_PROBLEM 12
+
+/*
+ * ct_icmp_related reports whether ip is an ICMP error about a tracked,
+ * allowed flow: it goes back to the quoted packet's sender, and the
+ * quoted packet's flow is in the table in either direction.
+ */
+__always_inline_fn int ct_icmp_related(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off)
+{
+	struct ct_key q = {}, rq;
+	struct ct_entry *e;
+	struct iphdr inner;
+	__u32 off = l3_off + (ip->ihl & 0xf) * 4;
+	__be16 ports[2];
+	__u8 type;
+
+	if (ip->protocol != IPPROTO_ICMP || (ip->frag_off & bpf_htons(IP_OFFSET_MASK)))
+		return 0;
+	if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
+		return 0;
+	if (type != ICMP_ERR_DEST_UNREACH && type != ICMP_ERR_TIME_EXCEEDED && type != ICMP_ERR_PARAMETER_PROBLEM)
+		return 0;
+	off += 8; /* type, code, checksum, unused or MTU */
+	if (bpf_skb_load_bytes(skb, off, &inner, sizeof(inner)) < 0 || inner.version != 4 || inner.ihl < 5)
+		return 0;
+	if (inner.saddr != ip->daddr)
+		return 0; /* an error goes back to the packet's sender */
+	q.saddr = inner.saddr;
+	q.daddr = inner.daddr;
+	q.proto = inner.protocol;
+	if ((inner.protocol == IPPROTO_TCP || inner.protocol == IPPROTO_UDP || inner.protocol == IPPROTO_SCTP) &&
+	    !(inner.frag_off & bpf_htons(IP_OFFSET_MASK))) {
+		if (bpf_skb_load_bytes(skb, off + (inner.ihl & 0xf) * 4, ports, sizeof(ports)) < 0)
+			return 0;
+		q.sport = ports[0];
+		q.dport = ports[1];
+	}
+	e = bpf_map_lookup_elem(&weir_ct, &q);
+	if (!e) {
+		ct_reverse(&q, &rq);
+		e = bpf_map_lookup_elem(&weir_ct, &rq);
+	}
+	return e && !(e->flags & CT_DENIED) && e->rev == policy_revision();
+}
+
+/* ct_revoke keeps a denied flow marked in the LRU and, where no pod can
+ * churn it out, in weir_ct_revoked. */
+__always_inline_fn void ct_revoke(struct ct_entry *e, const struct ct_key *orig)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	e->flags |= CT_DENIED;
+	if (bpf_map_update_elem(&weir_ct_revoked, orig, &now, BPF_ANY) < 0)
+		metric_inc(METRIC_CT_REVOKED_FULL);
+}
+
+/*
  * ct_policy_v4 returns TC_ACT_OK to let the packet on, TC_ACT_SHOT when
  * policy denies its flow, CT_POLICY_REJECT when a Reject rule does. ip
  * must be a validated header at l3_off; hint (or NULL) is the identity the
@@ -180,15 +346,21 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 	struct ct_key key, rev_key, *orig = &key;
 	struct ct_entry *e, fresh = {};
 	__u32 rev = policy_revision();
-	int verdict;
+	__u64 *revoked;
+	int verdict, rc;
 
-	if (ct_key_v4(skb, ip, l3_off, &key) < 0) {
+	rc = ct_key_v4(skb, ip, l3_off, &key);
+	if (rc == CT_KEY_NO_FIRST_FRAGMENT) {
+		metric_inc(METRIC_DROP_FRAGMENT);
+		return TC_ACT_SHOT;
+	}
+	if (rc < 0) {
 		metric_inc(METRIC_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
+	ct_reverse(&key, &rev_key);
 	e = bpf_map_lookup_elem(&weir_ct, &key);
 	if (!e) {
-		ct_reverse(&key, &rev_key);
 		e = bpf_map_lookup_elem(&weir_ct, &rev_key);
 		if (e)
 			orig = &rev_key;
@@ -204,11 +376,44 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		e->last_ns = bpf_ktime_get_ns();
 		verdict = policy_decide(orig, hint, 0);
 		if (verdict != VERDICT_ALLOWED) {
-			e->flags |= CT_DENIED;
+			ct_revoke(e, orig);
 			return ct_denied(verdict);
 		}
-		e->flags &= ~CT_DENIED;
+		if (e->flags & CT_DENIED) {
+			e->flags &= ~CT_DENIED;
+			bpf_map_delete_elem(&weir_ct_revoked, orig);
+		}
 		return TC_ACT_OK;
+	}
+
+	/* No tracked flow. An ICMP error about one goes with it. */
+	if (ct_icmp_related(skb, ip, l3_off)) {
+		metric_inc(METRIC_CT_RELATED);
+		return TC_ACT_OK;
+	}
+	/* A revoked flow whose LRU entry is gone stays revoked. */
+	revoked = bpf_map_lookup_elem(&weir_ct_revoked, &key);
+	if (!revoked) {
+		orig = &rev_key;
+		revoked = bpf_map_lookup_elem(&weir_ct_revoked, &rev_key);
+	}
+	if (revoked) {
+		verdict = policy_decide(orig, hint, 0);
+		if (verdict != VERDICT_ALLOWED) {
+			*revoked = bpf_ktime_get_ns();
+			return ct_denied(verdict);
+		}
+		/* Granted again: the connection resumes where it was. */
+		bpf_map_delete_elem(&weir_ct_revoked, orig);
+		fresh.rev = rev;
+		fresh.last_ns = bpf_ktime_get_ns();
+		if (bpf_map_update_elem(&weir_ct, orig, &fresh, BPF_ANY) < 0)
+			metric_inc(METRIC_CT_FULL);
+		return TC_ACT_OK;
+	}
+	if (!ct_tcp_opens(skb, ip, l3_off)) {
+		metric_inc(METRIC_DROP_NO_FLOW);
+		return TC_ACT_SHOT;
 	}
 	verdict = policy_decide(&key, hint, 1);
 	if (verdict != VERDICT_ALLOWED)

@@ -32,6 +32,10 @@ enum weir_metric {
 	METRIC_DROP_VLAN,          /* a VLAN-tagged frame from a pod (podlink.h) */
 	METRIC_DROP_ETHERTYPE,     /* a frame from a pod neither ARP, IPv4 nor IPv6 (podlink.h) */
 	METRIC_DROP_TUNNEL_SOURCE, /* overlay or underlay packet from a source its sender cannot own */
+	METRIC_DROP_NO_FLOW,       /* a TCP packet of no tracked flow that is no SYN (conntrack.h) */
+	METRIC_DROP_FRAGMENT,      /* a later fragment whose first was not seen (conntrack.h) */
+	METRIC_CT_RELATED,         /* an ICMP error passed with the flow it quotes (conntrack.h) */
+	METRIC_CT_REVOKED_FULL,    /* a revoked flow not recorded outside the LRU: table full */
 	METRIC_MAX,
 };
 

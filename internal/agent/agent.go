@@ -229,6 +229,7 @@ func (a *Agent) ServeOn(ctx context.Context, ln net.Listener) error {
 		listeners = append(listeners, ml)
 	}
 	go a.metrics.maps.run(ctx)
+	go a.gcRevokedFlows(ctx)
 	done := make(chan error, len(servers))
 	for i, srv := range servers {
 		go func() { done <- srv.Serve(listeners[i]) }()

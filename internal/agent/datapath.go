@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/policy"
 	"github.com/weirnet/weir/internal/service"
@@ -25,6 +27,7 @@ type Datapath interface {
 	SetPeers([]datapath.Peer) error
 	ApplyPolicy(policy.Diff, map[string]datapath.PolicyEndpoint) error
 	PrunePolicy(*policy.Result, map[string]datapath.PolicyEndpoint) error
+	GCRevokedFlows(idle time.Duration) (int, error)
 	SetServices(service.Table) error
 	Endpoints() ([]datapath.EndpointEntry, error)
 	Metrics() (map[string]uint64, error)

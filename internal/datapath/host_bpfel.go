@@ -56,6 +56,21 @@ type hostFlowConfig struct {
 	NoEvents uint32
 }
 
+type hostFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type hostFragPorts struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type hostPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -112,10 +127,12 @@ type hostWeirAddr struct {
 const (
 	hostMapWeirCidrIds        = "weir_cidr_ids"
 	hostMapWeirCt             = "weir_ct"
+	hostMapWeirCtRevoked      = "weir_ct_revoked"
 	hostMapWeirEndpoints      = "weir_endpoints"
 	hostMapWeirEpPolicy       = "weir_ep_policy"
 	hostMapWeirEvents         = "weir_events"
 	hostMapWeirFlowConfig     = "weir_flow_config"
+	hostMapWeirFrags          = "weir_frags"
 	hostMapWeirIpcache        = "weir_ipcache"
 	hostMapWeirMetrics        = "weir_metrics"
 	hostMapWeirPeerNodes      = "weir_peer_nodes"
@@ -182,10 +199,12 @@ type hostProgramSpecs struct {
 type hostMapSpecs struct {
 	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
 	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
@@ -228,10 +247,12 @@ func (o *hostObjects) Close() error {
 type hostMaps struct {
 	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
 	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
@@ -244,10 +265,12 @@ func (m *hostMaps) Close() error {
 	return _HostClose(
 		m.WeirCidrIds,
 		m.WeirCt,
+		m.WeirCtRevoked,
 		m.WeirEndpoints,
 		m.WeirEpPolicy,
 		m.WeirEvents,
 		m.WeirFlowConfig,
+		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirMetrics,
 		m.WeirPeerNodes,

@@ -56,6 +56,21 @@ type lxcFlowConfig struct {
 	NoEvents uint32
 }
 
+type lxcFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type lxcFragPorts struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type lxcPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -131,10 +146,12 @@ type lxcWeirAddr struct {
 const (
 	lxcMapWeirCidrIds        = "weir_cidr_ids"
 	lxcMapWeirCt             = "weir_ct"
+	lxcMapWeirCtRevoked      = "weir_ct_revoked"
 	lxcMapWeirEndpoints      = "weir_endpoints"
 	lxcMapWeirEpPolicy       = "weir_ep_policy"
 	lxcMapWeirEvents         = "weir_events"
 	lxcMapWeirFlowConfig     = "weir_flow_config"
+	lxcMapWeirFrags          = "weir_frags"
 	lxcMapWeirIpcache        = "weir_ipcache"
 	lxcMapWeirMetrics        = "weir_metrics"
 	lxcMapWeirPeerNodes      = "weir_peer_nodes"
@@ -203,10 +220,12 @@ type lxcProgramSpecs struct {
 type lxcMapSpecs struct {
 	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
 	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
@@ -249,10 +268,12 @@ func (o *lxcObjects) Close() error {
 type lxcMaps struct {
 	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
 	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
@@ -265,10 +286,12 @@ func (m *lxcMaps) Close() error {
 	return _LxcClose(
 		m.WeirCidrIds,
 		m.WeirCt,
+		m.WeirCtRevoked,
 		m.WeirEndpoints,
 		m.WeirEpPolicy,
 		m.WeirEvents,
 		m.WeirFlowConfig,
+		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirMetrics,
 		m.WeirPeerNodes,

@@ -268,6 +268,10 @@ var MetricNames = []string{
 	"drop_vlan",
 	"drop_ethertype",
 	"drop_tunnel_source",
+	"drop_no_flow",
+	"drop_fragment",
+	"ct_related",
+	"ct_revoked_full",
 }
 
 // readMetrics sums the per-CPU counters.

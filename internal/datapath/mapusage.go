@@ -13,6 +13,8 @@ import (
 // is an LRU hash), the others refuse the policy the agent writes.
 const (
 	MapConntrack      = "conntrack"       // weir_ct
+	MapRevokedFlows   = "revoked_flows"   // weir_ct_revoked: full, a revocation rests on the LRU alone
+	MapPeerNodes      = "peer_nodes"      // weir_peer_nodes
 	MapPolicy         = "policy"          // weir_policy, an LPM trie
 	MapEndpointPolicy = "endpoint_policy" // weir_ep_policy
 	MapIPCache        = "ipcache"         // weir_ipcache
@@ -20,7 +22,7 @@ const (
 )
 
 // FillMaps lists the maps MapEntries knows.
-var FillMaps = []string{MapConntrack, MapPolicy, MapEndpointPolicy, MapIPCache, MapCIDRIdentities}
+var FillMaps = []string{MapConntrack, MapRevokedFlows, MapPolicy, MapEndpointPolicy, MapIPCache, MapCIDRIdentities, MapPeerNodes}
 
 // ErrUnknownMap is returned for a name not in FillMaps.
 var ErrUnknownMap = errors.New("unknown map")
@@ -55,6 +57,10 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 	switch name {
 	case MapConntrack:
 		count, err = countEntries[lxcCtKey, lxcCtEntry](p.CT, limit)
+	case MapRevokedFlows:
+		count, err = countEntries[lxcCtKey, uint64](p.CTRevoked, limit)
+	case MapPeerNodes:
+		count, err = countEntries[lxcWeirAddr, uint32](p.PeerNodes, limit)
 	case MapPolicy:
 		count, err = countEntries[lxcPolicyKey, lxcPolicyEntry](p.Policy, limit)
 	case MapEndpointPolicy:
@@ -73,7 +79,7 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 func (n *Node) fillMap(name string) (*ebpf.Map, error) {
 	p := n.progs
 	m := map[string]*ebpf.Map{
-		MapConntrack: p.CT, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
+		MapConntrack: p.CT, MapRevokedFlows: p.CTRevoked, MapPeerNodes: p.PeerNodes, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
 		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs,
 	}[name]
 	if m == nil {

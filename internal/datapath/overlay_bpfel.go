@@ -56,6 +56,21 @@ type overlayFlowConfig struct {
 	NoEvents uint32
 }
 
+type overlayFragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type overlayFragPorts struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type overlayPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -112,10 +127,12 @@ type overlayWeirAddr struct {
 const (
 	overlayMapWeirCidrIds        = "weir_cidr_ids"
 	overlayMapWeirCt             = "weir_ct"
+	overlayMapWeirCtRevoked      = "weir_ct_revoked"
 	overlayMapWeirEndpoints      = "weir_endpoints"
 	overlayMapWeirEpPolicy       = "weir_ep_policy"
 	overlayMapWeirEvents         = "weir_events"
 	overlayMapWeirFlowConfig     = "weir_flow_config"
+	overlayMapWeirFrags          = "weir_frags"
 	overlayMapWeirIpcache        = "weir_ipcache"
 	overlayMapWeirMetrics        = "weir_metrics"
 	overlayMapWeirPeerNodes      = "weir_peer_nodes"
@@ -184,10 +201,12 @@ type overlayProgramSpecs struct {
 type overlayMapSpecs struct {
 	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
 	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
@@ -230,10 +249,12 @@ func (o *overlayObjects) Close() error {
 type overlayMaps struct {
 	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
 	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
@@ -246,10 +267,12 @@ func (m *overlayMaps) Close() error {
 	return _OverlayClose(
 		m.WeirCidrIds,
 		m.WeirCt,
+		m.WeirCtRevoked,
 		m.WeirEndpoints,
 		m.WeirEpPolicy,
 		m.WeirEvents,
 		m.WeirFlowConfig,
+		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirMetrics,
 		m.WeirPeerNodes,

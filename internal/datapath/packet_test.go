@@ -100,3 +100,53 @@ func tcpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, sport, dport
 func l4Checksum(src, dst netip.Addr, proto uint8, seg []byte) uint16 {
 	return pseudoChecksum(TracePacket{Src: src, Dst: dst, Proto: proto}, seg)
 }
+
+// asFragment sets the IP ID and fragment fields of an Ethernet/IPv4
+// frame (offset in 8-byte units) and fixes its header checksum.
+func asFragment(frame []byte, id uint16, offset uint16, more bool) []byte {
+	ip := frame[14:34]
+	binary.BigEndian.PutUint16(ip[4:6], id)
+	fo := offset & 0x1fff
+	if more {
+		fo |= 0x2000
+	}
+	binary.BigEndian.PutUint16(ip[6:8], fo)
+	binary.BigEndian.PutUint16(ip[10:12], 0)
+	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
+	return frame
+}
+
+// laterFragment is a non-first fragment of a datagram: an IPv4 header
+// and payload bytes, no transport header.
+func laterFragment(src, dst netip.Addr, proto uint8, id, offset uint16, more bool, payload []byte) []byte {
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:4], uint16(20+len(payload)))
+	ip[8] = 64
+	ip[9] = proto
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	frame := append(ethHeader(hostMAC, podMAC, etherTypeIPv4), ip...)
+	frame = append(frame, payload...)
+	return asFragment(frame, id, offset, more)
+}
+
+// icmpError is an ICMP error of type/code from src to dst quoting the IP
+// header and first 8 bytes of the Ethernet/IPv4 frame about.
+func icmpError(src, dst netip.Addr, typ, code uint8, about []byte) []byte {
+	quote := about[14 : 14+28]
+	icmp := append([]byte{typ, code, 0, 0, 0, 0, 0, 0}, quote...)
+	binary.BigEndian.PutUint16(icmp[2:4], onesComplement(icmp))
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:4], uint16(20+len(icmp)))
+	ip[8] = 64
+	ip[9] = 1 // ICMP
+	s, d := src.As4(), dst.As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
+	frame := append(ethHeader(hostMAC, podMAC, etherTypeIPv4), ip...)
+	return append(frame, icmp...)
+}

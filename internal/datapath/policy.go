@@ -198,9 +198,12 @@ func ignoreNotExist(err error) error {
 }
 
 // PrunePolicy deletes every policy, ipcache and CIDR entry that res (as
-// placed by endpoints) does not hold. An agent runs it once after its first
-// apply: the pinned maps may hold what an earlier run loaded, and the
-// first diff, made against nothing, only adds.
+// placed by endpoints) does not hold, then bumps the policy revision. An
+// agent runs it once after its first apply: the pinned maps may hold what
+// an earlier run loaded, and the first diff, made against nothing, only
+// adds. Flows judged again between that apply and the prune may have kept
+// an allow deleted while the agent was down; the bump has every tracked
+// flow judged once more, against exactly res.
 func (n *Node) PrunePolicy(res *policy.Result, endpoints map[string]PolicyEndpoint) error {
 	wantPolicy := map[lxcPolicyKey]bool{}
 	wantEP := map[uint32]bool{}
@@ -231,6 +234,7 @@ func (n *Node) PrunePolicy(res *policy.Result, endpoints map[string]PolicyEndpoi
 		pruneMap(n.progs.EpPolicy, wantEP),
 		pruneMap(n.progs.IPCache, wantAddr),
 		pruneMap(n.progs.CIDRIDs, wantCIDR),
+		n.bumpPolicyRevision(),
 	)
 }
 

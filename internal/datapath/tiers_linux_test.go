@@ -85,7 +85,17 @@ func TestRejectAnswersTCPWithReset(t *testing.T) {
 		t.Fatalf("reject event %+v, want rejected at admin by rule %d", ev, want.Rule)
 	}
 
-	// A segment with ACK set is answered with its own ack number as seq.
+	// A segment with ACK set, of a connection the Reject rule revokes,
+	// is answered with its own ack number as seq. (With no connection it
+	// would be dropped: only a SYN begins a flow.)
+	c := policy.NewCompiler()
+	open := loadPolicy(t, n, c, nil, policyFixture())
+	if ret, _ := run(t, p.FromContainer, tcpFrame(hostMAC, podMAC, podA, podB, 40002, 80, 4999, tcpSYN, nil), ifA); ret != tcActRedirect {
+		t.Fatalf("SYN before the reject rule: verdict %d, want redirect", ret)
+	}
+	withReject := policyFixture()
+	withReject.ClusterPolicies = []*policy.ClusterPolicy{rejectB()}
+	loadPolicy(t, n, c, open, withReject)
 	ack := tcpFrame(hostMAC, podMAC, podA, podB, 40002, 80, 5000, tcpACK, []byte("data"))
 	binary.BigEndian.PutUint32(ack[14+20+8:], 7000)
 	binary.BigEndian.PutUint16(ack[14+20+16:], 0)

@@ -49,9 +49,11 @@ const traceSourcePort = 40999
 // datapath, and the sizes they get: the trace leaves no connection, event
 // or counter behind.
 var privateMaps = map[string]func(*ebpf.MapSpec) uint32{
-	"weir_ct":      func(*ebpf.MapSpec) uint32 { return 64 },
-	"weir_events":  func(*ebpf.MapSpec) uint32 { return uint32(os.Getpagesize()) },
-	"weir_metrics": func(s *ebpf.MapSpec) uint32 { return s.MaxEntries }, // indexed by metric id
+	"weir_ct":         func(*ebpf.MapSpec) uint32 { return 64 },
+	"weir_ct_revoked": func(*ebpf.MapSpec) uint32 { return 64 },
+	"weir_frags":      func(*ebpf.MapSpec) uint32 { return 64 },
+	"weir_events":     func(*ebpf.MapSpec) uint32 { return uint32(os.Getpagesize()) },
+	"weir_metrics":    func(s *ebpf.MapSpec) uint32 { return s.MaxEntries }, // indexed by metric id
 }
 
 // tracePrograms is a second instance of the entry programs: policy,

@@ -1,0 +1,118 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
+
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// udpOnlyServer is the server's ingress: UDP 9000-9001 from app=client,
+// nothing else; and the client's: nothing at all. Replies and what
+// belongs to an allowed flow must still arrive.
+func udpOnlyServer() []*policy.ClusterPolicy {
+	pods := func(app string) *npav1alpha2.NamespacedPod {
+		return &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}
+	}
+	everyone := []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}}
+	server := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "server-udp"}
+	server.Spec.Tier, server.Spec.Priority = npav1alpha2.AdminTier, 1
+	server.Spec.Subject.Pods = pods("server")
+	server.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{
+		{Name: "client-udp", Action: "Accept", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Pods: pods("client")}},
+			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{UDP: &npav1alpha2.ClusterNetworkPolicyProtocolUDP{
+				DestinationPort: &npav1alpha2.Port{Range: &npav1alpha2.PortRange{Start: 9000, End: 9001}}}}}},
+		{Name: "rest", Action: "Deny", From: everyone},
+	}
+	client := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "client-closed"}
+	client.Spec.Tier, client.Spec.Priority = npav1alpha2.AdminTier, 2
+	client.Spec.Subject.Pods = pods("client")
+	client.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "closed", Action: "Deny", From: everyone}}
+	return []*policy.ClusterPolicy{server, client}
+}
+
+// TestFragmentsAndICMPErrorsOfAllowedFlows: through real sockets, under a
+// port-scoped allow, a 4,000-byte datagram (three fragments at the pod
+// MTU) reaches the server and its 4,000-byte answer reaches the client,
+// whose ingress is closed; a datagram to an allowed port with no listener
+// fails at once with ECONNREFUSED (the server's port unreachable is
+// related to the flow) instead of timing out.
+func TestFragmentsAndICMPErrorsOfAllowedFlows(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	client, server := n.newPod(), n.newPod()
+	sr := n.clientAndServer(client, server, nil, udpOnlyServer()...)
+	srv := sr.Address.Addr().String()
+	var pc net.PacketConn
+	in(t, server, func() (err error) { pc, err = net.ListenPacket("udp4", ":9000"); return err })
+	defer pc.Close()
+	go func() { // echo each datagram whole
+		buf := make([]byte, 65536)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(buf[:k], from)
+		}
+	}()
+	before, err := n.dp.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	big := bytes.Repeat([]byte("weir"), 1000)
+	in(t, client, func() error {
+		c, err := net.Dial("udp4", srv+":9000")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		got := make([]byte, 8192)
+		for attempt := 0; attempt < 3; attempt++ {
+			if _, err := c.Write(big); err != nil {
+				return err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			k, err := c.Read(got)
+			if err == nil && bytes.Equal(got[:k], big) {
+				return nil
+			}
+		}
+		t.Errorf("a %d-byte datagram to an allowed port and its echo never made the round trip", len(big))
+		return nil
+	})
+	in(t, client, func() error {
+		c, err := net.Dial("udp4", srv+":9001")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		start := time.Now()
+		_ = c.SetDeadline(start.Add(3 * time.Second))
+		if _, err := c.Write([]byte("anyone?")); err != nil {
+			return err
+		}
+		_, err = c.Read(make([]byte, 16))
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+			t.Errorf("datagram to a closed, allowed port: %v after %v, want ECONNREFUSED at once", err, time.Since(start))
+		}
+		return nil
+	})
+	after, err := n.dp.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after["ct_related"] == before["ct_related"] {
+		t.Error("ct_related did not grow: the port unreachable did not pass as related")
+	}
+	if d := after["drop_fragment"] - before["drop_fragment"]; d != 0 {
+		t.Errorf("drop_fragment grew by %d, want 0", d)
+	}
+}
