@@ -34,6 +34,7 @@
 /* ep_policy.enforce[dir] bits */
 #define POLICY_ENFORCE_NP 1    /* a NetworkPolicy selects the endpoint */
 #define POLICY_ENFORCE_TIERS 2 /* a cluster policy selects it */
+#define POLICY_ENFORCE_CLOSED 4 /* its last policy load failed: deny all until one succeeds */
 
 #define POLICY_KEY_FIXED_BITS 96
 #define POLICY_KEY_PROTO_BITS (POLICY_KEY_FIXED_BITS + 16)
@@ -59,6 +60,7 @@
 #define STAGE_BASELINE 4
 #define STAGE_DEFAULT 5
 #define STAGE_UNIDENTIFIED 6 /* a pod address with no known identity yet */
+#define STAGE_CLOSED 7       /* the endpoint's last policy load failed */
 
 struct ep_policy {
 	__u32 identity;
@@ -247,6 +249,11 @@ __always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, const
 	flags = ep->enforce[dir & 1];
 	if (!flags)
 		return;
+	if (flags & POLICY_ENFORCE_CLOSED) {
+		v->verdict = VERDICT_DENIED;
+		v->stage = STAGE_CLOSED;
+		return;
+	}
 	if (label == IDENTITY_UNIDENTIFIED) {
 		/* Fail closed: it may be a pod some rule denies. */
 		v->verdict = VERDICT_DENIED;

@@ -133,6 +133,7 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (_ *Agent, retErr error) {
 // logging a failure too, since Run's deferred call cannot return it. The
 // datapath is the caller's: it keeps forwarding.
 func (a *Agent) Close() error {
+	a.stopPolicyRetries()
 	err := a.flows.close()
 	if err != nil {
 		a.log.Warn("close flow store: flows lost", "err", err)

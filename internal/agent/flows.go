@@ -207,6 +207,8 @@ func (n *flowNames) why(ev datapath.VerdictEvent, dir string) string {
 		return "no policy selects the pod for " + dir
 	case policy.StageNetworkPolicyDefaultDeny:
 		return "default deny: network policies select the pod for " + dir + " and no rule allows this peer and port"
+	case policy.StageClosed:
+		return "closed: the last policy load for the pod failed; everything is denied until one succeeds"
 	case policy.StageUnidentified:
 		return "unidentified peer: a pod address whose identity has not reached this node yet, denied while policy selects the pod for " + dir
 	case policy.StageDefault:

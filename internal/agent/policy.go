@@ -25,6 +25,52 @@ type policyState struct {
 	// mode) signals, through one slot, that it changed.
 	acks  map[string]k8s.PolicyAck
 	acked chan struct{}
+	// A failed load is retried with the last snapshot after retryDelay,
+	// doubling from policyRetryMin to policyRetryMax, without waiting for
+	// a cluster event: the endpoints it closed stay closed until then.
+	last       k8s.Snapshot
+	retry      *time.Timer
+	retryDelay time.Duration
+	stopped    bool
+}
+
+// Back-off of a failed policy load's retries.
+const (
+	policyRetryMin = 100 * time.Millisecond
+	policyRetryMax = 30 * time.Second
+)
+
+// scheduleRetryLocked arms the retry of a failed load, once.
+func (a *Agent) scheduleRetryLocked() {
+	st := &a.policy
+	if st.retry != nil || st.stopped {
+		return
+	}
+	st.retryDelay = min(max(2*st.retryDelay, policyRetryMin), policyRetryMax)
+	a.log.Warn("policy load failed; its endpoints stay closed until a retry succeeds", "retry in", st.retryDelay)
+	st.retry = time.AfterFunc(st.retryDelay, a.retryPolicy)
+}
+
+// retryPolicy loads the last snapshot again.
+func (a *Agent) retryPolicy() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.policy.retry = nil
+	if a.policy.stopped {
+		return
+	}
+	a.applyPolicyLocked(a.policy.last)
+}
+
+// stopPolicyRetries cancels a pending retry and refuses new ones.
+func (a *Agent) stopPolicyRetries() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.policy.stopped = true
+	if a.policy.retry != nil {
+		a.policy.retry.Stop()
+		a.policy.retry = nil
+	}
 }
 
 // policySnapshot converts the cluster state into the compiler's input.
@@ -106,11 +152,13 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	if st.compiler == nil {
 		st.compiler = policy.NewCompiler()
 	}
+	st.last = s
 	start := time.Now()
 	eps, ips, err := a.localEndpointsLocked()
 	if err != nil {
 		a.log.Error("list endpoints for policy", "err", err)
 		a.metrics.reconciled(time.Since(start), nil, nil, err)
+		a.scheduleRetryLocked()
 		return nil
 	}
 	input := a.policySnapshot(s, eps, ips)
@@ -136,8 +184,10 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	if err != nil {
 		st.lastErr = err.Error()
 		a.log.Error("load policy", "err", err)
+		a.scheduleRetryLocked()
 	} else {
 		st.lastErr = ""
+		st.retryDelay = 0
 		a.ackClusterPoliciesLocked(s.ClusterPolicies, res.Errors)
 	}
 	st.loaded, st.endpoints, st.applied = res, eps, time.Now()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sort"
 
 	"github.com/cilium/ebpf"
 
@@ -21,8 +22,8 @@ const (
 )
 
 // ErrPolicyClosed marks an apply that could not write every entry: the
-// endpoints it names were left enforcing with what could be written, so
-// they deny what they could not allow, never the reverse.
+// endpoints it concerns were left closed (they deny everything, verdict
+// stage "closed") until an apply of the whole state succeeds.
 var ErrPolicyClosed = errors.New("policy update failed; affected endpoints fail closed")
 
 // policyKey builds the LPM key of one allow entry of an endpoint.
@@ -57,24 +58,46 @@ type PolicyEndpoint struct {
 	Identity policy.Identity
 }
 
-// ApplyPolicy writes a policy diff in the order policy.Diff documents and
-// then bumps the policy revision, so established flows are judged again
-// on their next packet. endpoints resolves each diff's pod to its host
-// veth; an endpoint it does not know is skipped (it has no veth to guard).
+// ApplyPolicy writes a policy diff and then bumps the policy revision, so
+// established flows are judged again on their next packet. endpoints
+// resolves each diff's pod to its host veth; an endpoint it does not know
+// is skipped (it has no veth to guard).
+//
+// The order keeps every state the datapath can see between two writes at
+// most as open as the old policy or the new one:
+//
+//  1. New ipcache and CIDR entries. Should one fail, every enforcing
+//     endpoint is closed (denies everything) before anything else is
+//     written: a missing except prefix, or a pod left out of the ipcache,
+//     would otherwise meet allows written for the new state.
+//  2. Per endpoint, new and changed keys longest first, so a narrower key
+//     (an except, a Deny on one port) is in place before the broader
+//     allow it carves from; then the flags; then stale keys shortest
+//     first, so an address never falls back to a broader stale key. A key
+//     that cannot be written closes its endpoint.
+//  3. Stale ipcache and CIDR entries.
+//
+// A failed apply returns an error wrapping ErrPolicyClosed; the endpoints
+// it closed stay closed until an apply of the whole state succeeds.
 func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) error {
-	var errs []error
+	var identityErrs []error
 	for a, id := range d.IPCacheUpsert {
-		errs = append(errs, n.putIPCache(a, id))
+		identityErrs = append(identityErrs, n.putIPCache(a, id))
 	}
 	for p, id := range d.CIDRUpsert {
-		errs = append(errs, n.putCIDR(p, id))
+		identityErrs = append(identityErrs, n.putCIDR(p, id))
+	}
+	errs := identityErrs
+	closeAll := errors.Join(identityErrs...) != nil
+	if closeAll {
+		errs = append(errs, n.closeEnforcing(), ErrPolicyClosed)
 	}
 	for _, ed := range d.Endpoints {
 		ep, ok := endpoints[ed.Pod]
 		if !ok {
 			continue
 		}
-		errs = append(errs, n.applyEndpointPolicy(ed, ep))
+		errs = append(errs, n.applyEndpointPolicy(ed, ep, closeAll))
 	}
 	for _, a := range d.IPCacheDelete {
 		if k, err := bpfAddr(a); err == nil {
@@ -88,6 +111,39 @@ func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) e
 	}
 	errs = append(errs, n.bumpPolicyRevision())
 	return errors.Join(errs...)
+}
+
+// closeEnforcing closes every endpoint that some policy selects: it
+// denies everything in both directions (POLICY_ENFORCE_CLOSED).
+func (n *Node) closeEnforcing() error {
+	var (
+		idx   uint32
+		flags lxcEpPolicy
+	)
+	enforcing := map[uint32]uint32{} // ifindex -> identity
+	it := n.progs.EpPolicy.Iterate()
+	for it.Next(&idx, &flags) {
+		if flags.Enforce[0] != 0 || flags.Enforce[1] != 0 {
+			enforcing[idx] = flags.Identity
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list endpoints to close: %w", err)
+	}
+	var errs []error
+	for idx, id := range enforcing {
+		errs = append(errs, n.closeEndpoint(idx, id))
+	}
+	return errors.Join(errs...)
+}
+
+// closeEndpoint sets an endpoint to deny everything in both directions.
+func (n *Node) closeEndpoint(idx, identity uint32) error {
+	closed := lxcEpPolicy{Identity: identity, Enforce: [2]uint8{enforceClosed, enforceClosed}}
+	if err := n.progs.EpPolicy.Put(idx, closed); err != nil {
+		return fmt.Errorf("close endpoint %d: %w", idx, err)
+	}
+	return nil
 }
 
 func (n *Node) putIPCache(a netip.Addr, id policy.Identity) error {
@@ -112,9 +168,10 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 	return nil
 }
 
-// applyEndpointPolicy: new keys, then flags, then stale keys. When a key
-// cannot be written the endpoint is enforced in both directions anyway.
-func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint) error {
+// applyEndpointPolicy: new keys longest first, then flags, then stale keys
+// shortest first. When a key cannot be written, or closed is set (the
+// apply already failed), the endpoint is left closed.
+func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint, closed bool) error {
 	idx := uint32(ep.Ifindex)
 	if ed.Gone {
 		err := ignoreNotExist(n.progs.EpPolicy.Delete(idx))
@@ -122,18 +179,14 @@ func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint) er
 	}
 	flags := lxcEpPolicy{Identity: uint32(ep.Identity), Enforce: enforceFlags(ed.Enforced, ed.Tiered)}
 	var failed error
-	for k, e := range ed.Upsert {
-		if err := n.progs.Policy.Put(policyKey(ep.Ifindex, k), policyEntry(e)); err != nil {
-			failed = fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k, err, ErrPolicyClosed)
+	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
+		if err := n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k])); err != nil {
+			failed = fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
 			break
 		}
 	}
-	if failed != nil {
-		// NetworkPolicy enforcement with what could be written: only
-		// what an entry allows passes, and an Admin tier rule written
-		// still decides first.
-		flags.Enforce[0] |= enforceNetworkPolicy
-		flags.Enforce[1] |= enforceNetworkPolicy
+	if failed != nil || (closed && (flags.Enforce[0] != 0 || flags.Enforce[1] != 0)) {
+		flags.Enforce = [2]uint8{enforceClosed, enforceClosed}
 	}
 	if err := n.progs.EpPolicy.Put(idx, flags); err != nil {
 		return errors.Join(failed, fmt.Errorf("endpoint %s flags: %w", ed.Pod, err))
@@ -141,10 +194,43 @@ func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint) er
 	return errors.Join(failed, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
 }
 
+// orderedKey is a compiled key with its datapath form.
+type orderedKey struct {
+	k   policy.Key
+	key lxcPolicyKey
+}
+
+// keysByLength returns the keys of entries as datapath keys of ifindex,
+// longest prefix first (or last), ties in a fixed order.
+func keysByLength[V any](ifindex int, entries map[policy.Key]V, longestFirst bool) []orderedKey {
+	out := make([]orderedKey, 0, len(entries))
+	for k := range entries {
+		out = append(out, orderedKey{k, policyKey(ifindex, k)})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].key, out[j].key
+		if a.Prefixlen != b.Prefixlen {
+			return (a.Prefixlen > b.Prefixlen) == longestFirst
+		}
+		if a.Identity != b.Identity {
+			return a.Identity < b.Identity
+		}
+		if a.Dir != b.Dir {
+			return a.Dir < b.Dir
+		}
+		if a.Proto != b.Proto {
+			return a.Proto < b.Proto
+		}
+		return a.Dport < b.Dport
+	})
+	return out
+}
+
 // Bits of ep_policy.enforce[dir] (POLICY_ENFORCE_* in bpf/lib/policy.h).
 const (
 	enforceNetworkPolicy uint8 = 1
 	enforceTiers         uint8 = 2
+	enforceClosed        uint8 = 4
 )
 
 func enforceFlags(np, tiers [2]bool) [2]uint8 {
@@ -171,9 +257,13 @@ func policyEntry(e policy.Entry) lxcPolicyEntry {
 }
 
 func (n *Node) deletePolicyKeys(ifindex int, keys []policy.Key) error {
-	var errs []error
+	stale := make(map[policy.Key]struct{}, len(keys))
 	for _, k := range keys {
-		errs = append(errs, ignoreNotExist(n.progs.Policy.Delete(policyKey(ifindex, k))))
+		stale[k] = struct{}{}
+	}
+	var errs []error
+	for _, k := range keysByLength(ifindex, stale, false) {
+		errs = append(errs, ignoreNotExist(n.progs.Policy.Delete(k.key)))
 	}
 	return errors.Join(errs...)
 }

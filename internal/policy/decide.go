@@ -48,9 +48,12 @@ const (
 	// (IdentityUnidentified): denied, since no rule can be known to allow
 	// it. Only the datapath decides this; Decide is never asked.
 	StageUnidentified
+	// StageClosed: the endpoint's last policy load failed; it denies
+	// everything until a load succeeds. Only the datapath decides this.
+	StageClosed
 )
 
-var stageNames = [...]string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny", "baseline", "default", "unidentified"}
+var stageNames = [...]string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny", "baseline", "default", "unidentified", "closed"}
 
 func (s Stage) String() string {
 	if int(s) < len(stageNames) {

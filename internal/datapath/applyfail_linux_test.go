@@ -1,0 +1,133 @@
+package datapath
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// fullDecoy returns a map shaped like m that holds one entry and has room
+// for no other: every write of a new key to it fails, as to a full map.
+func fullDecoy(t *testing.T, m *ebpf.Map, key, value any) *ebpf.Map {
+	t.Helper()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := ebpf.NewMap(&ebpf.MapSpec{Type: info.Type, KeySize: info.KeySize, ValueSize: info.ValueSize,
+		MaxEntries: 1, Flags: info.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.Put(key, value); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// ipBlockToB allows B's ingress on UDP 7777 from 192.0.2.0/24 except
+// the address outside.
+func ipBlockToB() *networkingv1.NetworkPolicy {
+	p := ingressFromApp("a", "UDP", 7777)
+	p.Name = "ipblock-b"
+	p.Spec.Ingress[0].From = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{
+		CIDR: "192.0.2.0/24", Except: []string{outside.String() + "/32"}}}}
+	return p
+}
+
+// TestFailedApplyClosesEndpoints: when an identity or CIDR entry cannot
+// be written, every enforcing endpoint is closed before any allow of the
+// new state lands (a missing except must not turn into an allow); when a
+// policy key cannot be written, its endpoint is closed. A closed endpoint
+// denies everything, with verdict stage "closed", until an apply of the
+// whole state succeeds.
+func TestFailedApplyClosesEndpoints(t *testing.T) {
+	p, n, rd := eventNode(t)
+	c := policy.NewCompiler()
+	base := loadPolicy(t, n, c, nil, policyFixture(ingressFromApp("a", "UDP", 7777)))
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40000, 7777), ifA); ret != tcActRedirect {
+		t.Fatalf("allowed flow: verdict %d, want redirect", ret)
+	}
+	drain(rd)
+
+	// The CIDR map is full: the except cannot be written.
+	realCIDRs := p.CIDRIDs
+	p.CIDRIDs = fullDecoy(t, realCIDRs, lxcCidrKey{Prefixlen: 64}, uint32(1))
+	next := c.Compile(policyFixture(ingressFromApp("a", "UDP", 7777), ipBlockToB()))
+	eps := endpointsOf(next)
+	err := n.ApplyPolicy(policy.DiffResults(base, next), eps)
+	if !errors.Is(err, ErrPolicyClosed) {
+		t.Fatalf("apply with a full CIDR map: %v, want ErrPolicyClosed", err)
+	}
+	p.CIDRIDs = realCIDRs
+	if ret, _ := run(t, p.FromOverlay, udpFlow(outside, podB, 40001, 7777), 99); ret != tcActShot {
+		t.Errorf("the excepted address after the failed apply: verdict %d, want drop", ret)
+	}
+	if ev := readEvent(t, rd); ev.Stage != policy.StageClosed || ev.Verdict != policy.VerdictDeny {
+		t.Errorf("event %+v, want denied at stage closed", ev)
+	}
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40000, 7777), ifA); ret != tcActShot {
+		t.Errorf("the established flow into the closed endpoint: verdict %d, want drop", ret)
+	}
+	drain(rd)
+
+	// The whole state applied again: open exactly as the policy says.
+	if err := n.ApplyPolicy(policy.DiffResults(nil, next), eps); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.PrunePolicy(next, eps); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		src  netip.Addr
+		want uint32
+	}{{outside, tcActShot}, {netip.MustParseAddr("192.0.2.11"), tcActRedirect}} {
+		if ret, _ := run(t, p.FromOverlay, udpFlow(c.src, podB, 40002, 7777), 99); ret != c.want {
+			t.Errorf("%v -> B after the retry: verdict %d, want %d", c.src, ret, c.want)
+		}
+	}
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40000, 7777), ifA); ret != tcActRedirect {
+		t.Errorf("A -> B:7777 after the retry: verdict %d, want redirect", ret)
+	}
+
+	// The policy map is full: B's new keys cannot be written.
+	realPolicy := p.Policy
+	p.Policy = fullDecoy(t, realPolicy, lxcPolicyKey{Prefixlen: 96}, lxcPolicyEntry{})
+	third := c.Compile(policyFixture(ingressFromApp("a", "UDP", 7777, 7778)))
+	err = n.ApplyPolicy(policy.DiffResults(next, third), endpointsOf(third))
+	p.Policy = realPolicy
+	if !errors.Is(err, ErrPolicyClosed) {
+		t.Fatalf("apply with a full policy map: %v, want ErrPolicyClosed", err)
+	}
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40003, 7778), ifA); ret != tcActShot {
+		t.Errorf("A -> B:7778 with B's keys unwritten: verdict %d, want drop", ret)
+	}
+}
+
+func endpointsOf(res *policy.Result) map[string]PolicyEndpoint {
+	eps := map[string]PolicyEndpoint{}
+	for pod, ep := range policyEndpoints {
+		if e, ok := res.Endpoints[pod]; ok {
+			ep.Identity = e.Identity
+		}
+		eps[pod] = ep
+	}
+	return eps
+}
+
+// drain discards the events waiting in rd.
+func drain(rd *EventReader) {
+	rd.rd.SetDeadline(time.Unix(1, 0)) // in the past: never wait
+	for {
+		if _, err := rd.rd.Read(); err != nil {
+			return
+		}
+	}
+}
