@@ -312,6 +312,76 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("a new pod on another node is denied from its first packet", func(t *testing.T) {
+		// An Admin Deny of namespace newpods towards one web server on n1;
+		// fresh pods on n2 connect the moment they start, before n1 can
+		// have learned their addresses through the API server. The VNI
+		// names their identity (or, with none, they are unidentified and
+		// denied): no connection may get through. A pod of another
+		// namespace, started the same way, does connect, so the probes
+		// are ones that would succeed.
+		server := onNode(t, webPods(t, c), "n1")
+		apply := func(yaml string) {
+			t.Helper()
+			if out, err := st.Kubectl(ctx, strings.NewReader(yaml), "apply", "-f", "-"); err != nil {
+				t.Fatalf("apply: %v %s", err, out)
+			}
+		}
+		defer st.Kubectl(ctx, nil, "delete", "namespace", "newpods", "oldpods", "--ignore-not-found", "--wait=false")
+		defer st.Kubectl(ctx, nil, "delete", "clusternetworkpolicy", "deny-newpods", "--ignore-not-found")
+		apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: newpods}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: oldpods}\n")
+		apply("apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {name: deny-newpods}\n" +
+			"spec:\n  tier: Admin\n  priority: 5\n" +
+			"  subject: {pods: {namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: default}}, podSelector: {matchLabels: {app: web}}}}\n" +
+			"  ingress: [{name: no-newpods, action: Deny, from: [{namespaces: {matchLabels: {kubernetes.io/metadata.name: newpods}}}]}]\n")
+		waitFor(t, 30*time.Second, func() error {
+			out, err := st.Kubectl(ctx, nil, "get", "clusternetworkpolicy", "deny-newpods", "-o", "jsonpath={.status.conditions[?(@.type=='Programmed')].status}")
+			if err != nil || strings.TrimSpace(string(out)) != "True" {
+				return fmt.Errorf("deny-newpods not programmed: %v %s", err, out)
+			}
+			return nil
+		})
+		const fresh = 12
+		pod := func(ns, name string) string {
+			return "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + ", namespace: " + ns + "}\nspec:\n" +
+				"  nodeName: n2\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n" +
+				"  containers:\n  - name: c\n    image: " + lab.AgnhostImage + "\n    imagePullPolicy: Never\n" +
+				"    command: [sh, -c, 'for i in 1 2 3; do /agnhost connect " + server.Status.PodIP + ":8080 --timeout=1s && echo REACHED; done; true']\n---\n"
+		}
+		var all strings.Builder
+		for i := 0; i < fresh; i++ {
+			all.WriteString(pod("newpods", fmt.Sprintf("fresh-%d", i)))
+		}
+		all.WriteString(pod("oldpods", "control"))
+		apply(all.String())
+		waitFor(t, 90*time.Second, func() error {
+			out, err := st.Kubectl(ctx, nil, "get", "pods", "-n", "newpods", "-o", "jsonpath={.items[*].status.phase}")
+			if err != nil || strings.Count(string(out), "Succeeded") != fresh {
+				return fmt.Errorf("fresh pods: %v %s", err, out)
+			}
+			out, err = st.Kubectl(ctx, nil, "get", "pod", "-n", "oldpods", "control", "-o", "jsonpath={.status.phase}")
+			if err != nil || string(out) != "Succeeded" {
+				return fmt.Errorf("control pod: %v %s", err, out)
+			}
+			return nil
+		})
+		reached := 0
+		for i := 0; i < fresh; i++ {
+			out, err := st.Kubectl(ctx, nil, "logs", "-n", "newpods", fmt.Sprintf("fresh-%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			reached += strings.Count(string(out), "REACHED")
+		}
+		if reached != 0 {
+			t.Errorf("%d connections of %d fresh pods in namespace newpods got through an Admin Deny", reached, fresh)
+		}
+		out, err := st.Kubectl(ctx, nil, "logs", "-n", "oldpods", "control")
+		if err != nil || strings.Count(string(out), "REACHED") != 3 {
+			t.Errorf("control pod in namespace oldpods: %v %q, want 3 connections", err, out)
+		}
+	})
+
 	t.Run("NetworkPolicy conformance: fast subsets of cyclonus and the upstream suite", func(t *testing.T) {
 		cyclonus, netpol, err := lab.ConformanceTools(ctx, testWriter{t})
 		if err != nil {
