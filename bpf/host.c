@@ -1,17 +1,24 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * host.c: from_netdev, attached to tcx ingress of the node's underlay device
- * in native-routing mode. Packets another node routed to one of our pods go
- * straight into the pod once its ingress policy allows (conntrack.h);
- * everything else continues into the node's stack.
+ * host.c: from_netdev, attached to tcx ingress of the node's underlay
+ * device in both routing modes.
  *
- * A packet for a local pod is refused when its source could not have sent
- * it from where it came: this node's own pod addresses never arrive from
- * the underlay, and a peer's pod address only from that peer, checked as a
- * strict reverse-path filter (the route back to the source leaves through
- * this device, towards the MAC the frame came from). Native routing has no
- * field to carry the sender's identity: pods are judged by the ipcache, and
- * a pod address it does not know yet is unidentified (identity.h).
+ * Every IPv4 packet from the underlay is refused when its source could not
+ * have sent it from where it came: this node's own pod addresses and its
+ * own address never arrive from outside; a pod address only from the hop
+ * towards the node that owns its CIDR, and no pod address that no node is
+ * known to own; another node's address only from the hop towards it. The
+ * hop is checked as a strict reverse-path filter: the route leaves through
+ * this device, towards the MAC the frame came from (once the neighbour is
+ * resolved). In VXLAN mode pod traffic between nodes takes the overlay,
+ * but a pod's packets to another node's own address take the underlay.
+ *
+ * In native-routing mode, packets another node routed to one of our pods
+ * then go straight into the pod once its ingress policy allows
+ * (conntrack.h); everything else continues into the node's stack. Native
+ * routing has no field to carry the sender's identity: pods are judged by
+ * the ipcache, and a pod address it does not know yet is unidentified
+ * (identity.h).
  */
 #include "lib/common.h"
 #include "lib/conntrack.h"
@@ -22,33 +29,53 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/*
- * netdev_sender_ok: the route to a peer pod's node must leave through the
- * device the packet arrived on, towards the frame's source MAC. A
- * neighbour not resolved yet cannot be compared; the route alone holds.
- */
-static __always_inline int netdev_sender_ok(struct __sk_buff *skb, struct iphdr *ip)
+/* netdev_from_hop reports whether the frame came from the hop this node's
+ * route towards node (network order) leaves through. */
+static __always_inline int netdev_from_hop(struct __sk_buff *skb, __be32 node)
 {
 	struct ethhdr *eth = (void *)(long)skb->data;
-	const struct tunnel_info *owner;
 	struct bpf_fib_lookup fib = {};
 	long rc;
 
-	owner = tunnel_lookup_v4(ip->saddr);
-	if (!owner || SENDER_FROM_CB)
-		return 1; /* no pod: judged by its address; or a trace */
-	if (owner->node.family != WEIR_AF_INET || !ctx_data_ok(skb, 0, sizeof(*eth)))
+	if (SENDER_FROM_CB)
+		return 1; /* a trace: the owner sent it */
+	if (!ctx_data_ok(skb, 0, sizeof(*eth)))
 		return 0;
 	fib.family = WEIR_AF_INET;
-	fib.ipv4_dst = ip->saddr;
+	fib.ipv4_dst = node;
 	fib.ifindex = skb->ingress_ifindex;
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-		return fib.ifindex == skb->ingress_ifindex && tunnel_owner_is(owner, fib.ipv4_dst);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != skb->ingress_ifindex ||
-	    !tunnel_owner_is(owner, fib.ipv4_dst))
+		return fib.ifindex == skb->ingress_ifindex;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != skb->ingress_ifindex)
 		return 0;
 	return __builtin_memcmp(fib.dmac, eth->h_source, ETH_ALEN) == 0;
+}
+
+/* netdev_sender_ok: see the top of this file. */
+static __always_inline int netdev_sender_ok(struct __sk_buff *skb, struct iphdr *ip)
+{
+	const struct tunnel_info *owner;
+	__be32 node;
+	__u32 id;
+
+	if (in_pod_cidr_v4(ip->saddr) || endpoint_lookup_v4(ip->saddr))
+		return 0;
+	owner = tunnel_lookup_v4(ip->saddr);
+	if (owner) {
+		if (owner->node.family != WEIR_AF_INET)
+			return 0;
+		__builtin_memcpy(&node, owner->node.addr, sizeof(node));
+		return netdev_from_hop(skb, node);
+	}
+	if (in_cluster_cidr_v4(ip->saddr))
+		return 0;
+	id = ipcache_identity_v4(ip->saddr);
+	if (id == IDENTITY_HOST)
+		return 0;
+	if (id == IDENTITY_REMOTE_NODE)
+		return netdev_from_hop(skb, ip->saddr);
+	return 1; /* the world: judged by its address */
 }
 
 SEC("tcx/ingress")
@@ -63,15 +90,14 @@ int from_netdev(struct __sk_buff *skb)
 	ip = ipv4_hdr(skb);
 	if (!ip)
 		return TC_ACT_OK; /* not ours to judge: the stack drops bad headers */
-	/* This node's pods never arrive from the underlay, whatever the destination. */
-	if (in_pod_cidr_v4(ip->saddr) || endpoint_lookup_v4(ip->saddr))
-		goto bad_sender;
-	ep = endpoint_lookup_v4(ip->daddr);
-	if (!ep)
+	if (!netdev_sender_ok(skb, ip)) {
+		metric_inc(METRIC_DROP_TUNNEL_SOURCE);
+		return TC_ACT_SHOT;
+	}
+	if (TUNNEL_MODE != WEIR_MODE_NATIVE)
 		return TC_ACT_OK;
-	if (!netdev_sender_ok(skb, ip))
-		goto bad_sender;
-	if (nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
+	ep = endpoint_lookup_v4(ip->daddr);
+	if (!ep || nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
 	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr), NULL);
 	if (verdict == CT_POLICY_REJECT)
@@ -79,8 +105,4 @@ int from_netdev(struct __sk_buff *skb)
 	if (verdict != TC_ACT_OK)
 		return TC_ACT_SHOT;
 	return endpoint_deliver(skb, ep);
-
-bad_sender:
-	metric_inc(METRIC_DROP_TUNNEL_SOURCE);
-	return TC_ACT_SHOT;
 }

@@ -27,6 +27,24 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /*
+ * overlay_node_source_ok judges an inner source that is no known pod: a
+ * pod address no node owns, this node's own address, or another node's
+ * than the sender's would let a peer speak with an identity it does not
+ * have (host is let in everywhere).
+ */
+static __always_inline int overlay_node_source_ok(__be32 saddr, __be32 outer)
+{
+	__u32 id;
+
+	if (in_cluster_cidr_v4(saddr))
+		return 0;
+	id = ipcache_identity_v4(saddr);
+	if (id == IDENTITY_HOST)
+		return 0;
+	return id != IDENTITY_REMOTE_NODE || saddr == outer;
+}
+
+/*
  * overlay_sender_ok checks the inner source against the node that sent
  * the packet (outer source, network order) and fills hint with the
  * identity that node vouches for. A source that is no pod address (the
@@ -44,7 +62,7 @@ static __always_inline int overlay_sender_ok(__be32 saddr, __be32 outer, __u32 v
 		return 0;
 	owner = tunnel_lookup_v4(saddr);
 	if (!owner)
-		return 1;
+		return overlay_node_source_ok(saddr, outer);
 	if (!tunnel_owner_is(owner, outer))
 		return 0;
 	hint->addr = saddr;
@@ -136,7 +154,10 @@ int to_overlay(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	remote = tunnel_lookup_v4(ip->daddr);
-	if (!remote || tunnel_set_key(skb, remote, IDENTITY_HOST) < 0) {
+	/* What the stack routes here is the node's own, or a pod's that the
+	 * stack translated (kube-proxy): a pod keeps its identity. */
+	if (!remote || tunnel_set_key(skb, remote, endpoint_lookup_v4(ip->saddr) ? label_identity_v4(ip->saddr)
+										  : IDENTITY_HOST) < 0) {
 		metric_inc(METRIC_DROP_TUNNEL);
 		return TC_ACT_SHOT;
 	}

@@ -45,10 +45,19 @@ volatile const __u32 POD_CIDR_V4_MASK = 0; /* its netmask, network order */
  * its VNI come from skb->cb[0] and cb[1] instead (tunnel.h). */
 volatile const __u32 SENDER_FROM_CB = 0;
 
+volatile const __u32 CLUSTER_CIDR_V4 = 0;      /* every pod address of the cluster */
+volatile const __u32 CLUSTER_CIDR_V4_MASK = 0;
+
 /* in_pod_cidr_v4 reports whether ip belongs to this node's pod CIDR. */
 __always_inline_fn int in_pod_cidr_v4(__be32 ip)
 {
 	return POD_CIDR_V4_MASK && (ip & POD_CIDR_V4_MASK) == POD_CIDR_V4;
+}
+
+/* in_cluster_cidr_v4 reports whether ip belongs to the cluster's pod CIDR. */
+__always_inline_fn int in_cluster_cidr_v4(__be32 ip)
+{
+	return CLUSTER_CIDR_V4_MASK && (ip & CLUSTER_CIDR_V4_MASK) == CLUSTER_CIDR_V4;
 }
 
 /* ctx_data_ok reports whether len bytes from off lie inside the packet. */

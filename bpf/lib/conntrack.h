@@ -305,6 +305,10 @@ __always_inline_fn int ct_icmp_related(struct __sk_buff *skb, struct iphdr *ip, 
 		return 0;
 	if (inner.saddr != ip->daddr)
 		return 0; /* an error goes back to the packet's sender */
+	/* ... from the packet's destination, or from a router on the way,
+	 * which is no pod: a pod may only report on flows sent to it. */
+	if (ip->saddr != inner.daddr && (in_pod_cidr_v4(ip->saddr) || tunnel_lookup_v4(ip->saddr)))
+		return 0;
 	q.saddr = inner.saddr;
 	q.daddr = inner.daddr;
 	q.proto = inner.protocol;

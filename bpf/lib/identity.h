@@ -12,7 +12,7 @@
  * addresses are looked up here too, since an ipBlock may cover them.
  *
  * An address the ipcache does not know is IDENTITY_WORLD, unless it lies
- * inside a pod CIDR (this node's, or a peer's in weir_tunnels): then it is
+ * inside the cluster's pod CIDR, this node's or a peer's (weir_tunnels): then it is
  * a pod whose identity has not reached this node yet, IDENTITY_UNIDENTIFIED,
  * which policy.h denies wherever any policy applies (it could be any pod,
  * so no rule can be known to allow it). The CIDR lookup misses with
@@ -77,9 +77,20 @@ __always_inline_fn __u32 label_identity_v4(__be32 ip)
 	id = bpf_map_lookup_elem(&weir_ipcache, &key);
 	if (id)
 		return *id;
-	if (in_pod_cidr_v4(ip) || tunnel_lookup_v4(ip))
+	if (in_cluster_cidr_v4(ip) || in_pod_cidr_v4(ip) || tunnel_lookup_v4(ip))
 		return IDENTITY_UNIDENTIFIED;
 	return IDENTITY_WORLD;
+}
+
+/* ipcache_identity_v4 is the ipcache's identity of ip, 0 if none. */
+__always_inline_fn __u32 ipcache_identity_v4(__be32 ip)
+{
+	struct weir_addr key;
+	__u32 *id;
+
+	weir_addr_from_v4(&key, ip);
+	id = bpf_map_lookup_elem(&weir_ipcache, &key);
+	return id ? *id : 0;
 }
 
 /* peer_identities_v4 returns an address's label and CIDR identities. */

@@ -151,32 +151,59 @@ func TestOverlayRefusesWhatNoNodeCouldSend(t *testing.T) {
 	}
 }
 
-// TestUnderlayRefusesThisNodesPodSources: in native routing, a host on
-// the node's network cannot speak as one of the node's own pods, while a
-// peer's pod routed by its node arrives.
-func TestUnderlayRefusesThisNodesPodSources(t *testing.T) {
-	n := newTestNodeMode(t, "10.244.1.0/24", datapath.ModeNative)
-	client, server := n.newPod(), n.newPod()
-	sr := n.clientAndServer(client, server, nil)
-	clientIP, serverIP := podAddr(t, client)[0], sr.Address.Addr()
-	far, farMAC := underlayPeer(t, n, peerNodeIP)
-	if err := n.agent.SetPeers([]api.Peer{{Name: "n2", NodeIP: peerNodeIP, PodCIDR: netip.MustParsePrefix(peerPodCIDR)}}); err != nil {
-		t.Fatal(err)
+// TestUnderlayRefusesWhatNoNodeCouldSend, in both routing modes: from a
+// host on the node's network, frames speaking as one of this node's pods,
+// as an address of its pod CIDR, as a pod address no node owns, as the
+// node itself, or as the peer's pod from a MAC that is not the peer's,
+// never reach a pod; the peer's own pod, from the peer, does.
+func TestUnderlayRefusesWhatNoNodeCouldSend(t *testing.T) {
+	for _, mode := range []datapath.Mode{datapath.ModeNative, datapath.ModeVXLAN} {
+		t.Run(string(mode), func(t *testing.T) {
+			n := newTestNodeMode(t, "10.244.1.0/24", mode)
+			client, server := n.newPod(), n.newPod()
+			sr := n.clientAndServer(client, server, nil)
+			clientIP, serverIP := podAddr(t, client)[0], sr.Address.Addr()
+			far, farMAC := underlayPeer(t, n, peerNodeIP)
+			if err := n.agent.SetPeers([]api.Peer{{Name: "n2", NodeIP: peerNodeIP, PodCIDR: netip.MustParsePrefix(peerPodCIDR)}}); err != nil {
+				t.Fatal(err)
+			}
+			var nodeMAC net.HardwareAddr
+			inNode(t, n, func() error {
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				nodeMAC = l.Attrs().HardwareAddr
+				// The node knows its peer's MAC, as after any exchange.
+				return netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, IP: peerNodeIP.AsSlice(),
+					HardwareAddr: farMAC, State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4})
+			})
+			got := udpCatcher(t, server, 7000)
+			before, err := n.dp.Metrics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			forged := net.HardwareAddr{0x02, 0, 0, 0, 0x66, 0x66}
+			frame := func(mac net.HardwareAddr, src netip.Addr, what string) []byte {
+				return testutil.IPv4UDP(nodeMAC, mac, src, serverIP, 40000, 7000, []byte(what))
+			}
+			in(t, far, func() error {
+				return testutil.SendFrames("eth0peer",
+					frame(farMAC, clientIP, "as this node's pod"),
+					frame(farMAC, netip.MustParseAddr("10.244.1.250"), "as this node's pod CIDR"),
+					frame(farMAC, netip.MustParseAddr("10.244.50.1"), "as a pod no node owns"),
+					frame(farMAC, n.cfg.NodeIP, "as the node itself"),
+					frame(forged, peerPodIP, "as the peer's pod from another MAC"),
+					frame(farMAC, peerPodIP, "peer's own pod"))
+			})
+			expectOnly(t, got, "peer's own pod")
+			after, err := n.dp.Metrics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := after["drop_tunnel_source"] - before["drop_tunnel_source"]; d != 5 {
+				t.Errorf("drop_tunnel_source grew by %d, want 5", d)
+			}
+		})
 	}
-	var nodeMAC net.HardwareAddr
-	inNode(t, n, func() error {
-		l, err := netlink.LinkByName("eth0")
-		if err == nil {
-			nodeMAC = l.Attrs().HardwareAddr
-		}
-		return err
-	})
-	got := udpCatcher(t, server, 7000)
-	in(t, far, func() error {
-		return testutil.SendFrames("eth0peer",
-			testutil.IPv4UDP(nodeMAC, farMAC, clientIP, serverIP, 40000, 7000, []byte("as this node's pod")),
-			testutil.IPv4UDP(nodeMAC, farMAC, netip.MustParseAddr("10.244.1.250"), serverIP, 40000, 7000, []byte("as this node's pod CIDR")),
-			testutil.IPv4UDP(nodeMAC, farMAC, peerPodIP, serverIP, 40000, 7000, []byte("peer's own pod")))
-	})
-	expectOnly(t, got, "peer's own pod")
 }

@@ -198,6 +198,15 @@ func TestICMPErrorFollowsItsFlow(t *testing.T) {
 	if ret, _ := run(t, p.FromContainer, stranger, ifB); ret != tcActShot {
 		t.Errorf("error about an untracked flow: verdict %d, want drop", ret)
 	}
+	// A pod may only report on flows sent to it: A forging B's port
+	// unreachable about B's own flow to the world reaches nothing.
+	if ret, _ := run(t, p.FromContainer, udpFlow(podB, outside, 40200, 53), ifB); ret != tcActOK {
+		t.Fatalf("B -> outside: verdict %d, want pass", ret)
+	}
+	forged := icmpError(podA, podB, 3, 3, udpFlow(podB, outside, 40200, 53))
+	if ret, _ := run(t, p.FromContainer, forged, ifA); ret != tcActShot {
+		t.Errorf("A's forged error about B's flow to the world: verdict %d, want drop", ret)
+	}
 	// An error must travel back to the quoted packet's sender.
 	misdirected := icmpError(podA, podB, 3, 3, flow)
 	if ret, _ := run(t, p.FromContainer, misdirected, ifA); ret == tcActRedirect && metric(t, p, "ct_related") != 2 {

@@ -48,6 +48,10 @@ type ProgramConfig struct {
 	// another node, and one the ipcache does not know is an unidentified
 	// pod, not the world.
 	PodCIDR netip.Prefix
+	// ClusterCIDR holds every pod address of the cluster: one that no
+	// node is known to own is unidentified, and never accepted from a
+	// node or the underlay.
+	ClusterCIDR netip.Prefix
 	// PinDir is the bpffs directory the maps are pinned in (and reused from).
 	PinDir string
 
@@ -63,12 +67,15 @@ func (cfg ProgramConfig) constants() map[string]uint32 {
 		"TUNNEL_MODE":     cfg.Mode.bpfMode(),
 		"OVERLAY_IFINDEX": uint32(cfg.OverlayIfindex),
 	}
-	if p := cfg.PodCIDR.Masked(); p.Addr().Is4() {
-		a := p.Addr().As4()
-		c["POD_CIDR_V4"] = binary.NativeEndian.Uint32(a[:])
-		mask := net.CIDRMask(p.Bits(), 32)
-		c["POD_CIDR_V4_MASK"] = binary.NativeEndian.Uint32(mask)
+	setPrefix := func(name string, p netip.Prefix) {
+		if p = p.Masked(); p.Addr().Is4() {
+			a := p.Addr().As4()
+			c[name] = binary.NativeEndian.Uint32(a[:])
+			c[name+"_MASK"] = binary.NativeEndian.Uint32(net.CIDRMask(p.Bits(), 32))
+		}
 	}
+	setPrefix("POD_CIDR_V4", cfg.PodCIDR)
+	setPrefix("CLUSTER_CIDR_V4", cfg.ClusterCIDR)
 	if cfg.senderFromCB {
 		c["SENDER_FROM_CB"] = 1
 	}

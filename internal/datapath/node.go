@@ -149,7 +149,7 @@ func (n *Node) setupDevices() error {
 		overlayIfindex = vx.Attrs().Index
 	}
 	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, OverlayIfindex: overlayIfindex,
-		PodCIDR: n.cfg.PodCIDR, PinDir: n.cfg.PinDir})
+		PodCIDR: n.cfg.PodCIDR, ClusterCIDR: n.cfg.ClusterCIDR, PinDir: n.cfg.PinDir})
 	if err != nil {
 		return err
 	}
@@ -168,10 +168,11 @@ func (n *Node) setupDevices() error {
 		if err := attachPinned(n.progs.ToOverlay, overlayIfindex, ebpf.AttachTCXEgress, filepath.Join(links, OverlayDevice+"_egress")); err != nil {
 			return err
 		}
-	} else {
-		if err := attachPinned(n.progs.FromNetdev, under.Attrs().Index, ebpf.AttachTCXIngress, filepath.Join(links, n.cfg.UnderlayDev+"_ingress")); err != nil {
-			return err
-		}
+	}
+	// Both modes: the underlay is where a host that is no node, or a
+	// node that is not the owner, would speak as a pod (host.c).
+	if err := attachPinned(n.progs.FromNetdev, under.Attrs().Index, ebpf.AttachTCXIngress, filepath.Join(links, n.cfg.UnderlayDev+"_ingress")); err != nil {
+		return err
 	}
 	if err := n.attachSockets(); err != nil {
 		return err

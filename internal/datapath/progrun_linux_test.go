@@ -39,7 +39,7 @@ func loadTest(t *testing.T, mode Mode) *Programs {
 	if _, err := bpffs.Ensure(dir); err != nil {
 		t.Fatal(err)
 	}
-	p, err := LoadPrograms(ProgramConfig{Mode: mode, OverlayIfindex: 99, PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), PinDir: dir, senderFromCB: true})
+	p, err := LoadPrograms(ProgramConfig{Mode: mode, OverlayIfindex: 99, PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), PinDir: dir, senderFromCB: true})
 	if err != nil {
 		t.Fatalf("load programs: %v", err)
 	}

@@ -52,6 +52,14 @@ func runOverlay(t *testing.T, p *Programs, frame []byte, sender netip.Addr, vni 
 func TestFromOverlayChecksTheSender(t *testing.T) {
 	p := loadTest(t, ModeVXLAN)
 	withPeers(t, p)
+	thisNode := netip.MustParseAddr("10.99.0.11")
+	for a, id := range map[netip.Addr]uint32{thisNode: uint32(policy.IdentityHost),
+		ownerNode: uint32(policy.IdentityRemoteNode), otherNode: uint32(policy.IdentityRemoteNode)} {
+		k, _ := bpfAddr(a)
+		if err := p.IPCache.Put(k, id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	id := uint32(policy.MinClusterIdentity)
 	cases := []struct {
 		name   string
@@ -66,6 +74,9 @@ func TestFromOverlayChecksTheSender(t *testing.T) {
 		{"an outside address from a host that is no node", outside, outside, tcActShot},
 		{"a local pod's address from the owner", podB, ownerNode, tcActShot},
 		{"an unused address of this node's pod CIDR", netip.MustParseAddr("10.244.1.99"), ownerNode, tcActShot},
+		{"a pod address no node owns", netip.MustParseAddr("10.244.50.1"), ownerNode, tcActShot},
+		{"this node's own address", thisNode, ownerNode, tcActShot},
+		{"another node's address", otherNode, ownerNode, tcActShot},
 	}
 	refused := 0
 	for i, c := range cases {

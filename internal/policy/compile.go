@@ -17,6 +17,11 @@ import (
 type Compiler struct {
 	cidrs idAllocator[netip.Prefix]
 	rules idAllocator[RuleRef]
+	// MaxCIDRs bounds the CIDR identities of one Result (the datapath's
+	// CIDR map holds that many; 0: no bound). Cluster policies and pod
+	// prefixes are numbered first; NetworkPolicies are admitted smallest
+	// first, each whole or refused with ErrPolicyTooLarge.
+	MaxCIDRs int
 }
 
 // NewCompiler returns a compiler with fresh numbering.
@@ -36,6 +41,7 @@ type compilation struct {
 	selector *selectorCache
 	cidrIDs  map[netip.Prefix]Identity
 	cidrs    []numberedPrefix // cidrIDs by address, for ipBlock range queries
+	refused  map[*networkingv1.NetworkPolicy]error // over the CIDR budget
 	podByIP  map[netip.Addr]*Pod
 	usedCIDR map[netip.Prefix]bool
 	usedRule map[RuleRef]bool
@@ -60,6 +66,11 @@ func (c *Compiler) Compile(s *Snapshot) *Result {
 	cp.buildCIDRs()
 	cp.buildEndpoints()
 	for _, p := range sortedPolicies(s.Policies) {
+		if err := cp.refused[p]; err != nil {
+			cp.closeSubjects(p)
+			cp.res.Errors = append(cp.res.Errors, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err))
+			continue
+		}
 		if err := cp.applyPolicy(p); err != nil {
 			cp.res.Errors = append(cp.res.Errors, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err))
 		}
@@ -140,36 +151,86 @@ func (cp *compilation) buildIPCache() {
 }
 
 // buildCIDRs numbers every prefix any ipBlock names, so the longest match
-// of an address decides every ipBlock at once.
+// of an address decides every ipBlock at once. Within MaxCIDRs: cluster
+// policies' and pods' prefixes first, then NetworkPolicies smallest first,
+// each admitted whole or refused.
 func (cp *compilation) buildCIDRs() {
 	cp.cidrIDs = map[netip.Prefix]Identity{}
+	cp.refused = map[*networkingv1.NetworkPolicy]error{}
 	add := func(s string) {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			return // reported when the policy is applied
 		}
-		p = p.Masked()
-		if _, ok := cp.cidrIDs[p]; ok {
-			return
-		}
-		id := Identity(cp.c.cidrs.get(p))
-		cp.cidrIDs[p], cp.res.CIDRs[p] = id, id
-		cp.usedCIDR[p] = true
+		cp.number(p.Masked())
 	}
-	for _, pol := range cp.s.Policies {
+	cp.clusterPrefixes(add)
+	cp.addPodPrefixes(add)
+	for _, w := range policyPrefixesBySize(cp.s.Policies) {
+		fresh := 0
+		for _, p := range w.prefixes {
+			if _, ok := cp.cidrIDs[p]; !ok {
+				fresh++
+			}
+		}
+		if max := cp.c.MaxCIDRs; max > 0 && len(cp.cidrIDs)+fresh > max {
+			cp.refused[w.policy] = fmt.Errorf("its ipBlocks need %d more CIDR entries, %d of %d are left: %w",
+				fresh, max-len(cp.cidrIDs), max, ErrPolicyTooLarge)
+			continue
+		}
+		for _, p := range w.prefixes {
+			cp.number(p)
+		}
+	}
+	cp.cidrs = sortedPrefixes(cp.cidrIDs)
+}
+
+// number gives p a CIDR identity, keeping the one it had.
+func (cp *compilation) number(p netip.Prefix) {
+	if _, ok := cp.cidrIDs[p]; ok {
+		return
+	}
+	id := Identity(cp.c.cidrs.get(p))
+	cp.cidrIDs[p], cp.res.CIDRs[p] = id, id
+	cp.usedCIDR[p] = true
+}
+
+// policyPrefixes is a NetworkPolicy with the distinct prefixes its
+// ipBlocks name.
+type policyPrefixes struct {
+	policy   *networkingv1.NetworkPolicy
+	prefixes []netip.Prefix
+}
+
+// policyPrefixesBySize lists the policies that name prefixes, fewest
+// first, then by namespace and name: a policy that would take the map
+// from everyone else is the one refused, whatever its name.
+func policyPrefixesBySize(ps []*networkingv1.NetworkPolicy) []policyPrefixes {
+	var out []policyPrefixes
+	for _, pol := range sortedPolicies(ps) {
+		seen := map[netip.Prefix]bool{}
+		var prefixes []netip.Prefix
+		note := func(s string) {
+			if p, err := netip.ParsePrefix(s); err == nil && !seen[p.Masked()] {
+				seen[p.Masked()] = true
+				prefixes = append(prefixes, p.Masked())
+			}
+		}
 		forEachPeer(pol, func(_ Direction, _ int, peer networkingv1.NetworkPolicyPeer) {
 			if peer.IPBlock == nil {
 				return
 			}
-			add(peer.IPBlock.CIDR)
+			note(peer.IPBlock.CIDR)
 			for _, e := range peer.IPBlock.Except {
-				add(e)
+				note(e)
 			}
 		})
+		if len(prefixes) > 0 {
+			out = append(out, policyPrefixes{pol, prefixes})
+		}
 	}
-	cp.clusterPrefixes(add)
-	cp.addPodPrefixes(add)
-	cp.cidrs = sortedPrefixes(cp.cidrIDs)
+	sort.SliceStable(out, func(i, j int) bool { return len(out[i].prefixes) < len(out[j].prefixes) })
+	return out
 }
 
 // numberedPrefix is a prefix with its CIDR identity.
@@ -344,6 +405,30 @@ func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
 		return errors.Join(errs...)
 	}
 	return nil
+}
+
+// closeSubjects enforces a refused policy's directions on its subjects
+// with none of its rules: they fail closed, as for a policy Weir cannot
+// read.
+func (cp *compilation) closeSubjects(p *networkingv1.NetworkPolicy) {
+	ingress, egress, err := policyDirections(p)
+	if err != nil {
+		ingress, egress = true, true
+	}
+	subjects, err := cp.subjects(p)
+	if err != nil {
+		return
+	}
+	name := p.Namespace + "/" + p.Name
+	for _, pod := range subjects {
+		ep := cp.res.Endpoints[pod.Key()]
+		if ingress {
+			cp.enforce(ep, Ingress, name)
+		}
+		if egress {
+			cp.enforce(ep, Egress, name)
+		}
+	}
 }
 
 // enforce marks ep enforced in d. Enforcing ingress adds the node-traffic

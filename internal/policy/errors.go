@@ -9,4 +9,10 @@ var (
 	// ErrInvalidPolicy is a policy the API server should have refused;
 	// the compiler skips it (the endpoints it selects fail closed).
 	ErrInvalidPolicy = errors.New("invalid network policy")
+	// ErrPolicyTooLarge is a NetworkPolicy whose ipBlocks would take more
+	// CIDR entries than the node has left (Compiler.MaxCIDRs): it is
+	// refused whole, and its subjects fail closed in its directions, so
+	// one namespace cannot fill the node-wide map that every other
+	// namespace's excepts depend on.
+	ErrPolicyTooLarge = errors.New("network policy needs more CIDR entries than the node has left")
 )
