@@ -40,7 +40,7 @@ type compilation struct {
 	sets     []*labelSet
 	selector *selectorCache
 	cidrIDs  map[netip.Prefix]Identity
-	cidrs    []numberedPrefix // cidrIDs by address, for ipBlock range queries
+	cidrs    []numberedPrefix                      // cidrIDs by address, for ipBlock range queries
 	refused  map[*networkingv1.NetworkPolicy]error // over the CIDR budget
 	podByIP  map[netip.Addr]*Pod
 	usedCIDR map[netip.Prefix]bool
