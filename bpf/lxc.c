@@ -48,6 +48,11 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 
+	if (podlink_group_v4(ip->daddr)) {
+		metric_inc(METRIC_DROP_BROADCAST);
+		return TC_ACT_SHOT;
+	}
+
 	dst = endpoint_lookup_v4(ip->daddr);
 	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
 	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))

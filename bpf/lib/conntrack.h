@@ -3,9 +3,12 @@
  * conntrack.h: Weir's own connection table, so policy is decided on a
  * connection's first packet and its replies pass.
  *
- * weir_ct: LRU hash, key struct ct_key (a flow in its original direction:
- * the first packet's addresses and ports), value struct ct_entry. A packet
- * is looked up as it is and reversed; a hit in either is its flow.
+ * weir_ct (TCP) and weir_ct_any (every other protocol): LRU hashes, key
+ * struct ct_key (a flow in its original direction: the first packet's
+ * addresses and ports), value struct ct_entry. A packet is looked up as it
+ * is and reversed; a hit in either is its flow. Two tables, so the churn
+ * of short UDP flows (DNS) never evicts an idle TCP connection, whose next
+ * segment, being no SYN, could not start it again.
  *
  * weir_policy_rev: array of one __u32, the policy revision. The agent bumps
  * it after every policy change; an entry decided under an older revision
@@ -50,6 +53,7 @@
 
 #include "endpoint.h"
 #include "events.h"
+#include "frag.h"
 #include "policy.h"
 
 struct ct_key {
@@ -78,29 +82,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_ct_revoked SEC(".maps");
 
-struct frag_key {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 id;
-	__u8 proto;
-	__u8 pad;
-};
-
-struct frag_ports {
-	__be16 sport;
-	__be16 dport;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct frag_key);
-	__type(value, struct frag_ports);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weir_frags SEC(".maps");
-
-#define IP_MF_BIT 0x2000
-#define IP_OFFSET_MASK 0x1fff
 #define CT_TCP_SYN 0x02
 #define CT_TCP_ACK 0x10
 
@@ -111,6 +92,30 @@ struct {
 	__type(value, struct ct_entry);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_ct_any SEC(".maps");
+
+/* ct_lookup finds a flow in its protocol's table. */
+__always_inline_fn struct ct_entry *ct_lookup(const struct ct_key *k)
+{
+	if (k->proto == IPPROTO_TCP)
+		return bpf_map_lookup_elem(&weir_ct, k);
+	return bpf_map_lookup_elem(&weir_ct_any, k);
+}
+
+/* ct_create tracks a flow in its protocol's table. */
+__always_inline_fn long ct_create(const struct ct_key *k, const struct ct_entry *e)
+{
+	if (k->proto == IPPROTO_TCP)
+		return bpf_map_update_elem(&weir_ct, k, e, BPF_ANY);
+	return bpf_map_update_elem(&weir_ct_any, k, e, BPF_ANY);
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -130,23 +135,13 @@ __always_inline_fn __u32 policy_revision(void)
 /* ct_key_v4's answer for a later fragment whose first was not seen. */
 #define CT_KEY_NO_FIRST_FRAGMENT (-2)
 
-/* frag_key_v4 names the datagram a fragment belongs to. */
-__always_inline_fn void frag_key_v4(const struct iphdr *ip, struct frag_key *fk)
-{
-	__builtin_memset(fk, 0, sizeof(*fk));
-	fk->saddr = ip->saddr;
-	fk->daddr = ip->daddr;
-	fk->id = ip->id;
-	fk->proto = ip->protocol;
-}
-
 /*
  * ct_key_v4 fills key from an IPv4 packet; ports are 0 without L4 ports.
  * A later fragment takes the ports its first fragment recorded.
  */
 __always_inline_fn int ct_key_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off, struct ct_key *key)
 {
-	struct frag_ports *fp, ports_seen;
+	struct frag_ports *fp;
 	struct frag_key fk;
 	__be16 *ports;
 
@@ -163,21 +158,15 @@ __always_inline_fn int ct_key_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 
 			return CT_KEY_NO_FIRST_FRAGMENT;
 		key->sport = fp->sport;
 		key->dport = fp->dport;
-		if (!(ip->frag_off & bpf_htons(IP_MF_BIT)))
-			bpf_map_delete_elem(&weir_frags, &fk); /* the last fragment */
-		return 0;
+		return 0; /* the entry stays: a middle fragment may come after the last */
 	}
 	ports = (void *)(long)skb->data + l3_off + (ip->ihl & 0xf) * 4;
 	if ((void *)(ports + 2) > (void *)(long)skb->data_end)
 		return -1;
 	key->sport = ports[0];
 	key->dport = ports[1];
-	if (ip->frag_off & bpf_htons(IP_MF_BIT)) {
-		frag_key_v4(ip, &fk);
-		ports_seen.sport = ports[0];
-		ports_seen.dport = ports[1];
-		bpf_map_update_elem(&weir_frags, &fk, &ports_seen, BPF_ANY);
-	}
+	if (ip->frag_off & bpf_htons(IP_MF_BIT))
+		frag_record_v4(ip, ports[0], ports[1], 0);
 	return 0;
 }
 
@@ -319,10 +308,10 @@ __always_inline_fn int ct_icmp_related(struct __sk_buff *skb, struct iphdr *ip, 
 		q.sport = ports[0];
 		q.dport = ports[1];
 	}
-	e = bpf_map_lookup_elem(&weir_ct, &q);
+	e = ct_lookup(&q);
 	if (!e) {
 		ct_reverse(&q, &rq);
-		e = bpf_map_lookup_elem(&weir_ct, &rq);
+		e = ct_lookup(&rq);
 	}
 	return e && !(e->flags & CT_DENIED) && e->rev == policy_revision();
 }
@@ -363,9 +352,9 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		return TC_ACT_SHOT;
 	}
 	ct_reverse(&key, &rev_key);
-	e = bpf_map_lookup_elem(&weir_ct, &key);
+	e = ct_lookup(&key);
 	if (!e) {
-		e = bpf_map_lookup_elem(&weir_ct, &rev_key);
+		e = ct_lookup(&rev_key);
 		if (e)
 			orig = &rev_key;
 	}
@@ -411,7 +400,7 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		bpf_map_delete_elem(&weir_ct_revoked, orig);
 		fresh.rev = rev;
 		fresh.last_ns = bpf_ktime_get_ns();
-		if (bpf_map_update_elem(&weir_ct, orig, &fresh, BPF_ANY) < 0)
+		if (ct_create(orig, &fresh) < 0)
 			metric_inc(METRIC_CT_FULL);
 		return TC_ACT_OK;
 	}
@@ -424,7 +413,7 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 		return ct_denied(verdict);
 	fresh.rev = rev;
 	fresh.last_ns = bpf_ktime_get_ns();
-	if (bpf_map_update_elem(&weir_ct, &key, &fresh, BPF_ANY) < 0)
+	if (ct_create(&key, &fresh) < 0)
 		metric_inc(METRIC_CT_FULL); /* allowed, decided again next packet */
 	metric_inc(METRIC_CT_NEW);
 	return TC_ACT_OK;

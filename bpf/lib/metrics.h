@@ -36,6 +36,7 @@ enum weir_metric {
 	METRIC_DROP_FRAGMENT,      /* a later fragment whose first was not seen (conntrack.h) */
 	METRIC_CT_RELATED,         /* an ICMP error passed with the flow it quotes (conntrack.h) */
 	METRIC_CT_REVOKED_FULL,    /* a revoked flow not recorded outside the LRU: table full */
+	METRIC_DROP_BROADCAST,     /* IPv4 broadcast or multicast from a pod (podlink.h) */
 	METRIC_MAX,
 };
 

@@ -8,8 +8,9 @@
  * node's link-local address on the veth (its listeners answer there),
  * router advertisements that give the node a route through the pod (the
  * CVE-2020-10749 class), redirects, and IPv4 behind VLAN tags, which the
- * stack strips after tcx and hands to ip_rcv with any source address. So
- * these are dropped here, each counted by its reason.
+ * stack strips after tcx and hands to ip_rcv with any source address, and
+ * IPv4 broadcast and multicast, which the node's listeners take as their
+ * own. So these are dropped here, each counted by its reason.
  */
 #ifndef WEIR_LIB_PODLINK_H
 #define WEIR_LIB_PODLINK_H
@@ -65,6 +66,16 @@ __always_inline_fn int podlink_ipv6(struct __sk_buff *skb)
 drop:
 	metric_inc(METRIC_DROP_IPV6);
 	return TC_ACT_SHOT;
+}
+
+/*
+ * podlink_group_v4 reports IPv4 to the limited broadcast address or a
+ * multicast group: the node's stack would take it as its own, judged as
+ * "world" rather than the node, and no pod has a group to reach.
+ */
+__always_inline_fn int podlink_group_v4(__be32 daddr)
+{
+	return daddr == bpf_htonl(0xffffffff) || (daddr & bpf_htonl(0xf0000000)) == bpf_htonl(0xe0000000);
 }
 
 #endif /* WEIR_LIB_PODLINK_H */

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/policy"
+	"github.com/weirnet/weir/internal/testutil"
 )
 
 // udpOnlyServer is the server's ingress: UDP 9000-9001 from app=client,
@@ -114,5 +117,56 @@ func TestFragmentsAndICMPErrorsOfAllowedFlows(t *testing.T) {
 	}
 	if d := after["drop_fragment"] - before["drop_fragment"]; d != 0 {
 		t.Errorf("drop_fragment grew by %d, want 0", d)
+	}
+}
+
+// TestICMPErrorOfATranslatedFlow: the client calls a virtual address the
+// node's stack translates (DNAT, as kube-proxy does) to a closed, allowed
+// port of the server. The server's port unreachable quotes the translated
+// packet; it must go back through the stack, which translates the quote
+// back, so the client's socket (connected to the virtual address) fails at
+// once with ECONNREFUSED, its ingress closed all the while.
+func TestICMPErrorOfATranslatedFlow(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	client, server := n.newPod(), n.newPod()
+	sr := n.clientAndServer(client, server, nil, udpOnlyServer()...)
+	const vip = "10.96.99.99"
+	rules := "table ip weirtest {\n chain pre {\n  type nat hook prerouting priority -100;\n" +
+		"  ip daddr " + vip + " udp dport 9001 dnat to " + sr.Address.Addr().String() + ":9001\n }\n}\n"
+	cmd := exec.Command("nsenter", "--net="+n.nodeNS.Path(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		if testutil.InCI() {
+			t.Fatalf("nft: %v %s", err, out)
+		}
+		t.Skipf("nft: %v %s", err, out)
+	}
+	before, err := n.dp.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in(t, client, func() error {
+		c, err := net.Dial("udp4", vip+":9001")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		start := time.Now()
+		_ = c.SetDeadline(start.Add(3 * time.Second))
+		if _, err := c.Write([]byte("anyone?")); err != nil {
+			return err
+		}
+		_, err = c.Read(make([]byte, 16))
+		if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+			t.Errorf("datagram to a translated, closed port: %v after %v, want ECONNREFUSED at once", err, time.Since(start))
+		}
+		return nil
+	})
+	after, err := n.dp.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after["pass_stack_nat"] == before["pass_stack_nat"] {
+		t.Error("pass_stack_nat did not grow: the error was not handed to the stack")
 	}
 }

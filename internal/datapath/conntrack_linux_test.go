@@ -69,7 +69,7 @@ func TestRevocationSurvivesConntrackChurn(t *testing.T) {
 	// plentiful, and the revoked entry was.
 	key := lxcCtKey{Saddr: addr4(podA), Daddr: addr4(podB), Sport: be16(40000), Dport: be16(7777), Proto: 17}
 	churn := udpFlow(podB, outside, 1, 9)
-	for i := 0; i < int(2*p.CT.MaxEntries()); i++ {
+	for i := 0; i < int(2*p.CTAny.MaxEntries()); i++ {
 		binary.BigEndian.PutUint16(churn[14+20:], uint16(i)) // source port
 		churn[14+19] = byte(i >> 16)                         // destination 192.0.2.x
 		for range 2 {
@@ -79,13 +79,13 @@ func TestRevocationSurvivesConntrackChurn(t *testing.T) {
 		}
 		if i%8192 == 8191 {
 			var e lxcCtEntry
-			if p.CT.Lookup(&key, &e) != nil {
+			if p.CTAny.Lookup(&key, &e) != nil {
 				break // evicted
 			}
 		}
 	}
 	var e lxcCtEntry
-	if err := p.CT.Lookup(&key, &e); err == nil {
+	if err := p.CTAny.Lookup(&key, &e); err == nil {
 		t.Logf("ct_new %d ct_full %d entry %+v", metric(t, p, "ct_new"), metric(t, p, "ct_full"), e)
 		t.Fatal("the revoked flow's conntrack entry survived the churn: the test proves nothing")
 	}
@@ -164,9 +164,9 @@ func TestLaterFragmentsFollowTheirFlow(t *testing.T) {
 	if got := metric(t, p, "drop_fragment"); got != 1 {
 		t.Errorf("drop_fragment = %d, want 1", got)
 	}
-	// The last fragment forgot the datagram.
-	if ret, _ := run(t, p.FromContainer, laterFragment(podA, podB, 17, 7777, 20, false, payload), ifA); ret != tcActShot {
-		t.Errorf("a fragment after the last: verdict %d, want drop", ret)
+	// A middle fragment reordered after the last still belongs to its flow.
+	if ret, _ := run(t, p.FromContainer, laterFragment(podA, podB, 17, 7777, 8, true, payload), ifA); ret != tcActRedirect {
+		t.Errorf("a middle fragment after the last: verdict %d, want redirect", ret)
 	}
 }
 
@@ -245,5 +245,30 @@ func TestGCRevokedFlowsForgetsOnlyQuietFlows(t *testing.T) {
 	}
 	if got, err := n.GCRevokedFlows(0); err != nil || got != 1 {
 		t.Fatalf("GC with no idle deleted %d (%v), want 1", got, err)
+	}
+}
+
+// TestUDPChurnSparesTCPFlows: TCP flows have a table of their own, so a
+// flood of short UDP flows (DNS, or a pod churning on purpose) cannot
+// evict an idle TCP connection, whose next segment (no SYN) could not
+// start it again.
+func TestUDPChurnSparesTCPFlows(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	if ret, _ := run(t, p.FromContainer, tcpFrame(hostMAC, podMAC, podA, podB, 40300, 80, 1, tcpSYN, nil), ifA); ret != tcActRedirect {
+		t.Fatalf("SYN: verdict %d, want redirect", ret)
+	}
+	churn := udpFlow(podB, outside, 1, 9)
+	for i := 0; i < int(2*p.CTAny.MaxEntries()); i++ {
+		binary.BigEndian.PutUint16(churn[14+20:], uint16(i))
+		churn[14+19] = byte(i >> 16)
+		for range 2 {
+			if ret, _ := run(t, p.FromContainer, churn, ifB); ret != tcActOK {
+				t.Fatalf("churn flow %d: verdict %d", i, ret)
+			}
+		}
+	}
+	ack := tcpFrame(hostMAC, podMAC, podA, podB, 40300, 80, 2, tcpACK, []byte("still here"))
+	if ret, _ := run(t, p.FromContainer, ack, ifA); ret != tcActRedirect {
+		t.Fatalf("the idle TCP flow after UDP churn: verdict %d, want redirect", ret)
 	}
 }

@@ -69,6 +69,8 @@ type hostFragPorts struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+	Stack uint8
+	Pad   [3]uint8
 }
 
 type hostPolicyEntry struct {
@@ -127,6 +129,7 @@ type hostWeirAddr struct {
 const (
 	hostMapWeirCidrIds         = "weir_cidr_ids"
 	hostMapWeirCt              = "weir_ct"
+	hostMapWeirCtAny           = "weir_ct_any"
 	hostMapWeirCtRevoked       = "weir_ct_revoked"
 	hostMapWeirEndpoints       = "weir_endpoints"
 	hostMapWeirEpPolicy        = "weir_ep_policy"
@@ -201,6 +204,7 @@ type hostProgramSpecs struct {
 type hostMapSpecs struct {
 	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtAny      *ebpf.MapSpec `ebpf:"weir_ct_any"`
 	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
@@ -251,6 +255,7 @@ func (o *hostObjects) Close() error {
 type hostMaps struct {
 	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtAny      *ebpf.Map `ebpf:"weir_ct_any"`
 	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
@@ -269,6 +274,7 @@ func (m *hostMaps) Close() error {
 	return _HostClose(
 		m.WeirCidrIds,
 		m.WeirCt,
+		m.WeirCtAny,
 		m.WeirCtRevoked,
 		m.WeirEndpoints,
 		m.WeirEpPolicy,

@@ -69,6 +69,8 @@ type lxcFragPorts struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+	Stack uint8
+	Pad   [3]uint8
 }
 
 type lxcPolicyEntry struct {
@@ -146,6 +148,7 @@ type lxcWeirAddr struct {
 const (
 	lxcMapWeirCidrIds         = "weir_cidr_ids"
 	lxcMapWeirCt              = "weir_ct"
+	lxcMapWeirCtAny           = "weir_ct_any"
 	lxcMapWeirCtRevoked       = "weir_ct_revoked"
 	lxcMapWeirEndpoints       = "weir_endpoints"
 	lxcMapWeirEpPolicy        = "weir_ep_policy"
@@ -222,6 +225,7 @@ type lxcProgramSpecs struct {
 type lxcMapSpecs struct {
 	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtAny      *ebpf.MapSpec `ebpf:"weir_ct_any"`
 	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
@@ -272,6 +276,7 @@ func (o *lxcObjects) Close() error {
 type lxcMaps struct {
 	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtAny      *ebpf.Map `ebpf:"weir_ct_any"`
 	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
@@ -290,6 +295,7 @@ func (m *lxcMaps) Close() error {
 	return _LxcClose(
 		m.WeirCidrIds,
 		m.WeirCt,
+		m.WeirCtAny,
 		m.WeirCtRevoked,
 		m.WeirEndpoints,
 		m.WeirEpPolicy,

@@ -272,6 +272,7 @@ var MetricNames = []string{
 	"drop_fragment",
 	"ct_related",
 	"ct_revoked_full",
+	"drop_broadcast",
 }
 
 // readMetrics sums the per-CPU counters.

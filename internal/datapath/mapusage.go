@@ -12,7 +12,8 @@ import (
 // metrics label them. A full one fails: conntrack evicts live flows (it
 // is an LRU hash), the others refuse the policy the agent writes.
 const (
-	MapConntrack      = "conntrack"       // weir_ct
+	MapConntrack      = "conntrack"       // weir_ct: TCP
+	MapConntrackOther = "conntrack_other" // weir_ct_any: every other protocol
 	MapRevokedFlows   = "revoked_flows"   // weir_ct_revoked: full, a revocation rests on the LRU alone
 	MapPeerNodes      = "peer_nodes"      // weir_peer_nodes
 	MapPolicy         = "policy"          // weir_policy, an LPM trie
@@ -22,7 +23,7 @@ const (
 )
 
 // FillMaps lists the maps MapEntries knows.
-var FillMaps = []string{MapConntrack, MapRevokedFlows, MapPolicy, MapEndpointPolicy, MapIPCache, MapCIDRIdentities, MapPeerNodes}
+var FillMaps = []string{MapConntrack, MapConntrackOther, MapRevokedFlows, MapPolicy, MapEndpointPolicy, MapIPCache, MapCIDRIdentities, MapPeerNodes}
 
 // ErrUnknownMap is returned for a name not in FillMaps.
 var ErrUnknownMap = errors.New("unknown map")
@@ -57,6 +58,8 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 	switch name {
 	case MapConntrack:
 		count, err = countEntries[lxcCtKey, lxcCtEntry](p.CT, limit)
+	case MapConntrackOther:
+		count, err = countEntries[lxcCtKey, lxcCtEntry](p.CTAny, limit)
 	case MapRevokedFlows:
 		count, err = countEntries[lxcCtKey, uint64](p.CTRevoked, limit)
 	case MapPeerNodes:
@@ -79,7 +82,7 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 func (n *Node) fillMap(name string) (*ebpf.Map, error) {
 	p := n.progs
 	m := map[string]*ebpf.Map{
-		MapConntrack: p.CT, MapRevokedFlows: p.CTRevoked, MapPeerNodes: p.PeerNodes, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
+		MapConntrack: p.CT, MapConntrackOther: p.CTAny, MapRevokedFlows: p.CTRevoked, MapPeerNodes: p.PeerNodes, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
 		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs,
 	}[name]
 	if m == nil {

@@ -69,6 +69,8 @@ type overlayFragPorts struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+	Stack uint8
+	Pad   [3]uint8
 }
 
 type overlayPolicyEntry struct {
@@ -127,6 +129,7 @@ type overlayWeirAddr struct {
 const (
 	overlayMapWeirCidrIds         = "weir_cidr_ids"
 	overlayMapWeirCt              = "weir_ct"
+	overlayMapWeirCtAny           = "weir_ct_any"
 	overlayMapWeirCtRevoked       = "weir_ct_revoked"
 	overlayMapWeirEndpoints       = "weir_endpoints"
 	overlayMapWeirEpPolicy        = "weir_ep_policy"
@@ -203,6 +206,7 @@ type overlayProgramSpecs struct {
 type overlayMapSpecs struct {
 	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtAny      *ebpf.MapSpec `ebpf:"weir_ct_any"`
 	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
@@ -253,6 +257,7 @@ func (o *overlayObjects) Close() error {
 type overlayMaps struct {
 	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
 	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtAny      *ebpf.Map `ebpf:"weir_ct_any"`
 	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
 	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
 	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
@@ -271,6 +276,7 @@ func (m *overlayMaps) Close() error {
 	return _OverlayClose(
 		m.WeirCidrIds,
 		m.WeirCt,
+		m.WeirCtAny,
 		m.WeirCtRevoked,
 		m.WeirEndpoints,
 		m.WeirEpPolicy,

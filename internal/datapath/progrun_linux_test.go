@@ -169,6 +169,8 @@ func TestFromContainerFiltersLinkFrames(t *testing.T) {
 		{"802.1Q tagged IPv4", testutil.VLANTagged(udpFrame(hostMAC, podMAC, podA, outside, nil), testutil.Ether8021Q, 0), tcActShot, "drop_vlan"},
 		{"802.1ad tagged IPv4", testutil.VLANTagged(udpFrame(hostMAC, podMAC, podA, outside, nil), testutil.Ether8021AD, 7), tcActShot, "drop_vlan"},
 		{"LLDP", append(ethHeader(hostMAC, podMAC, 0x88cc), make([]byte, 46)...), tcActShot, "drop_ethertype"},
+		{"IPv4 limited broadcast", udpFrame(hostMAC, podMAC, podA, netip.MustParseAddr("255.255.255.255"), nil), tcActShot, "drop_broadcast"},
+		{"IPv4 multicast", udpFrame(hostMAC, podMAC, podA, netip.MustParseAddr("224.0.0.251"), nil), tcActShot, "drop_broadcast"},
 	}
 	for _, c := range cases {
 		before := metric(t, p, c.metric)

@@ -37,6 +37,7 @@ var hostVethSysctls = []struct{ key, value string }{
 	{"net/ipv6/conf/%s/accept_redirects", "0"},
 	{"net/ipv4/conf/%s/accept_redirects", "0"},
 	{"net/ipv4/conf/%s/send_redirects", "0"},
+	{"net/ipv4/conf/%s/accept_source_route", "0"},
 }
 
 // setHostVethSysctls writes hostVethSysctls for ifName in the calling

@@ -50,6 +50,7 @@ const traceSourcePort = 40999
 // or counter behind.
 var privateMaps = map[string]func(*ebpf.MapSpec) uint32{
 	"weir_ct":         func(*ebpf.MapSpec) uint32 { return 64 },
+	"weir_ct_any":     func(*ebpf.MapSpec) uint32 { return 64 },
 	"weir_ct_revoked": func(*ebpf.MapSpec) uint32 { return 64 },
 	"weir_frags":      func(*ebpf.MapSpec) uint32 { return 64 },
 	"weir_events":     func(*ebpf.MapSpec) uint32 { return uint32(os.Getpagesize()) },
@@ -65,10 +66,14 @@ type tracePrograms struct {
 	toContainer   *ebpf.Program
 	fromOverlay   *ebpf.Program
 	fromNetdev    *ebpf.Program
-	ct, metrics   *ebpf.Map
-	events        *ringbuf.Reader
-	eventsMap     *ebpf.Map
-	bootOffset    time.Duration
+	metrics       *ebpf.Map
+	// flowState are the private conntrack, revoked-flow and fragment
+	// tables, emptied before each run.
+	flowState  []*ebpf.Map
+	private    []*ebpf.Map // every private map, closed with t
+	events     *ringbuf.Reader
+	eventsMap  *ebpf.Map
+	bootOffset time.Duration
 }
 
 // loadTracePrograms loads the trace instance for programs loaded with cfg.
@@ -96,8 +101,10 @@ func loadTracePrograms(cfg ProgramConfig) (_ *tracePrograms, retErr error) {
 			return nil, fmt.Errorf("create private %s: %w", name, err)
 		}
 		repl[name] = m
+		t.private = append(t.private, m)
 	}
-	t.ct, t.eventsMap, t.metrics = repl["weir_ct"], repl["weir_events"], repl["weir_metrics"]
+	t.eventsMap, t.metrics = repl["weir_events"], repl["weir_metrics"]
+	t.flowState = []*ebpf.Map{repl["weir_ct"], repl["weir_ct_any"], repl["weir_ct_revoked"], repl["weir_frags"]}
 	if t.events, err = ringbuf.NewReader(t.eventsMap); err != nil {
 		return nil, fmt.Errorf("read private events: %w", err)
 	}
@@ -161,10 +168,8 @@ func (t *tracePrograms) close() {
 			p.Close()
 		}
 	}
-	for _, m := range []*ebpf.Map{t.ct, t.eventsMap, t.metrics} {
-		if m != nil {
-			m.Close()
-		}
+	for _, m := range t.private {
+		m.Close()
 	}
 }
 
@@ -259,28 +264,38 @@ func (t *tracePrograms) pick(node NodeConfig, cfg ProgramConfig, p TracePacket) 
 	return "from_netdev", t.fromNetdev, skbCtx{}
 }
 
-// reset empties the private conntrack table and event ring, so every
-// trace is a new connection that is judged and reported.
+// reset empties the private flow tables and event ring, so every trace
+// is a new connection that is judged and reported.
 func (t *tracePrograms) reset() error {
-	var (
-		keys [][]byte
-		k    = make([]byte, t.ct.KeySize())
-		v    = make([]byte, t.ct.ValueSize())
-	)
-	it := t.ct.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, append([]byte(nil), k...))
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("list trace conntrack: %w", err)
-	}
-	for _, key := range keys {
-		if err := t.ct.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("clear trace conntrack: %w", err)
+	for _, m := range t.flowState {
+		if err := clearMap(m); err != nil {
+			return fmt.Errorf("clear trace %s: %w", m, err)
 		}
 	}
 	_, err := t.drain()
 	return err
+}
+
+// clearMap deletes every key of m.
+func clearMap(m *ebpf.Map) error {
+	var (
+		keys [][]byte
+		k    = make([]byte, m.KeySize())
+		v    = make([]byte, m.ValueSize())
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, key := range keys {
+		if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // drain reads every event in the private ring without blocking.

@@ -88,8 +88,10 @@ func TestTraceAgreesWithCompilerAndLeavesNoTrace(t *testing.T) {
 		})
 	}
 
-	if k, err := anyKey(p.CT); err != nil || k {
-		t.Fatalf("live conntrack has entries (%v, err %v) after traces", k, err)
+	for _, m := range []*ebpf.Map{p.CT, p.CTAny, p.CTRevoked, p.Frags} {
+		if k, err := anyKey(m); err != nil || k {
+			t.Fatalf("live %s has entries (%v, err %v) after traces", m, k, err)
+		}
 	}
 	live.rd.SetDeadline(time.Now())
 	if _, err := live.rd.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
