@@ -28,6 +28,7 @@ type Datapath interface {
 	ApplyPolicy(policy.Diff, map[string]datapath.PolicyEndpoint) error
 	PrunePolicy(*policy.Result, map[string]datapath.PolicyEndpoint) error
 	GCRevokedFlows(idle time.Duration) (int, error)
+	MapCapacity(name string) (int, error)
 	SetServices(service.Table) error
 	Endpoints() ([]datapath.EndpointEntry, error)
 	Metrics() (map[string]uint64, error)

@@ -34,6 +34,20 @@ type policyState struct {
 	stopped    bool
 }
 
+// newCompiler returns the agent's compiler. Its CIDR budget is half the
+// datapath's CIDR map, so a change always fits beside the state it
+// replaces (new prefixes are written before stale ones go): a policy over
+// it is refused, not written into a map that would then fail for all.
+func (a *Agent) newCompiler() *policy.Compiler {
+	c := policy.NewCompiler()
+	if n, err := a.dp.MapCapacity(datapath.MapCIDRIdentities); err == nil {
+		c.MaxCIDRs = n / 2
+	} else {
+		a.log.Warn("CIDR map capacity unknown; NetworkPolicy ipBlocks are not bounded", "err", err)
+	}
+	return c
+}
+
 // Back-off of a failed policy load's retries.
 const (
 	policyRetryMin = 100 * time.Millisecond
@@ -150,7 +164,7 @@ func (a *Agent) localEndpointsLocked() (map[string]datapath.PolicyEndpoint, map[
 func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	st := &a.policy
 	if st.compiler == nil {
-		st.compiler = policy.NewCompiler()
+		st.compiler = a.newCompiler()
 	}
 	st.last = s
 	start := time.Now()
