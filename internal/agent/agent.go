@@ -80,6 +80,9 @@ type Agent struct {
 	// subscription and Close all record the batch).
 	recordMu sync.Mutex
 	peers    []api.Peer
+	// policyEvents reports NetworkPolicies this node cannot load
+	// (Kubernetes mode; guarded by mu).
+	policyEvents policyEvents
 	// pods is this node's pods as the API server describes them, by
 	// namespace/name (Kubernetes mode only).
 	pods     map[string]k8s.Pod

@@ -13,7 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/cni"
@@ -120,7 +124,12 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Info("CNI config written; the runtime may now create pods", "path", path)
 	}
 	a.identities = newIdentityWork(clients)
+	events := record.NewBroadcaster()
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer events.Shutdown()
 	a.mu.Lock()
+	a.policyEvents = policyEvents{node: cfg.NodeName,
+		rec: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weir-agent", Host: cfg.NodeName})}
 	a.onEndpoint = w.Poke
 	a.policy.acked = make(chan struct{}, 1)
 	a.snapshot = func() (k8s.Snapshot, bool) {

@@ -182,6 +182,7 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	for _, e := range res.Errors {
 		a.log.Warn("network policy not fully compiled; its pods fail closed", "err", e)
 	}
+	a.policyEvents.report(s.Policies, res.Errors)
 	for pod, ep := range res.Endpoints {
 		loc := eps[pod]
 		loc.Identity = ep.Identity

@@ -44,7 +44,7 @@ func TestCIDRBudgetRefusesTheOverflowingPolicy(t *testing.T) {
 	}
 	for _, p := range []probe{
 		{"x/a", Ingress, "198.51.100.9", ProtoTCP, 80, true},
-		{"x/a", Ingress, "198.51.100.7", ProtoTCP, 80, false}, // the except holds
+		{"x/a", Ingress, "198.51.100.7", ProtoTCP, 80, false},  // the except holds
 		{"x/b", Ingress, "203.0.113.200", ProtoTCP, 80, false}, // refused: closed
 		{"x/b", Ingress, "10.0.0.1", ProtoTCP, 80, false},
 		{"x/b", Ingress, "192.168.0.1", ProtoTCP, 80, true}, // the node still reaches it

@@ -68,11 +68,11 @@ func (c *Compiler) Compile(s *Snapshot) *Result {
 	for _, p := range sortedPolicies(s.Policies) {
 		if err := cp.refused[p]; err != nil {
 			cp.closeSubjects(p)
-			cp.res.Errors = append(cp.res.Errors, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err))
+			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{p.Namespace, p.Name, err})
 			continue
 		}
 		if err := cp.applyPolicy(p); err != nil {
-			cp.res.Errors = append(cp.res.Errors, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err))
+			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{p.Namespace, p.Name, err})
 		}
 	}
 	cp.applyClusterPolicies()

@@ -1,6 +1,9 @@
 package policy
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrUnsupportedProtocol is a policy port with a protocol other than
@@ -16,3 +19,16 @@ var (
 	// namespace's excepts depend on.
 	ErrPolicyTooLarge = errors.New("network policy needs more CIDR entries than the node has left")
 )
+
+// NetworkPolicyError is the error of one NetworkPolicy in Result.Errors:
+// which policy, and why its subjects fail closed.
+type NetworkPolicyError struct {
+	Namespace, Name string
+	Err             error
+}
+
+func (e *NetworkPolicyError) Error() string {
+	return fmt.Sprintf("networkpolicy %s/%s: %v", e.Namespace, e.Name, e.Err)
+}
+
+func (e *NetworkPolicyError) Unwrap() error { return e.Err }
