@@ -306,6 +306,45 @@ func TestKubernetes(t *testing.T) {
 		del("client-deny-egress")
 		expectOwnNode("ok")
 
+		// Across nodes, with the client's ingress closed and the server's
+		// open only to UDP 8081-8082 from it: a datagram over the MTU and
+		// its echo (fragments after the first carry no ports) make the
+		// round trip, and a datagram to 8082, where nothing listens, is
+		// refused at once (the port unreachable goes with its flow)
+		// instead of timing out.
+		remoteServer := servers[1].Status.PodIP
+		defer del("client-closed")
+		defer del("web-udp")
+		apply("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: client-closed}\n" +
+			"spec: {podSelector: {matchLabels: {role: client}}, policyTypes: [Ingress]}\n")
+		apply("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-udp}\n" +
+			"spec:\n  podSelector: {matchLabels: {app: web}}\n" +
+			"  ingress: [{from: [{podSelector: {matchLabels: {role: client}}}], ports: [{protocol: UDP, port: 8081, endPort: 8082}]}]\n")
+		udpProbe := func(port, data string) string {
+			out, err := st.Kubectl(ctx, nil, "exec", "egress-client", "--", "/agnhost", "connect",
+				net.JoinHostPort(remoteServer, port), "--protocol=udp", "--timeout=3s", "--udp-data="+data)
+			if err == nil {
+				return "ok"
+			}
+			for _, r := range []string{"TIMEOUT", "REFUSED"} {
+				if strings.Contains(string(out), r) {
+					return r
+				}
+			}
+			return string(out)
+		}
+		big := "echo " + strings.Repeat("weir", 1000) // 4,005 bytes: three fragments out, two back
+		waitFor(t, 15*time.Second, func() error {
+			if got := udpProbe("8081", big); got != "ok" {
+				return fmt.Errorf("egress-client -> %s:8081 (n2), a %d-byte datagram and its echo: %s, want ok", remoteServer, len(big), got)
+			}
+			// agnhost waits 3 s: TIMEOUT means the port unreachable was lost.
+			if got := udpProbe("8082", "hostname"); got != "REFUSED" {
+				return fmt.Errorf("egress-client -> %s:8082 (n2), nothing listening: %s, want REFUSED", remoteServer, got)
+			}
+			return nil
+		})
+
 		out, err := st.Kubectl(ctx, nil, "get", "securityidentities", "-l", "weir.io/namespace=default", "-o", "name")
 		if err != nil || len(strings.Fields(string(out))) == 0 {
 			t.Errorf("no SecurityIdentity for the default namespace's pods: %v %s", err, out)
