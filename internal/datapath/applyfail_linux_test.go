@@ -97,6 +97,26 @@ func TestFailedApplyClosesEndpoints(t *testing.T) {
 		t.Errorf("A -> B:7777 after the retry: verdict %d, want redirect", ret)
 	}
 
+	// The ipcache is full: a new pod's identity cannot be written.
+	realIPCache := p.IPCache
+	p.IPCache = fullDecoy(t, realIPCache, lxcWeirAddr{Family: 2}, uint32(1))
+	withNewPod := policyFixture(ingressFromApp("a", "UDP", 7777), ipBlockToB())
+	withNewPod.Pods = append(withNewPod.Pods, policy.Pod{Namespace: "x", Name: "c", Labels: map[string]string{"app": "a"},
+		IPs: []netip.Addr{netip.MustParseAddr("10.244.2.9")}})
+	grown := c.Compile(withNewPod)
+	err = n.ApplyPolicy(policy.DiffResults(next, grown), endpointsOf(grown))
+	p.IPCache = realIPCache
+	if !errors.Is(err, ErrPolicyClosed) {
+		t.Fatalf("apply with a full ipcache: %v, want ErrPolicyClosed", err)
+	}
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40004, 7777), ifA); ret != tcActShot {
+		t.Errorf("A -> B:7777 after the ipcache failed: verdict %d, want drop (closed)", ret)
+	}
+	if err := n.ApplyPolicy(policy.DiffResults(nil, grown), endpointsOf(grown)); err != nil {
+		t.Fatal(err)
+	}
+	next = grown
+
 	// The policy map is full: B's new keys cannot be written.
 	realPolicy := p.Policy
 	p.Policy = fullDecoy(t, realPolicy, lxcPolicyKey{Prefixlen: 96}, lxcPolicyEntry{})

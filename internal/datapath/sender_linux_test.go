@@ -3,6 +3,7 @@ package datapath
 import (
 	"encoding/binary"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -162,5 +163,40 @@ func TestUnidentifiedPodAddressIsNeverWorld(t *testing.T) {
 	}
 	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, outside, 53), ifA); ret != tcActOK {
 		t.Errorf("A -> outside address: verdict %d, want pass to the host", ret)
+	}
+}
+
+// TestPodWithoutIdentityIsUnidentified: a pod whose label set has no
+// SecurityIdentity (an API outage, a full identity space) is left out of
+// the ipcache. It must not pass for "world" past a Deny that names its
+// labels: from its first packet it is unidentified and denied wherever a
+// policy applies.
+func TestPodWithoutIdentityIsUnidentified(t *testing.T) {
+	p, n, rd := eventNode(t)
+	deny := clusterPolicy(policy.KindClusterNetworkPolicy, "deny-a", npav1alpha2.AdminTier, 1, "b")
+	deny.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{
+		Name: "no-a", Action: "Deny", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{fromApp("a")}}}
+	s := policyFixture()
+	s.ClusterPolicies = []*policy.ClusterPolicy{deny}
+	for key := range s.Identities {
+		if strings.Contains(key, "k8s:app=a") {
+			delete(s.Identities, key) // pods a and r: no identity
+		}
+	}
+	res := loadPolicy(t, n, policy.NewCompiler(), nil, s)
+	if _, ok := res.IPCache[podA]; ok || len(res.Unallocated) == 0 {
+		t.Fatalf("fixture: pod A still in the ipcache (%v) or nothing unallocated (%v)", res.IPCache, res.Unallocated)
+	}
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40000, 7777), ifA); ret != tcActShot {
+		t.Fatalf("A (no identity) -> B under a Deny of app=a: verdict %d, want drop", ret)
+	}
+	for {
+		ev := readEvent(t, rd)
+		if ev.Direction == policy.Ingress {
+			if ev.Stage != policy.StageUnidentified || ev.Peer != policy.IdentityUnidentified {
+				t.Fatalf("B's event %+v, want denied as unidentified", ev)
+			}
+			break
+		}
 	}
 }
