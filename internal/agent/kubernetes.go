@@ -127,9 +127,10 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	events := record.NewBroadcaster()
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer events.Shutdown()
+	rec := events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weir-agent", Host: cfg.NodeName})
+	a.metrics.maps.onRaised(mapFullEvent(rec, cfg.NodeName))
 	a.mu.Lock()
-	a.policyEvents = policyEvents{node: cfg.NodeName,
-		rec: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weir-agent", Host: cfg.NodeName})}
+	a.policyEvents = policyEvents{node: cfg.NodeName, rec: rec}
 	a.onEndpoint = w.Poke
 	a.policy.acked = make(chan struct{}, 1)
 	a.snapshot = func() (k8s.Snapshot, bool) {

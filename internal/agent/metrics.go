@@ -273,6 +273,16 @@ type mapFill struct {
 	counted time.Time
 	usage   map[string]mapUsage
 	alarm   fillAlarm
+	// raised, if set, is told of each map that passed the warning
+	// threshold (Kubernetes mode: a Warning event on the Node).
+	raised func(name string, entries, capacity int)
+}
+
+// onRaised sets the function told of each map passing the threshold.
+func (f *mapFill) onRaised(fn func(name string, entries, capacity int)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.raised = fn
 }
 
 func newMapFill(dp Datapath, log *slog.Logger) *mapFill {
@@ -336,6 +346,9 @@ func (f *mapFill) count() {
 		case fillRaised:
 			f.log.Warn("BPF map nearly full: when full, new connections or policy entries fail", "map", name,
 				"entries", entries, "capacity", capacity, "percent", int(100*u.ratio()))
+			if f.raised != nil {
+				f.raised(name, entries, capacity)
+			}
 		case fillCleared:
 			f.log.Info("BPF map no longer nearly full", "map", name, "entries", entries, "capacity", capacity)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"k8s.io/client-go/tools/record"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -112,6 +113,8 @@ func TestObserveFlowCounts(t *testing.T) {
 func TestMapFillCountsAndWarns(t *testing.T) {
 	dp := &metricsDatapath{capacity: 100, entries: map[string]int{datapath.MapConntrack: 85, datapath.MapPolicy: 3}}
 	m, logs := newTestMetrics(t, dp)
+	rec := record.NewFakeRecorder(10)
+	m.maps.onRaised(mapFullEvent(rec, "n1"))
 
 	// Before a policy load the policy map is counted; after one the
 	// agent's own count stands in.
@@ -132,6 +135,17 @@ func TestMapFillCountsAndWarns(t *testing.T) {
 	}
 	if got := strings.Count(logs.String(), "BPF map nearly full"); got != 1 || !strings.Contains(logs.String(), "map=conntrack") {
 		t.Fatalf("%d warnings, want one for conntrack:\n%s", got, logs)
+	}
+	select {
+	case e := <-rec.Events:
+		if !strings.HasPrefix(e, "Warning BPFMapNearlyFull datapath map conntrack holds 85 of 100") {
+			t.Fatalf("event %q, want a BPFMapNearlyFull warning for conntrack", e)
+		}
+	default:
+		t.Fatal("no event for the map past the threshold")
+	}
+	if len(rec.Events) != 0 {
+		t.Fatalf("%d more events, want one", len(rec.Events))
 	}
 	// Counted again within the interval: the cached counts, no warning.
 	dp.counted = nil

@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/weirnet/weir/internal/policy"
@@ -24,7 +25,19 @@ type policyEvents struct {
 const (
 	reasonPolicyTooLarge = "PolicyTooLarge"
 	reasonPolicyInvalid  = "PolicyNotLoaded"
+	reasonMapNearlyFull  = "BPFMapNearlyFull"
 )
+
+// mapFullEvent returns what tells the cluster that one of this node's
+// datapath maps passed the warning threshold: a Warning event on the
+// Node, beside the log line and the weir_map_fill_ratio metric.
+func mapFullEvent(rec record.EventRecorder, node string) func(name string, entries, capacity int) {
+	ref := &corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}
+	return func(name string, entries, capacity int) {
+		rec.Eventf(ref, corev1.EventTypeWarning, reasonMapNearlyFull,
+			"datapath map %s holds %d of %d entries; when full, new connections or policy entries fail (closed)", name, entries, capacity)
+	}
+}
 
 // report sends an event for each NetworkPolicy error of a compilation.
 func (pe *policyEvents) report(policies []*networkingv1.NetworkPolicy, errs []error) {
