@@ -16,6 +16,13 @@ weir_install_deps
 weir_mount_bpffs
 trap weir_umount_bpffs EXIT
 
+echo "==> checking that no tracked file over 2 MB slipped in (build outputs belong in bin/)"
+big=$(git ls-files -z | xargs -0 stat -c '%s %n' | awk '$1 > 2*1024*1024 {print $2}' | grep -v '^conformance/results/' || true)
+if [[ -n "$big" ]]; then
+  echo "error: tracked files over 2 MB that are not test results: $big" >&2
+  exit 1
+fi
+
 echo "==> checking that the committed eBPF objects match bpf/"
 go generate ./internal/datapath
 if ! git diff --exit-code --stat -- 'internal/datapath/*_bpfel.go' 'internal/datapath/*_bpfel.o'; then
