@@ -414,7 +414,7 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 	fresh.rev = rev;
 	fresh.last_ns = bpf_ktime_get_ns();
 	if (ct_create(&key, &fresh) < 0)
-		metric_inc(METRIC_CT_FULL); /* allowed, decided again next packet */
+		metric_inc(METRIC_CT_FULL); /* allowed; UDP is decided again next packet, TCP dropped as flowless */
 	metric_inc(METRIC_CT_NEW);
 	return TC_ACT_OK;
 }
