@@ -487,6 +487,26 @@ spec:
 			}
 			return ipamMatchesAPI(st, c)
 		})
+		// A scale-down may keep all four on one node (the ReplicaSet picks
+		// among equally ranked pods at random); the tests below need one
+		// on each, and the spread constraint places new ones on the
+		// emptier node.
+		if _, err := st.Kubectl(ctx, nil, "scale", "deployment/web", "--replicas=6"); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.WaitDeployment(ctx, "default", "web", 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, func() error {
+			nodes := map[string]bool{}
+			for _, p := range webPods(t, c) {
+				nodes[p.Spec.NodeName] = true
+			}
+			if !nodes["n1"] || !nodes["n2"] {
+				return fmt.Errorf("web pods on %v, want both nodes", nodes)
+			}
+			return ipamMatchesAPI(st, c)
+		})
 	})
 
 	t.Run("agent crash keeps connections and pods", func(t *testing.T) {
