@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+
+	"github.com/weirnet/weir/internal/testutil"
 )
 
 // Crafted frames for BPF_PROG_RUN tests.
@@ -15,31 +17,13 @@ const (
 )
 
 func ethHeader(dst, src net.HardwareAddr, etherType uint16) []byte {
-	b := make([]byte, 14)
-	copy(b[0:6], dst)
-	copy(b[6:12], src)
-	binary.BigEndian.PutUint16(b[12:14], etherType)
-	return b
+	return testutil.Ethernet(dst, src, etherType)
 }
 
-// udpFrame is an Ethernet/IPv4/UDP frame with a valid IPv4 checksum.
+// udpFrame is an Ethernet/IPv4/UDP frame with a valid IPv4 checksum,
+// from port 40000 to 7777.
 func udpFrame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, payload []byte) []byte {
-	ip := make([]byte, 20)
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:4], uint16(20+8+len(payload)))
-	ip[8] = 64
-	ip[9] = 17 // UDP
-	s, d := src.As4(), dst.As4()
-	copy(ip[12:16], s[:])
-	copy(ip[16:20], d[:])
-	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
-	udp := make([]byte, 8)
-	binary.BigEndian.PutUint16(udp[0:2], 40000)
-	binary.BigEndian.PutUint16(udp[2:4], 7777)
-	binary.BigEndian.PutUint16(udp[4:6], uint16(8+len(payload)))
-	frame := append(ethHeader(dstMAC, srcMAC, etherTypeIPv4), ip...)
-	frame = append(frame, udp...)
-	return append(frame, payload...)
+	return testutil.IPv4UDP(dstMAC, srcMAC, src, dst, 40000, 7777, payload)
 }
 
 // arpRequest asks who has target, from sender (MAC smac).
