@@ -18,6 +18,12 @@
  * so no rule can be known to allow it). The CIDR lookup misses with
  * IDENTITY_WORLD.
  *
+ * While the agent moves addresses from one identity to another, it first
+ * maps them (ipcache entry or CIDR prefix) to IDENTITY_UNIDENTIFIED, then
+ * rewrites the keys, then maps them to their new identity: in between,
+ * they are denied wherever a policy applies rather than judged by keys
+ * meant for another identity.
+ *
  * A packet from the overlay carries its sender's identity (tunnel.h); the
  * hint passes it down to the policy lookup in place of the ipcache's.
  */

@@ -254,8 +254,9 @@ __always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, const
 		v->stage = STAGE_CLOSED;
 		return;
 	}
-	if (label == IDENTITY_UNIDENTIFIED) {
-		/* Fail closed: it may be a pod some rule denies. */
+	if (label == IDENTITY_UNIDENTIFIED || cidr == IDENTITY_UNIDENTIFIED) {
+		/* Fail closed: it may be a pod some rule denies, or an address
+		 * the agent is moving to another identity. */
 		v->verdict = VERDICT_DENIED;
 		v->stage = STAGE_UNIDENTIFIED;
 		return;

@@ -83,6 +83,9 @@ type Node struct {
 	// trace is the instance Trace runs packets through, loaded on first use.
 	traceMu sync.Mutex
 	trace   *tracePrograms
+	// afterWrite, if set, runs after each map write of a policy apply
+	// (tests judge packets against every intermediate state).
+	afterWrite func()
 }
 
 // SetupNode prepares the node (sysctls, overlay device, programs, masquerade)

@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/cilium/ebpf"
@@ -66,31 +69,34 @@ type PolicyEndpoint struct {
 // The order keeps every state the datapath can see between two writes at
 // most as open as the old policy or the new one:
 //
-//  1. New ipcache and CIDR entries. Should one fail, every enforcing
-//     endpoint is closed (denies everything) before anything else is
-//     written: a missing except prefix, or a pod left out of the ipcache,
-//     would otherwise meet allows written for the new state.
+//  1. Every address whose identity changes is closed: each new or changed
+//     ipcache entry, each new CIDR prefix, each entry or prefix about to
+//     go, is mapped to the unidentified identity, which is denied wherever
+//     a policy applies. No address is then judged by keys meant for an
+//     identity it is leaving or has not reached. Should one of these
+//     writes fail, every enforcing endpoint is closed (denies everything)
+//     before anything else is written: a missing except prefix, or a pod
+//     left out of the ipcache, would otherwise meet allows written for
+//     the new state.
 //  2. Per endpoint, new and changed keys longest first, so a narrower key
 //     (an except, a Deny on one port) is in place before the broader
 //     allow it carves from; then the flags; then stale keys shortest
 //     first, so an address never falls back to a broader stale key. A key
 //     that cannot be written closes its endpoint.
-//  3. Stale ipcache and CIDR entries.
+//  3. The new identities of the addresses closed in step 1. A write that
+//     fails leaves its address closed.
+//  4. The entries and prefixes that go; no key names their identities any
+//     more.
 //
 // A failed apply returns an error wrapping ErrPolicyClosed; the endpoints
-// it closed stay closed until an apply of the whole state succeeds.
+// and addresses it closed stay closed until an apply of the whole state
+// succeeds.
 func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) error {
-	var identityErrs []error
-	for a, id := range d.IPCacheUpsert {
-		identityErrs = append(identityErrs, n.putIPCache(a, id))
-	}
-	for p, id := range d.CIDRUpsert {
-		identityErrs = append(identityErrs, n.putCIDR(p, id))
-	}
-	errs := identityErrs
-	closeAll := errors.Join(identityErrs...) != nil
-	if closeAll {
-		errs = append(errs, n.closeEnforcing(), ErrPolicyClosed)
+	var errs []error
+	closeAll := false
+	if err := n.closeMovingAddresses(d); err != nil {
+		closeAll = true
+		errs = append(errs, err, n.closeEnforcing(), ErrPolicyClosed)
 	}
 	for _, ed := range d.Endpoints {
 		ep, ok := endpoints[ed.Pod]
@@ -99,18 +105,78 @@ func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) e
 		}
 		errs = append(errs, n.applyEndpointPolicy(ed, ep, closeAll))
 	}
+	if err := n.writeIdentities(d); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", err, ErrPolicyClosed))
+	}
+	errs = append(errs, n.deleteIdentities(d), n.bumpPolicyRevision())
+	return errors.Join(errs...)
+}
+
+// closeMovingAddresses maps every ipcache entry and CIDR prefix the diff
+// adds, changes or removes to the unidentified identity.
+func (n *Node) closeMovingAddresses(d policy.Diff) error {
+	var errs []error
+	for a := range d.IPCacheUpsert {
+		errs = append(errs, n.putIPCache(a, policy.IdentityUnidentified))
+	}
+	for _, a := range d.IPCacheDelete {
+		errs = append(errs, n.putIPCache(a, policy.IdentityUnidentified))
+	}
+	for p := range d.CIDRUpsert {
+		errs = append(errs, n.putCIDR(p, policy.IdentityUnidentified))
+	}
+	for _, p := range d.CIDRDelete {
+		errs = append(errs, n.putCIDR(p, policy.IdentityUnidentified))
+	}
+	return errors.Join(errs...)
+}
+
+// writeIdentities writes the diff's new ipcache entries, then its new
+// CIDR entries longest prefix first.
+func (n *Node) writeIdentities(d policy.Diff) error {
+	var errs []error
+	for a, id := range d.IPCacheUpsert {
+		errs = append(errs, n.putIPCache(a, id))
+	}
+	for _, p := range prefixesByLength(maps.Keys(d.CIDRUpsert), true) {
+		errs = append(errs, n.putCIDR(p, d.CIDRUpsert[p]))
+	}
+	return errors.Join(errs...)
+}
+
+// deleteIdentities removes the diff's stale ipcache entries, then its
+// stale CIDR entries shortest prefix first.
+func (n *Node) deleteIdentities(d policy.Diff) error {
+	var errs []error
 	for _, a := range d.IPCacheDelete {
 		if k, err := bpfAddr(a); err == nil {
 			errs = append(errs, ignoreNotExist(n.progs.IPCache.Delete(k)))
+			n.wrote()
 		}
 	}
-	for _, p := range d.CIDRDelete {
+	for _, p := range prefixesByLength(slices.Values(d.CIDRDelete), false) {
 		if k, err := cidrKey(p); err == nil {
 			errs = append(errs, ignoreNotExist(n.progs.CIDRIDs.Delete(k)))
+			n.wrote()
 		}
 	}
-	errs = append(errs, n.bumpPolicyRevision())
 	return errors.Join(errs...)
+}
+
+// prefixesByLength sorts prefixes longest (or shortest) first, ties by
+// address.
+func prefixesByLength(ps iter.Seq[netip.Prefix], longestFirst bool) []netip.Prefix {
+	out := slices.Collect(ps)
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if a.Bits() != b.Bits() {
+			if (a.Bits() > b.Bits()) == longestFirst {
+				return -1
+			}
+			return 1
+		}
+		return a.Addr().Compare(b.Addr())
+	})
+	return out
 }
 
 // closeEnforcing closes every endpoint that some policy selects: it
@@ -154,6 +220,7 @@ func (n *Node) putIPCache(a netip.Addr, id policy.Identity) error {
 	if err := n.progs.IPCache.Put(k, uint32(id)); err != nil {
 		return fmt.Errorf("ipcache %v -> %d: %w", a, id, err)
 	}
+	n.wrote()
 	return nil
 }
 
@@ -165,32 +232,41 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 	if err := n.progs.CIDRIDs.Put(k, uint32(id)); err != nil {
 		return fmt.Errorf("cidr identity %v -> %d: %w", p, id, err)
 	}
+	n.wrote()
 	return nil
 }
 
-// applyEndpointPolicy: new keys longest first, then flags, then stale keys
-// shortest first. When a key cannot be written, or closed is set (the
-// apply already failed), the endpoint is left closed.
+// writePolicyKeys writes the endpoint's new and changed keys longest
+// first. The first that fails stops it.
+func (n *Node) writePolicyKeys(ed policy.EndpointDiff, ep PolicyEndpoint) error {
+	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
+		if err := n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k])); err != nil {
+			return fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
+		}
+		n.wrote()
+	}
+	return nil
+}
+
+// applyEndpointPolicy: new keys longest first, then flags, then stale
+// keys shortest first. When a key cannot be written, or closed is set
+// (the apply already failed), the endpoint is left closed.
 func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint, closed bool) error {
 	idx := uint32(ep.Ifindex)
 	if ed.Gone {
 		err := ignoreNotExist(n.progs.EpPolicy.Delete(idx))
+		n.wrote()
 		return errors.Join(err, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
 	}
 	flags := lxcEpPolicy{Identity: uint32(ep.Identity), Enforce: enforceFlags(ed.Enforced, ed.Tiered)}
-	var failed error
-	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
-		if err := n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k])); err != nil {
-			failed = fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
-			break
-		}
-	}
+	failed := n.writePolicyKeys(ed, ep)
 	if failed != nil || (closed && (flags.Enforce[0] != 0 || flags.Enforce[1] != 0)) {
 		flags.Enforce = [2]uint8{enforceClosed, enforceClosed}
 	}
 	if err := n.progs.EpPolicy.Put(idx, flags); err != nil {
 		return errors.Join(failed, fmt.Errorf("endpoint %s flags: %w", ed.Pod, err))
 	}
+	n.wrote()
 	return errors.Join(failed, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
 }
 
@@ -264,6 +340,7 @@ func (n *Node) deletePolicyKeys(ifindex int, keys []policy.Key) error {
 	var errs []error
 	for _, k := range keysByLength(ifindex, stale, false) {
 		errs = append(errs, ignoreNotExist(n.progs.Policy.Delete(k.key)))
+		n.wrote()
 	}
 	return errors.Join(errs...)
 }
@@ -278,6 +355,14 @@ func (n *Node) bumpPolicyRevision() error {
 		return fmt.Errorf("bump policy revision: %w", err)
 	}
 	return nil
+}
+
+// wrote marks one policy, ipcache or CIDR write of an apply: tests set
+// afterWrite to judge packets against every state between two writes.
+func (n *Node) wrote() {
+	if n.afterWrite != nil {
+		n.afterWrite()
+	}
 }
 
 func ignoreNotExist(err error) error {

@@ -6,11 +6,11 @@ import (
 )
 
 // Diff is the least change that turns one Result's datapath state into
-// another's. A loader applies it in the order of the fields: new ipcache
-// and CIDR entries, then each endpoint's new keys before its enforced
-// flags are raised (and its flags lowered before keys go), then stale
-// ipcache and CIDR entries. So a change never opens more than either
-// state allows, and never closes what both allow.
+// another's. The loader (datapath.Node.ApplyPolicy) orders its writes so
+// that a change never opens more than either state allows: addresses that
+// change identity are closed first, then each endpoint's keys are written
+// (new ones longest first, stale ones shortest first, flags in between),
+// then the addresses take their new identities, then stale entries go.
 type Diff struct {
 	IPCacheUpsert map[netip.Addr]Identity
 	CIDRUpsert    map[netip.Prefix]Identity
