@@ -37,6 +37,8 @@ enum weir_metric {
 	METRIC_CT_RELATED,         /* an ICMP error passed with the flow it quotes (conntrack.h) */
 	METRIC_CT_REVOKED_FULL,    /* a revoked flow not recorded outside the LRU: table full */
 	METRIC_DROP_BROADCAST,     /* IPv4 broadcast or multicast from a pod (podlink.h) */
+	METRIC_POLICY_REREAD,      /* a decision read again: policy changed while it read (policy.h) */
+	METRIC_DROP_POLICY_CHANGING, /* denied: policy kept changing through every read (policy.h) */
 	METRIC_MAX,
 };
 

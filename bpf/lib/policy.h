@@ -22,11 +22,24 @@
  * rule count) and policy_decide_entries combines them in the precedence order
  * Admin tier -> NetworkPolicy -> Baseline tier -> allow, exactly as
  * internal/policy.Decide does.
+ *
+ * weir_policy_seq: array of one __u32, mapped into the agent's memory. The
+ * agent adds one before each write to weir_ep_policy, weir_policy,
+ * weir_ipcache or weir_cidr_ids, and writes one at a time. policy_check
+ * reads it before and after its lookups: the same number means at most
+ * the one write then under way landed while it read. One write changes
+ * one entry, and no two lookups of a packet can see the same entry (their
+ * keys differ in map or identity), so the packet saw one state the agent
+ * passed through, never a blend of several. Any other number: it reads
+ * again (policy_reread), and after POLICY_READ_TRIES denies at stage
+ * closed (drop_policy_changing). The loads are plain: x86-64 keeps loads
+ * in order; a weakly ordered CPU would need load-acquire here.
  */
 #ifndef WEIR_LIB_POLICY_H
 #define WEIR_LIB_POLICY_H
 
 #include "identity.h"
+#include "metrics.h"
 
 #define POLICY_INGRESS 0
 #define POLICY_EGRESS 1
@@ -35,6 +48,8 @@
 #define POLICY_ENFORCE_NP 1    /* a NetworkPolicy selects the endpoint */
 #define POLICY_ENFORCE_TIERS 2 /* a cluster policy selects it */
 #define POLICY_ENFORCE_CLOSED 4 /* its last policy load failed: deny all until one succeeds */
+
+#define POLICY_READ_TRIES 4
 
 #define POLICY_KEY_FIXED_BITS 96
 #define POLICY_KEY_PROTO_BITS (POLICY_KEY_FIXED_BITS + 16)
@@ -120,6 +135,15 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_policy_seq SEC(".maps");
 
 /* policy_lookup finds the longest entry for one peer identity, or NULL. */
 __always_inline_fn const struct policy_entry *policy_lookup(__u32 ifindex, __u8 dir, __u32 identity, __u8 proto,
@@ -226,46 +250,95 @@ __always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_en
 	v->stage = STAGE_DEFAULT;
 }
 
-/*
- * policy_check decides one direction of one local endpoint into *v;
- * *peer_id is the peer's label identity, for the verdict event. hint, if
- * not NULL, is the identity the packet's sender carried (tunnel.h).
- */
-__always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, const struct identity_hint *hint,
-				     __u8 proto, __be16 dport, struct policy_verdict *v, __u32 *peer_id)
-{
-	struct ep_policy *ep = bpf_map_lookup_elem(&weir_ep_policy, &ifindex);
-	const struct policy_entry *by_label, *by_cidr = NULL, *any;
-	__u32 label, cidr;
-	__u8 flags;
+/* policy_query is what policy_read decides: one direction of one packet. */
+struct policy_query {
+	__u32 ifindex;
+	__be32 peer;
+	struct identity_hint hint; /* id 0: none */
+	__be16 dport;
+	__u8 dir;
+	__u8 proto;
+};
 
+/*
+ * policy_read decides one direction from the maps as they are now. It is a
+ * global function, verified once on its own: policy_check calls it up to
+ * POLICY_READ_TRIES times without multiplying the paths the verifier walks.
+ */
+__attribute__((noinline)) int policy_read(const struct policy_query *q, struct policy_verdict *v, __u32 *peer_id)
+{
+	const struct policy_entry *by_label, *by_cidr = NULL, *any;
+	struct ep_policy *ep;
+	__u32 label, cidr, ifindex;
+	__u8 flags, dir;
+
+	if (!q || !v || !peer_id)
+		return 0;
+	ifindex = q->ifindex;
+	dir = q->dir & 1;
 	__builtin_memset(v, 0, sizeof(*v));
 	v->verdict = VERDICT_ALLOWED;
 	v->stage = STAGE_UNENFORCED;
-	peer_identities_v4(peer, hint, &label, &cidr);
+	peer_identities_v4(q->peer, &q->hint, &label, &cidr);
 	*peer_id = label;
+	ep = bpf_map_lookup_elem(&weir_ep_policy, &ifindex);
 	if (!ep)
-		return;
-	flags = ep->enforce[dir & 1];
+		return 0;
+	flags = ep->enforce[dir];
 	if (!flags)
-		return;
+		return 0;
 	if (flags & POLICY_ENFORCE_CLOSED) {
 		v->verdict = VERDICT_DENIED;
 		v->stage = STAGE_CLOSED;
-		return;
+		return 0;
 	}
 	if (label == IDENTITY_UNIDENTIFIED || cidr == IDENTITY_UNIDENTIFIED) {
 		/* Fail closed: it may be a pod some rule denies, or an address
 		 * the agent is moving to another identity. */
 		v->verdict = VERDICT_DENIED;
 		v->stage = STAGE_UNIDENTIFIED;
-		return;
+		return 0;
 	}
-	by_label = policy_lookup(ifindex, dir, label, proto, dport);
+	by_label = policy_lookup(ifindex, dir, label, q->proto, q->dport);
 	if (cidr != label)
-		by_cidr = policy_lookup(ifindex, dir, cidr, proto, dport);
-	any = policy_lookup(ifindex, dir, IDENTITY_ANY, proto, dport);
+		by_cidr = policy_lookup(ifindex, dir, cidr, q->proto, q->dport);
+	any = policy_lookup(ifindex, dir, IDENTITY_ANY, q->proto, q->dport);
 	policy_decide_entries(flags, by_label, by_cidr, any, v);
+	return 0;
+}
+
+/*
+ * policy_check decides one direction of one local endpoint into *v;
+ * *peer_id is the peer's label identity, for the verdict event. hint, if
+ * not NULL, is the identity the packet's sender carried (tunnel.h). The
+ * decision is read from one state of the maps (weir_policy_seq above).
+ */
+__always_inline_fn void policy_check(__u32 ifindex, __u8 dir, __be32 peer, const struct identity_hint *hint,
+				     __u8 proto, __be16 dport, struct policy_verdict *v, __u32 *peer_id)
+{
+	struct policy_query q = {
+		.ifindex = ifindex,
+		.peer = peer,
+		.dport = dport,
+		.dir = dir,
+		.proto = proto,
+	};
+	__u32 zero = 0, before, i;
+	volatile __u32 *seq = bpf_map_lookup_elem(&weir_policy_seq, &zero);
+
+	if (hint)
+		q.hint = *hint;
+	for (i = 0; i < POLICY_READ_TRIES; i++) {
+		before = seq ? *seq : 0;
+		policy_read(&q, v, peer_id);
+		if (!seq || *seq == before)
+			return;
+		metric_inc(METRIC_POLICY_REREAD);
+	}
+	metric_inc(METRIC_DROP_POLICY_CHANGING);
+	__builtin_memset(v, 0, sizeof(*v));
+	v->verdict = VERDICT_DENIED;
+	v->stage = STAGE_CLOSED;
 }
 
 #endif /* WEIR_LIB_POLICY_H */

@@ -328,6 +328,7 @@ func (r *reporter) finished(ok bool) {
 // reports whether the set of peers changed.
 func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot) (bool, error) {
 	peers := peersFrom(s)
+	a.metrics.maps.identities.Store(int64(len(s.IdentityObjects)))
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	defer func() { a.identities.allocate(ctx, a, a.applyPolicyLocked(s)) }()

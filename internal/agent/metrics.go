@@ -268,6 +268,9 @@ type mapFill struct {
 	// map, -1 when unknown: the LPM trie holds up to a million entries,
 	// too many to count every time.
 	policyEntries atomic.Int64
+	// identities is how many SecurityIdentities the cluster holds, -1
+	// before the first snapshot (Kubernetes mode only).
+	identities atomic.Int64
 
 	mu      sync.Mutex // serialises counting
 	counted time.Time
@@ -289,6 +292,7 @@ func newMapFill(dp Datapath, log *slog.Logger) *mapFill {
 	f := &mapFill{log: log, usage: map[string]mapUsage{}, alarm: fillAlarm{warnAt: fillWarnAt, clearAt: fillClearAt}}
 	f.src, _ = dp.(mapCounter)
 	f.policyEntries.Store(-1)
+	f.identities.Store(-1)
 	return f
 }
 
@@ -340,18 +344,35 @@ func (f *mapFill) count() {
 				continue
 			}
 		}
-		u := mapUsage{entries: entries, capacity: capacity}
-		f.usage[name] = u
-		switch f.alarm.observe(name, u.ratio()) {
-		case fillRaised:
-			f.log.Warn("BPF map nearly full: when full, new connections or policy entries fail", "map", name,
-				"entries", entries, "capacity", capacity, "percent", int(100*u.ratio()))
-			if f.raised != nil {
-				f.raised(name, entries, capacity)
-			}
-		case fillCleared:
-			f.log.Info("BPF map no longer nearly full", "map", name, "entries", entries, "capacity", capacity)
+		f.observe(name, entries, capacity)
+	}
+	if n := f.identities.Load(); n >= 0 {
+		f.observe(fillIdentities, int(n), identitySpace)
+	}
+}
+
+// fillIdentities names the cluster's identity space among the maps: not
+// a BPF map, but it fills the same way and fails closed when full (a
+// label set with no identity is unidentified, denied wherever a policy
+// applies).
+const fillIdentities = "security_identities"
+
+// identitySpace is how many numbers cluster identities can take.
+const identitySpace = int(policy.MaxClusterIdentity - policy.MinClusterIdentity + 1)
+
+// observe records one count and warns when it crosses the threshold.
+func (f *mapFill) observe(name string, entries, capacity int) {
+	u := mapUsage{entries: entries, capacity: capacity}
+	f.usage[name] = u
+	switch f.alarm.observe(name, u.ratio()) {
+	case fillRaised:
+		f.log.Warn("BPF map nearly full: when full, new connections or policy entries fail", "map", name,
+			"entries", entries, "capacity", capacity, "percent", int(100*u.ratio()))
+		if f.raised != nil {
+			f.raised(name, entries, capacity)
 		}
+	case fillCleared:
+		f.log.Info("BPF map no longer nearly full", "map", name, "entries", entries, "capacity", capacity)
 	}
 }
 

@@ -164,6 +164,33 @@ func TestMapFillCountsAndWarns(t *testing.T) {
 	}
 }
 
+// TestIdentitySpaceFillWarns: the cluster's identity space is reported
+// beside the maps, and past 80 % a Warning event on the Node says what a
+// full space does (new label sets are unidentified, denied).
+func TestIdentitySpaceFillWarns(t *testing.T) {
+	dp := &metricsDatapath{capacity: 100, entries: map[string]int{}}
+	m, _ := newTestMetrics(t, dp)
+	rec := record.NewFakeRecorder(10)
+	m.maps.onRaised(mapFullEvent(rec, "n1"))
+	if _, ok := m.maps.current(0)[fillIdentities]; ok {
+		t.Fatal("identity space reported before any snapshot")
+	}
+	m.maps.identities.Store(1000)
+	if u := m.maps.current(0)[fillIdentities]; u.entries != 1000 || u.capacity != 65280 || len(rec.Events) != 0 {
+		t.Fatalf("identity space %+v, %d events; want 1000 of 65280 and no warning", u, len(rec.Events))
+	}
+	m.maps.identities.Store(60000)
+	m.maps.current(0)
+	select {
+	case e := <-rec.Events:
+		if !strings.HasPrefix(e, "Warning IdentitySpaceNearlyFull 60000 of 65280 security identities") {
+			t.Fatalf("event %q, want an IdentitySpaceNearlyFull warning", e)
+		}
+	default:
+		t.Fatal("no event for an identity space past the threshold")
+	}
+}
+
 // gatherAll fills every metric of a registry with one sample and gathers
 // them, by name.
 func gatherAll(t *testing.T) map[string]*dto.MetricFamily {

@@ -34,16 +34,22 @@ type policyState struct {
 	stopped    bool
 }
 
-// newCompiler returns the agent's compiler. Its CIDR budget is half the
-// datapath's CIDR map, so a change always fits beside the state it
-// replaces (new prefixes are written before stale ones go): a policy over
-// it is refused, not written into a map that would then fail for all.
+// newCompiler returns the agent's compiler. Its CIDR and key budgets are
+// half the datapath's CIDR and policy maps, so a change always fits beside
+// the state it replaces (new entries are written before stale ones go): a
+// policy over them is refused, not written into a map that would then
+// fail for all.
 func (a *Agent) newCompiler() *policy.Compiler {
 	c := policy.NewCompiler()
 	if n, err := a.dp.MapCapacity(datapath.MapCIDRIdentities); err == nil {
 		c.MaxCIDRs = n / 2
 	} else {
 		a.log.Warn("CIDR map capacity unknown; NetworkPolicy ipBlocks are not bounded", "err", err)
+	}
+	if n, err := a.dp.MapCapacity(datapath.MapPolicy); err == nil {
+		c.MaxKeys = n / 2
+	} else {
+		a.log.Warn("policy map capacity unknown; policy keys per namespace are not bounded", "err", err)
 	}
 	return c
 }

@@ -23,9 +23,10 @@ type policyEvents struct {
 
 // Event reasons.
 const (
-	reasonPolicyTooLarge = "PolicyTooLarge"
-	reasonPolicyInvalid  = "PolicyNotLoaded"
-	reasonMapNearlyFull  = "BPFMapNearlyFull"
+	reasonPolicyTooLarge       = "PolicyTooLarge"
+	reasonPolicyInvalid        = "PolicyNotLoaded"
+	reasonMapNearlyFull        = "BPFMapNearlyFull"
+	reasonIdentitiesNearlyFull = "IdentitySpaceNearlyFull"
 )
 
 // mapFullEvent returns what tells the cluster that one of this node's
@@ -34,6 +35,11 @@ const (
 func mapFullEvent(rec record.EventRecorder, node string) func(name string, entries, capacity int) {
 	ref := &corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}
 	return func(name string, entries, capacity int) {
+		if name == fillIdentities {
+			rec.Eventf(ref, corev1.EventTypeWarning, reasonIdentitiesNearlyFull,
+				"%d of %d security identities are taken; a pod whose label set gets none is unidentified and denied wherever a policy applies", entries, capacity)
+			return
+		}
 		rec.Eventf(ref, corev1.EventTypeWarning, reasonMapNearlyFull,
 			"datapath map %s holds %d of %d entries; when full, new connections or policy entries fail (closed)", name, entries, capacity)
 	}

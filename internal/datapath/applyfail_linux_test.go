@@ -42,10 +42,12 @@ func ipBlockToB() *networkingv1.NetworkPolicy {
 	return p
 }
 
-// TestFailedApplyClosesEndpoints: when an identity or CIDR entry cannot
-// be written, every enforcing endpoint is closed before any allow of the
-// new state lands (a missing except must not turn into an allow); when a
-// policy key cannot be written, its endpoint is closed. A closed endpoint
+// TestFailedApplyClosesEndpoints: when a CIDR entry cannot be written,
+// every enforcing endpoint is closed before any allow of the new state
+// lands (a missing except must not turn into an allow); when a new pod's
+// address cannot enter the ipcache, that pod stays unidentified (denied)
+// and nothing else changes; when a policy key cannot be written, its
+// endpoint is closed. A closed endpoint
 // denies everything, with verdict stage "closed", until an apply of the
 // whole state succeeds.
 func TestFailedApplyClosesEndpoints(t *testing.T) {
@@ -109,8 +111,14 @@ func TestFailedApplyClosesEndpoints(t *testing.T) {
 	if !errors.Is(err, ErrPolicyClosed) {
 		t.Fatalf("apply with a full ipcache: %v, want ErrPolicyClosed", err)
 	}
-	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40004, 7777), ifA); ret != tcActShot {
-		t.Errorf("A -> B:7777 after the ipcache failed: verdict %d, want drop (closed)", ret)
+	// Only the pod left out is closed: it is unidentified, denied where
+	// policy applies; every endpoint keeps its exact verdicts.
+	if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, 40004, 7777), ifA); ret != tcActRedirect {
+		t.Errorf("A -> B:7777 after the ipcache failed: verdict %d, want redirect (A's verdicts unchanged)", ret)
+	}
+	withPeers(t, p)
+	if ret := runOverlay(t, p, udpFlow(netip.MustParseAddr("10.244.2.9"), podB, 40005, 7777), ownerNode, 0); ret != tcActShot {
+		t.Errorf("the pod the ipcache could not take -> B:7777: verdict %d, want drop (unidentified)", ret)
 	}
 	if err := n.ApplyPolicy(policy.DiffResults(nil, grown), endpointsOf(grown)); err != nil {
 		t.Fatal(err)

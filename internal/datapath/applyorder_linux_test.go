@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -126,8 +127,14 @@ func TestEveryIntermediateStateIsBounded(t *testing.T) {
 			t.Fatalf("step %d: compile: %v", step, next.Errors)
 		}
 		writes := 0
+		seq := p.policySeq.count.Load()
 		n.afterWrite = func() {
 			writes++
+			// Each write was counted before it landed (policy.h).
+			if got := p.policySeq.count.Load(); got != seq+1 {
+				t.Errorf("step %d, write %d: weir_policy_seq went from %d to %d, want one more", step, writes, seq, got)
+			}
+			seq = p.policySeq.count.Load()
 			for i, got := range verdicts() {
 				pr := probes[i]
 				if got && !pr.allowedBy(next) && (prev == nil || !pr.allowedBy(prev)) {
@@ -147,5 +154,70 @@ func TestEveryIntermediateStateIsBounded(t *testing.T) {
 		}
 		t.Logf("step %d: %d writes", step, writes)
 		prev = next
+	}
+}
+
+// TestDecisionStraddlingWritesIsReadAgain: while the agent rewrites the
+// policy over and over, pod A's decisions towards B are read from one
+// state each. A swaps labels (app=a, app=c) and B's allow swaps with it,
+// so both states deny A -> B; only a decision that read A's identity in
+// one state and B's keys in another could let it through. The writes are
+// counted (weir_policy_seq) and the datapath read some decision again.
+func TestDecisionStraddlingWritesIsReadAgain(t *testing.T) {
+	p, n, _ := eventNode(t)
+	c := policy.NewCompiler()
+	state := func(aLabel, allowed string) *policy.Result {
+		s := policyFixture(ingressFromApp(allowed, "UDP", 7777))
+		s.Pods[0].Labels = map[string]string{"app": aLabel}
+		ns := s.Namespaces["x"]
+		s.Identities[policy.IdentityLabels(ns, map[string]string{"app": "c"}).Key()] = policy.MinClusterIdentity + 10
+		res := c.Compile(s)
+		if len(res.Errors) > 0 {
+			t.Fatalf("compile: %v", res.Errors)
+		}
+		if res.Lookup("x/b", policy.Ingress, podA, 17, 7777).Verdict == policy.VerdictAllow {
+			t.Fatalf("A (app=%s) -> B allowed from app=%s: the fixture must deny it", aLabel, allowed)
+		}
+		return res
+	}
+	states := []*policy.Result{state("a", "c"), state("c", "a")}
+	if err := n.ApplyPolicy(policy.DiffResults(nil, states[0]), endpointsOf(states[0])); err != nil {
+		t.Fatal(err)
+	}
+
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			prev, next := states[i%2], states[(i+1)%2]
+			if err := n.ApplyPolicy(policy.DiffResults(prev, next), endpointsOf(next)); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	f := udpFrameTo(podA, podB, 7777)
+	deadline := time.Now().Add(20 * time.Second)
+	runs := 0
+	for ; time.Now().Before(deadline) && (runs < 20000 || metric(t, p, "policy_reread") == 0); runs++ {
+		binary.BigEndian.PutUint16(f[14+20:], uint16(10000+runs%50000))
+		if ret, _ := run(t, p.FromContainer, f, ifA); ret != tcActShot {
+			t.Errorf("run %d: A -> B:7777 got through (verdict %d); every state denies it", runs, ret)
+			break
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	rereads, gaveUp := metric(t, p, "policy_reread"), metric(t, p, "drop_policy_changing")
+	t.Logf("%d decisions, %d read again, %d denied as still changing", runs, rereads, gaveUp)
+	if rereads == 0 {
+		t.Errorf("no decision was read again in %d runs beside a writer: the straddle check never fired", runs)
 	}
 }

@@ -212,7 +212,7 @@ func (n *Node) RemoveEndpoint(spec EndpointSpec) error {
 		errs = append(errs, n.forgetNetNS(func(i int) bool { return i == idx }))
 		// The flags die with the veth; its allow keys go when the pod
 		// leaves the compiled state.
-		errs = append(errs, ignoreNotExist(n.progs.EpPolicy.Delete(uint32(idx))))
+		errs = append(errs, ignoreNotExist(n.writePolicyMap(func() error { return n.progs.EpPolicy.Delete(uint32(idx)) })))
 		// Deleting one end removes the pair, its routes and neighbours, and
 		// detaches the program with it.
 		if err := n.nl.LinkDel(host); err != nil && !errors.Is(err, unix.ENODEV) {

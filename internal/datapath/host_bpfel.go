@@ -141,6 +141,7 @@ const (
 	hostMapWeirPeerNodes       = "weir_peer_nodes"
 	hostMapWeirPolicy          = "weir_policy"
 	hostMapWeirPolicyRev       = "weir_policy_rev"
+	hostMapWeirPolicySeq       = "weir_policy_seq"
 	hostMapWeirTunnels         = "weir_tunnels"
 	hostProgFromNetdev         = "from_netdev"
 	hostVarCLUSTER_CIDR_V4     = "CLUSTER_CIDR_V4"
@@ -216,6 +217,7 @@ type hostMapSpecs struct {
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
@@ -267,6 +269,7 @@ type hostMaps struct {
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
@@ -286,6 +289,7 @@ func (m *hostMaps) Close() error {
 		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
+		m.WeirPolicySeq,
 		m.WeirTunnels,
 	)
 }

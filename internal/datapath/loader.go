@@ -101,6 +101,7 @@ type Programs struct {
 	EpPolicy  *ebpf.Map
 	Policy    *ebpf.Map
 	PolicyRev *ebpf.Map
+	PolicySeq *ebpf.Map // counts writes to the maps above (policy.h)
 	CT        *ebpf.Map // TCP flows
 	CTAny     *ebpf.Map // flows of every other protocol
 	CTRevoked *ebpf.Map // revoked flows, out of the LRU's reach (conntrack.h)
@@ -121,6 +122,8 @@ type Programs struct {
 
 	// cfg is what the programs were loaded with (Trace loads alike).
 	cfg ProgramConfig
+	// policySeq is PolicySeq mapped into memory.
+	policySeq *policySeq
 }
 
 // LoadPrograms loads every entry object with cfg's constants. Maps are
@@ -145,6 +148,12 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy = lxc.WeirIpcache, lxc.WeirCidrIds, lxc.WeirEpPolicy, lxc.WeirPolicy
 	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
 	p.PeerNodes, p.CTAny, p.CTRevoked, p.Frags = lxc.WeirPeerNodes, lxc.WeirCtAny, lxc.WeirCtRevoked, lxc.WeirFrags
+	p.PolicySeq = lxc.WeirPolicySeq
+	seq, err := mapPolicySeq(p.PolicySeq)
+	if err != nil {
+		return nil, err
+	}
+	p.policySeq = seq
 
 	var ov overlayObjects
 	if err := loadWithConsts(loadOverlay, consts, &ov, opts); err != nil {
@@ -152,7 +161,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
 	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirPeerNodes, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
-		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig)
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq)
 
 	var host hostObjects
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
@@ -160,7 +169,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromNetdev = host.FromNetdev
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
-		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig)
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq)
 
 	var sock sockObjects
 	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
@@ -200,8 +209,9 @@ func closeMaps(ms ...*ebpf.Map) {
 
 // Close releases the handles; pinned maps and links stay in the kernel.
 func (p *Programs) Close() {
+	p.policySeq.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
-		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig,
+		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:

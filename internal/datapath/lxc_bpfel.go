@@ -160,6 +160,7 @@ const (
 	lxcMapWeirPeerNodes       = "weir_peer_nodes"
 	lxcMapWeirPolicy          = "weir_policy"
 	lxcMapWeirPolicyRev       = "weir_policy_rev"
+	lxcMapWeirPolicySeq       = "weir_policy_seq"
 	lxcMapWeirTunnels         = "weir_tunnels"
 	lxcProgFromContainer      = "from_container"
 	lxcProgToContainer        = "to_container"
@@ -237,6 +238,7 @@ type lxcMapSpecs struct {
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
@@ -288,6 +290,7 @@ type lxcMaps struct {
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
@@ -307,6 +310,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
+		m.WeirPolicySeq,
 		m.WeirTunnels,
 	)
 }

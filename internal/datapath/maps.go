@@ -273,6 +273,8 @@ var MetricNames = []string{
 	"ct_related",
 	"ct_revoked_full",
 	"drop_broadcast",
+	"policy_reread",
+	"drop_policy_changing",
 }
 
 // readMetrics sums the per-CPU counters.

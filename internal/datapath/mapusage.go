@@ -20,10 +20,18 @@ const (
 	MapEndpointPolicy = "endpoint_policy" // weir_ep_policy
 	MapIPCache        = "ipcache"         // weir_ipcache
 	MapCIDRIdentities = "cidr_identities" // weir_cidr_ids, an LPM trie
+	MapFragments      = "fragments"       // weir_frags, an LRU: first fragments' ports
+	MapEndpoints      = "endpoints"       // weir_endpoints: local pods
+	MapTunnels        = "tunnels"         // weir_tunnels: peers' pod CIDRs
+	MapServices       = "services"        // weir_lb4_services: Service frontends
+	MapBackends       = "backends"        // weir_lb4_backends: one slot per frontend and backend
+	MapRevNAT         = "revnat"          // weir_lb4_revnat: translated UDP sockets
+	MapSocketNetNS    = "socket_netns"    // weir_sock_netns: pod namespaces translated at the socket
 )
 
 // FillMaps lists the maps MapEntries knows.
-var FillMaps = []string{MapConntrack, MapConntrackOther, MapRevokedFlows, MapPolicy, MapEndpointPolicy, MapIPCache, MapCIDRIdentities, MapPeerNodes}
+var FillMaps = []string{MapConntrack, MapConntrackOther, MapRevokedFlows, MapFragments, MapPolicy, MapEndpointPolicy,
+	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapSocketNetNS}
 
 // ErrUnknownMap is returned for a name not in FillMaps.
 var ErrUnknownMap = errors.New("unknown map")
@@ -72,6 +80,20 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 		count, err = countEntries[lxcWeirAddr, uint32](p.IPCache, limit)
 	case MapCIDRIdentities:
 		count, err = countEntries[lxcCidrKey, uint32](p.CIDRIDs, limit)
+	case MapFragments:
+		count, err = countEntries[lxcFragKey, lxcFragPorts](p.Frags, limit)
+	case MapEndpoints:
+		count, err = countEntries[lxcWeirAddr, lxcEndpointInfo](p.Endpoints, limit)
+	case MapTunnels:
+		count, err = countEntries[lxcTunnelKey, lxcTunnelInfo](p.Tunnels, limit)
+	case MapServices:
+		count, err = countEntries[sockLb4Key, sockLb4Service](p.LB4Services, limit)
+	case MapBackends:
+		count, err = countEntries[sockLb4BackendKey, sockLb4Backend](p.LB4Backends, limit)
+	case MapRevNAT:
+		count, err = countEntries[sockLb4RevnatKey, sockLb4Revnat](p.LB4RevNAT, limit)
+	case MapSocketNetNS:
+		count, err = countEntries[uint64, uint32](p.SockNetNS, limit)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("count entries of map %s: %w", name, err)
@@ -83,7 +105,8 @@ func (n *Node) fillMap(name string) (*ebpf.Map, error) {
 	p := n.progs
 	m := map[string]*ebpf.Map{
 		MapConntrack: p.CT, MapConntrackOther: p.CTAny, MapRevokedFlows: p.CTRevoked, MapPeerNodes: p.PeerNodes, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
-		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs,
+		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs, MapFragments: p.Frags, MapEndpoints: p.Endpoints, MapTunnels: p.Tunnels,
+		MapServices: p.LB4Services, MapBackends: p.LB4Backends, MapRevNAT: p.LB4RevNAT, MapSocketNetNS: p.SockNetNS,
 	}[name]
 	if m == nil {
 		return nil, fmt.Errorf("map %q: %w", name, ErrUnknownMap)

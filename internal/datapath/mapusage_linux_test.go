@@ -1,10 +1,13 @@
 package datapath
 
 import (
+	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/weirnet/weir/internal/service"
 	"github.com/weirnet/weir/internal/testutil"
 )
 
@@ -57,5 +60,71 @@ func TestCountEntries(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEveryFillMapIsCounted: each map the agent reports fill for can be
+// counted on the loaded programs, its capacity is the map's, and what is
+// written to it shows in the count.
+func TestEveryFillMapIsCounted(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	if err := n.SetServices(service.Table{
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.ProtoUDP}: {
+			{Addr: podA, Port: 53}, {Addr: podB, Port: 53}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range FillMaps {
+		m, err := n.fillMap(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		capacity, err := n.MapCapacity(name)
+		if err != nil || capacity != int(m.MaxEntries()) || capacity == 0 {
+			t.Errorf("%s: capacity %d (%v), want %d", name, capacity, err, m.MaxEntries())
+		}
+		entries, err := n.MapEntries(name, 0)
+		if err != nil {
+			t.Errorf("%s: count: %v", name, err)
+		}
+		want := map[string]int{MapServices: 1, MapBackends: 2, MapEndpoints: 2, MapTunnels: 1}[name]
+		if want > 0 && entries < want {
+			t.Errorf("%s: %d entries, want at least %d", name, entries, want)
+		}
+	}
+	if _, err := n.MapEntries("nope", 0); !errors.Is(err, ErrUnknownMap) {
+		t.Errorf("unknown map: %v, want ErrUnknownMap", err)
+	}
+}
+
+// TestFullServiceMapLeavesNoHalfService: when a Service's backend slots
+// cannot all be written, SetServices says which map is full and the
+// frontend is not translated at all (its count is written last), rather
+// than sent to some of its backends; the Services already there stay.
+func TestFullServiceMapLeavesNoHalfService(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	dns := service.Frontend{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.ProtoUDP}
+	web := service.Frontend{Addr: netip.MustParseAddr("10.96.0.20"), Port: 80, Proto: service.ProtoTCP}
+	if err := n.SetServices(service.Table{dns: {{Addr: podA, Port: 53}}}); err != nil {
+		t.Fatal(err)
+	}
+	realBackends := p.LB4Backends
+	p.LB4Backends = fullDecoy(t, realBackends, sockLb4BackendKey{Slot: 99}, sockLb4Backend{})
+	err := n.SetServices(service.Table{dns: {{Addr: podA, Port: 53}}, web: {{Addr: podA, Port: 8080}, {Addr: podB, Port: 8080}}})
+	p.LB4Backends = realBackends
+	if !errors.Is(err, ErrServiceMapFull) {
+		t.Fatalf("SetServices with a full backend map: %v, want ErrServiceMapFull", err)
+	}
+	got, err := n.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got[web]; ok {
+		t.Errorf("the frontend whose slots failed is translated: %v", got[web])
+	}
+	if len(got[dns]) != 1 {
+		t.Errorf("the Service already programmed: %v, want its one backend", got[dns])
 	}
 }

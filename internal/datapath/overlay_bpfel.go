@@ -141,6 +141,7 @@ const (
 	overlayMapWeirPeerNodes       = "weir_peer_nodes"
 	overlayMapWeirPolicy          = "weir_policy"
 	overlayMapWeirPolicyRev       = "weir_policy_rev"
+	overlayMapWeirPolicySeq       = "weir_policy_seq"
 	overlayMapWeirTunnels         = "weir_tunnels"
 	overlayProgFromOverlay        = "from_overlay"
 	overlayProgToOverlay          = "to_overlay"
@@ -218,6 +219,7 @@ type overlayMapSpecs struct {
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
 }
 
@@ -269,6 +271,7 @@ type overlayMaps struct {
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
 }
 
@@ -288,6 +291,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
+		m.WeirPolicySeq,
 		m.WeirTunnels,
 	)
 }

@@ -75,9 +75,10 @@ type PolicyEndpoint struct {
 //     a policy applies. No address is then judged by keys meant for an
 //     identity it is leaving or has not reached. Should one of these
 //     writes fail, every enforcing endpoint is closed (denies everything)
-//     before anything else is written: a missing except prefix, or a pod
-//     left out of the ipcache, would otherwise meet allows written for
-//     the new state.
+//     before anything else is written: a missing except prefix would
+//     otherwise meet allows written for the new state. Only a new pod
+//     address the ipcache cannot take is left out: it is unidentified,
+//     closed, already.
 //  2. Per endpoint, new and changed keys longest first, so a narrower key
 //     (an except, a Deny on one port) is in place before the broader
 //     allow it carves from; then the flags; then stale keys shortest
@@ -94,9 +95,13 @@ type PolicyEndpoint struct {
 func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) error {
 	var errs []error
 	closeAll := false
-	if err := n.closeMovingAddresses(d); err != nil {
+	opening, contained := n.closeMovingAddresses(d)
+	if opening != nil {
 		closeAll = true
-		errs = append(errs, err, n.closeEnforcing(), ErrPolicyClosed)
+		errs = append(errs, opening, n.closeEnforcing(), ErrPolicyClosed)
+	}
+	if contained != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", contained, ErrPolicyClosed))
 	}
 	for _, ed := range d.Endpoints {
 		ep, ok := endpoints[ed.Pod]
@@ -113,22 +118,41 @@ func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) e
 }
 
 // closeMovingAddresses maps every ipcache entry and CIDR prefix the diff
-// adds, changes or removes to the unidentified identity.
-func (n *Node) closeMovingAddresses(d policy.Diff) error {
-	var errs []error
-	for a := range d.IPCacheUpsert {
-		errs = append(errs, n.putIPCache(a, policy.IdentityUnidentified))
+// adds, changes or removes to the unidentified identity. It returns the
+// errors that leave policy open (closeAll) apart from those that leave
+// only one address closed (contained): a pod address that cannot enter
+// the ipcache stays unknown, which inside the pod CIDRs is unidentified
+// already, so a full ipcache denies the new pod, not every endpoint.
+func (n *Node) closeMovingAddresses(d policy.Diff) (closeAll, contained error) {
+	var open, closed []error
+	for a, id := range d.IPCacheUpsert {
+		err := n.putIPCache(a, policy.IdentityUnidentified)
+		if err != nil && id >= policy.MinClusterIdentity && !n.inIPCache(a) {
+			closed = append(closed, err)
+			continue
+		}
+		open = append(open, err)
 	}
 	for _, a := range d.IPCacheDelete {
-		errs = append(errs, n.putIPCache(a, policy.IdentityUnidentified))
+		open = append(open, n.putIPCache(a, policy.IdentityUnidentified))
 	}
 	for p := range d.CIDRUpsert {
-		errs = append(errs, n.putCIDR(p, policy.IdentityUnidentified))
+		open = append(open, n.putCIDR(p, policy.IdentityUnidentified))
 	}
 	for _, p := range d.CIDRDelete {
-		errs = append(errs, n.putCIDR(p, policy.IdentityUnidentified))
+		open = append(open, n.putCIDR(p, policy.IdentityUnidentified))
 	}
-	return errors.Join(errs...)
+	return errors.Join(open...), errors.Join(closed...)
+}
+
+// inIPCache reports whether the ipcache holds a.
+func (n *Node) inIPCache(a netip.Addr) bool {
+	k, err := bpfAddr(a)
+	if err != nil {
+		return false
+	}
+	var id uint32
+	return n.progs.IPCache.Lookup(k, &id) == nil
 }
 
 // writeIdentities writes the diff's new ipcache entries, then its new
@@ -150,14 +174,12 @@ func (n *Node) deleteIdentities(d policy.Diff) error {
 	var errs []error
 	for _, a := range d.IPCacheDelete {
 		if k, err := bpfAddr(a); err == nil {
-			errs = append(errs, ignoreNotExist(n.progs.IPCache.Delete(k)))
-			n.wrote()
+			errs = append(errs, ignoreNotExist(n.writePolicyMap(func() error { return n.progs.IPCache.Delete(k) })))
 		}
 	}
 	for _, p := range prefixesByLength(slices.Values(d.CIDRDelete), false) {
 		if k, err := cidrKey(p); err == nil {
-			errs = append(errs, ignoreNotExist(n.progs.CIDRIDs.Delete(k)))
-			n.wrote()
+			errs = append(errs, ignoreNotExist(n.writePolicyMap(func() error { return n.progs.CIDRIDs.Delete(k) })))
 		}
 	}
 	return errors.Join(errs...)
@@ -206,7 +228,7 @@ func (n *Node) closeEnforcing() error {
 // closeEndpoint sets an endpoint to deny everything in both directions.
 func (n *Node) closeEndpoint(idx, identity uint32) error {
 	closed := lxcEpPolicy{Identity: identity, Enforce: [2]uint8{enforceClosed, enforceClosed}}
-	if err := n.progs.EpPolicy.Put(idx, closed); err != nil {
+	if err := n.writePolicyMap(func() error { return n.progs.EpPolicy.Put(idx, closed) }); err != nil {
 		return fmt.Errorf("close endpoint %d: %w", idx, err)
 	}
 	return nil
@@ -217,10 +239,9 @@ func (n *Node) putIPCache(a netip.Addr, id policy.Identity) error {
 	if err != nil {
 		return err
 	}
-	if err := n.progs.IPCache.Put(k, uint32(id)); err != nil {
+	if err := n.writePolicyMap(func() error { return n.progs.IPCache.Put(k, uint32(id)) }); err != nil {
 		return fmt.Errorf("ipcache %v -> %d: %w", a, id, err)
 	}
-	n.wrote()
 	return nil
 }
 
@@ -229,10 +250,9 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 	if err != nil {
 		return err
 	}
-	if err := n.progs.CIDRIDs.Put(k, uint32(id)); err != nil {
+	if err := n.writePolicyMap(func() error { return n.progs.CIDRIDs.Put(k, uint32(id)) }); err != nil {
 		return fmt.Errorf("cidr identity %v -> %d: %w", p, id, err)
 	}
-	n.wrote()
 	return nil
 }
 
@@ -240,10 +260,9 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 // first. The first that fails stops it.
 func (n *Node) writePolicyKeys(ed policy.EndpointDiff, ep PolicyEndpoint) error {
 	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
-		if err := n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k])); err != nil {
+		if err := n.writePolicyMap(func() error { return n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k])) }); err != nil {
 			return fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
 		}
-		n.wrote()
 	}
 	return nil
 }
@@ -254,8 +273,7 @@ func (n *Node) writePolicyKeys(ed policy.EndpointDiff, ep PolicyEndpoint) error 
 func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint, closed bool) error {
 	idx := uint32(ep.Ifindex)
 	if ed.Gone {
-		err := ignoreNotExist(n.progs.EpPolicy.Delete(idx))
-		n.wrote()
+		err := ignoreNotExist(n.writePolicyMap(func() error { return n.progs.EpPolicy.Delete(idx) }))
 		return errors.Join(err, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
 	}
 	flags := lxcEpPolicy{Identity: uint32(ep.Identity), Enforce: enforceFlags(ed.Enforced, ed.Tiered)}
@@ -263,10 +281,9 @@ func (n *Node) applyEndpointPolicy(ed policy.EndpointDiff, ep PolicyEndpoint, cl
 	if failed != nil || (closed && (flags.Enforce[0] != 0 || flags.Enforce[1] != 0)) {
 		flags.Enforce = [2]uint8{enforceClosed, enforceClosed}
 	}
-	if err := n.progs.EpPolicy.Put(idx, flags); err != nil {
+	if err := n.writePolicyMap(func() error { return n.progs.EpPolicy.Put(idx, flags) }); err != nil {
 		return errors.Join(failed, fmt.Errorf("endpoint %s flags: %w", ed.Pod, err))
 	}
-	n.wrote()
 	return errors.Join(failed, n.deletePolicyKeys(ep.Ifindex, ed.Delete))
 }
 
@@ -339,8 +356,7 @@ func (n *Node) deletePolicyKeys(ifindex int, keys []policy.Key) error {
 	}
 	var errs []error
 	for _, k := range keysByLength(ifindex, stale, false) {
-		errs = append(errs, ignoreNotExist(n.progs.Policy.Delete(k.key)))
-		n.wrote()
+		errs = append(errs, ignoreNotExist(n.writePolicyMap(func() error { return n.progs.Policy.Delete(k.key) })))
 	}
 	return errors.Join(errs...)
 }
@@ -355,14 +371,6 @@ func (n *Node) bumpPolicyRevision() error {
 		return fmt.Errorf("bump policy revision: %w", err)
 	}
 	return nil
-}
-
-// wrote marks one policy, ipcache or CIDR write of an apply: tests set
-// afterWrite to judge packets against every state between two writes.
-func (n *Node) wrote() {
-	if n.afterWrite != nil {
-		n.afterWrite()
-	}
 }
 
 func ignoreNotExist(err error) error {
@@ -405,16 +413,16 @@ func (n *Node) PrunePolicy(res *policy.Result, endpoints map[string]PolicyEndpoi
 		}
 	}
 	return errors.Join(
-		pruneMap(n.progs.Policy, wantPolicy),
-		pruneMap(n.progs.EpPolicy, wantEP),
-		pruneMap(n.progs.IPCache, wantAddr),
-		pruneMap(n.progs.CIDRIDs, wantCIDR),
+		pruneMap(n, n.progs.Policy, wantPolicy),
+		pruneMap(n, n.progs.EpPolicy, wantEP),
+		pruneMap(n, n.progs.IPCache, wantAddr),
+		pruneMap(n, n.progs.CIDRIDs, wantCIDR),
 		n.bumpPolicyRevision(),
 	)
 }
 
 // pruneMap deletes the keys of m that want lacks.
-func pruneMap[K comparable](m *ebpf.Map, want map[K]bool) error {
+func pruneMap[K comparable](n *Node, m *ebpf.Map, want map[K]bool) error {
 	var (
 		k     K
 		stale []K
@@ -431,7 +439,7 @@ func pruneMap[K comparable](m *ebpf.Map, want map[K]bool) error {
 	}
 	var errs []error
 	for _, k := range stale {
-		errs = append(errs, ignoreNotExist(m.Delete(k)))
+		errs = append(errs, ignoreNotExist(n.writePolicyMap(func() error { return m.Delete(k) })))
 	}
 	return errors.Join(errs...)
 }
@@ -441,7 +449,7 @@ func pruneMap[K comparable](m *ebpf.Map, want map[K]bool) error {
 // send, before Weir knows which policies select it.
 func (n *Node) IsolateEndpoint(ep *Endpoint) error {
 	closed := lxcEpPolicy{Enforce: [2]uint8{enforceNetworkPolicy, enforceNetworkPolicy}}
-	if err := n.progs.EpPolicy.Put(uint32(ep.HostIfindex), closed); err != nil {
+	if err := n.writePolicyMap(func() error { return n.progs.EpPolicy.Put(uint32(ep.HostIfindex), closed) }); err != nil {
 		return fmt.Errorf("isolate %s until policy is compiled: %w", ep.Spec.HostIfName(), err)
 	}
 	return nil

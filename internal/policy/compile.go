@@ -22,6 +22,12 @@ type Compiler struct {
 	// prefixes are numbered first; NetworkPolicies are admitted smallest
 	// first, each whole or refused with ErrPolicyTooLarge.
 	MaxCIDRs int
+	// MaxKeys bounds the policy keys of one Result (0: no bound). Over
+	// it, the NetworkPolicies of the namespaces whose endpoints hold the
+	// most keys are refused with ErrPolicyTooLarge, smallest namespaces
+	// admitted first, so one namespace cannot fill the node's policy map
+	// and make another tenant's endpoints fail.
+	MaxKeys int
 }
 
 // NewCompiler returns a compiler with fresh numbering.
@@ -42,14 +48,41 @@ type compilation struct {
 	cidrIDs  map[netip.Prefix]Identity
 	cidrs    []numberedPrefix                      // cidrIDs by address, for ipBlock range queries
 	refused  map[*networkingv1.NetworkPolicy]error // over the CIDR budget
-	podByIP  map[netip.Addr]*Pod
-	usedCIDR map[netip.Prefix]bool
-	usedRule map[RuleRef]bool
+	// refusedNS are the namespaces whose NetworkPolicies are over the
+	// key budget.
+	refusedNS map[string]error
+	podByIP   map[netip.Addr]*Pod
+	usedCIDR  map[netip.Prefix]bool
+	usedRule  map[RuleRef]bool
 }
 
 // Compile compiles s. It never fails as a whole: a policy it cannot read
 // is reported in Result.Errors and closes its subjects instead.
 func (c *Compiler) Compile(s *Snapshot) *Result {
+	res := c.compile(s, nil)
+	if c.MaxKeys <= 0 || res.keyCount() <= c.MaxKeys {
+		return res
+	}
+	// Over the key budget: compile again without the NetworkPolicies of
+	// the namespaces that do not fit. Closed subjects hold fewer keys, so
+	// this converges; each round refuses at least one more namespace.
+	refused := map[string]error{}
+	for {
+		more := overKeyBudget(res, c.MaxKeys, refused, namespacesWithPolicies(s))
+		if len(more) == 0 {
+			return res
+		}
+		for ns, err := range more {
+			refused[ns] = err
+		}
+		res = c.compile(s, refused)
+		if res.keyCount() <= c.MaxKeys {
+			return res
+		}
+	}
+}
+
+func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 	cp := &compilation{
 		s: s, c: c,
 		res: &Result{
@@ -58,15 +91,20 @@ func (c *Compiler) Compile(s *Snapshot) *Result {
 			CIDRs:     map[netip.Prefix]Identity{},
 			Rules:     map[RuleID]RuleRef{},
 		},
-		usedCIDR: map[netip.Prefix]bool{},
-		usedRule: map[RuleRef]bool{},
+		refusedNS: refusedNS,
+		usedCIDR:  map[netip.Prefix]bool{},
+		usedRule:  map[RuleRef]bool{},
 	}
 	cp.buildLabelSets()
 	cp.buildIPCache()
 	cp.buildCIDRs()
 	cp.buildEndpoints()
 	for _, p := range sortedPolicies(s.Policies) {
-		if err := cp.refused[p]; err != nil {
+		err := cp.refusedNS[p.Namespace]
+		if err == nil {
+			err = cp.refused[p]
+		}
+		if err != nil {
 			cp.closeSubjects(p)
 			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{p.Namespace, p.Name, err})
 			continue
@@ -167,6 +205,9 @@ func (cp *compilation) buildCIDRs() {
 	cp.clusterPrefixes(add)
 	cp.addPodPrefixes(add)
 	for _, w := range policyPrefixesBySize(cp.s.Policies) {
+		if cp.refusedNS[w.policy.Namespace] != nil {
+			continue // refused whole, prefixes and all
+		}
 		fresh := 0
 		for _, p := range w.prefixes {
 			if _, ok := cp.cidrIDs[p]; !ok {

@@ -13,11 +13,12 @@ var (
 	// the compiler skips it (the endpoints it selects fail closed).
 	ErrInvalidPolicy = errors.New("invalid network policy")
 	// ErrPolicyTooLarge is a NetworkPolicy whose ipBlocks would take more
-	// CIDR entries than the node has left (Compiler.MaxCIDRs): it is
-	// refused whole, and its subjects fail closed in its directions, so
-	// one namespace cannot fill the node-wide map that every other
-	// namespace's excepts depend on.
-	ErrPolicyTooLarge = errors.New("network policy needs more CIDR entries than the node has left")
+	// CIDR entries than the node has left (Compiler.MaxCIDRs), or one of a
+	// namespace whose endpoints would take more policy keys than are left
+	// (Compiler.MaxKeys): it is refused whole, and its subjects fail
+	// closed in its directions, so one namespace cannot fill a node-wide
+	// map that every other namespace's verdicts depend on.
+	ErrPolicyTooLarge = errors.New("network policy needs more map entries than the node has left")
 )
 
 // NetworkPolicyError is the error of one NetworkPolicy in Result.Errors:
