@@ -39,7 +39,9 @@ go vet ./...
 # A module of its own (the suite's client libraries stay out of go.mod), so
 # ./... above skips it; the end-to-end test builds and runs its test binary.
 echo "==> conformance/cnp: vet and unit tests of the ClusterNetworkPolicy suite's runner"
-(cd conformance/cnp && env -u KUBECONFIG GOWORK=off go vet ./... && env -u KUBECONFIG GOWORK=off go test -count=1 ./...)
+# TestConformance needs a cluster: test/e2e runs it (lab.RunCNP) against the
+# lab's, and it fails rather than skips when CI=true finds none.
+(cd conformance/cnp && env -u KUBECONFIG GOWORK=off go vet ./... && env -u KUBECONFIG GOWORK=off go test -count=1 -skip '^TestConformance$' ./...)
 
 echo "==> go test (unit, privileged, stress, end to end)"
 go test -count=1 -timeout 40m ./... 2>&1 | tee /tmp/weir-test.log

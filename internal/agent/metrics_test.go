@@ -372,3 +372,35 @@ func TestDashboardMatchesMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsAreDocumented: every metric the agent registers, every
+// datapath outcome and every map whose fill it reports is named in
+// docs/metrics.md, the contract dashboards and alerts are written
+// against. The names are read from the registry and the datapath's lists,
+// not from this package's constants, so a renamed or added metric fails
+// here until the page says so.
+func TestMetricsAreDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := func(name string) bool { return strings.Contains(string(doc), "`"+name+"`") }
+	for name := range gatherAll(t) {
+		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+			continue
+		}
+		if !documented(name) {
+			t.Errorf("metric %s is registered but not in docs/metrics.md", name)
+		}
+	}
+	for _, name := range datapath.MetricNames {
+		if !documented(name) {
+			t.Errorf("datapath outcome %s is not in docs/metrics.md", name)
+		}
+	}
+	for _, name := range append(slices.Clone(datapath.FillMaps), fillIdentities) {
+		if !documented(name) {
+			t.Errorf("map %s (weir_map_fill_ratio) is not in docs/metrics.md", name)
+		}
+	}
+}

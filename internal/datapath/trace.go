@@ -55,6 +55,9 @@ var privateMaps = map[string]func(*ebpf.MapSpec) uint32{
 	"weir_frags":      func(*ebpf.MapSpec) uint32 { return 64 },
 	"weir_events":     func(*ebpf.MapSpec) uint32 { return uint32(os.Getpagesize()) },
 	"weir_metrics":    func(s *ebpf.MapSpec) uint32 { return s.MaxEntries }, // indexed by metric id
+	// Zeroed: the trace emits its events whether or not the node
+	// records flows (--flow-events=false).
+	"weir_flow_config": func(s *ebpf.MapSpec) uint32 { return s.MaxEntries },
 }
 
 // tracePrograms is a second instance of the entry programs: policy,
