@@ -46,9 +46,17 @@ type ConformanceResult struct {
 	Subtests *PassCount `json:"subtests,omitempty"`
 	// NotRunnable names what was not run and why.
 	NotRunnable map[string]string `json:"notRunnable,omitempty"`
-	Command     string            `json:"command"`
-	Seconds     float64           `json:"seconds"`
-	JUnit       string            `json:"junit"`
+	// Command is the suite's own command line, with this machine's home
+	// and results directory written as ~ and $RESULTS.
+	Command string  `json:"command"`
+	Seconds float64 `json:"seconds"`
+	// JUnit is the JUnit file's name in the results directory.
+	JUnit string `json:"junit"`
+	// Rerun is the weir command that runs this suite again, every
+	// option spelled out; Commit is the source tree's commit (with
+	// "-dirty" for uncommitted changes) the lab ran.
+	Rerun  string `json:"rerun"`
+	Commit string `json:"commit,omitempty"`
 }
 
 // PassCount is passed out of total.
@@ -373,6 +381,15 @@ func readJUnit(path string) ([]junitCase, error) {
 }
 
 func writeResult(dir string, r ConformanceResult) error {
+	r.Command = portablePaths(r.Command, dir)
+	if b, err := os.ReadFile(r.JUnit); err == nil {
+		if err := os.WriteFile(r.JUnit, []byte(portablePaths(string(b), dir)), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", r.JUnit, err)
+		}
+	}
+	r.JUnit = filepath.Base(r.JUnit)
+	r.Rerun = fmt.Sprintf("weir lab conformance --suite %s --fast=%t --results RESULTS_DIR", r.Suite, r.Fast)
+	r.Commit = sourceCommit()
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -415,4 +432,39 @@ func (st *State) removeNamespacesSince(ctx context.Context, before map[string]bo
 		return fmt.Errorf("remove the suite's namespaces %v: %w: %s", args[n:], err, b)
 	}
 	return nil
+}
+
+// portablePaths writes the machine's home and the results directory of s
+// as ~ and $RESULTS, so a committed result names no local path.
+func portablePaths(s, resultsDir string) string {
+	if resultsDir != "" {
+		s = strings.ReplaceAll(s, resultsDir, "$RESULTS")
+	}
+	if home, err := os.UserHomeDir(); err == nil && home != "/" {
+		s = strings.ReplaceAll(s, home+"/", "~/")
+	}
+	if wd, err := os.Getwd(); err == nil && wd != "/" {
+		s = strings.ReplaceAll(s, `"`+wd+`"`, `"."`) // a JUnit package attribute
+	}
+	return s
+}
+
+// sourceCommit is the commit of the source tree the run came from (found
+// as conformance/cnp is), "-dirty" appended when it has uncommitted
+// changes; empty when there is no tree or git.
+func sourceCommit() string {
+	dir, err := cnpSourceDir()
+	if err != nil {
+		return ""
+	}
+	root := filepath.Dir(filepath.Dir(dir))
+	head, err := exec.Command("git", "-C", root, "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	commit := strings.TrimSpace(string(head))
+	if out, err := exec.Command("git", "-C", root, "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(out) > 0 {
+		commit += "-dirty"
+	}
+	return commit
 }

@@ -129,3 +129,36 @@ func TestCNPSourceDir(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWriteResultNamesNoLocalPath: a result written for committing names
+// neither this machine's home nor its results directory, in the JSON or
+// the JUnit file, and says how to run it again.
+func TestWriteResultNamesNoLocalPath(t *testing.T) {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	junit := filepath.Join(dir, "netpol-junit.xml")
+	if err := os.WriteFile(junit, []byte(`<testsuite package="`+dir+`/x"></testsuite>`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := ConformanceResult{Suite: SuiteNetpol, Fast: true, JUnit: junit,
+		Command: home + "/.cache/weir/netpol-e2e/netpol-e2e '--ginkgo.junit-report=" + junit + "'"}
+	if err := writeResult(dir, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"netpol.json", "netpol-junit.xml"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), home+"/") || strings.Contains(string(b), dir) {
+			t.Errorf("%s names a local path:\n%s", name, b)
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "netpol.json"))
+	if !strings.Contains(string(b), `"rerun": "weir lab conformance --suite netpol --fast=true --results RESULTS_DIR"`) {
+		t.Errorf("no rerun command:\n%s", b)
+	}
+}
