@@ -24,6 +24,10 @@ const (
 	ReasonInvalid              = "Invalid"
 	ReasonPending              = "Pending"
 	ReasonProgrammedOnAllNodes = "ProgrammedOnAllNodes"
+	// ReasonProgrammedOnReadyNodes: every ready agent programmed it, but
+	// some nodes have no ready, current agent; the message names them.
+	// Their datapaths keep whatever generation they last loaded.
+	ReasonProgrammedOnReadyNodes = "ProgrammedOnReadyNodes"
 )
 
 // AgentStale is how old an agent's report may be before its node stops
@@ -88,11 +92,14 @@ func PolicyStatusWriter(nodes []Node, now time.Time) string {
 // its LastTransitionTime, one that changes takes now.
 //
 // Programmed is True when every ready agent reports p's generation
-// without an error; False, Invalid when one reports an error for it;
-// False, Pending otherwise, naming the nodes still behind. Accepted is
+// without an error: ProgrammedOnAllNodes when every node has a ready,
+// current agent, else ProgrammedOnReadyNodes naming the nodes that have
+// none. It is False, Invalid when one reports an error for it; False,
+// Pending otherwise, naming the nodes still behind. Accepted is
 // False, Invalid with the error, else True, Valid.
 func PolicyConditions(p ClusterPolicyObject, nodes []Node, now time.Time) ([]metav1.Condition, bool) {
 	v := tally(p, readyAgents(nodes, now))
+	v.silent = silentAgents(nodes, now)
 	accepted := metav1.Condition{Type: ConditionAccepted, Status: metav1.ConditionTrue, Reason: ReasonValid,
 		Message: "no node reports an error compiling this generation"}
 	programmed := metav1.Condition{Type: ConditionProgrammed}
@@ -106,6 +113,9 @@ func PolicyConditions(p ClusterPolicyObject, nodes []Node, now time.Time) ([]met
 	case len(v.lagging) > 0:
 		programmed.Status, programmed.Reason = metav1.ConditionFalse, ReasonPending
 		programmed.Message = v.pendingMessage()
+	case len(v.silent) > 0:
+		programmed.Status, programmed.Reason = metav1.ConditionTrue, ReasonProgrammedOnReadyNodes
+		programmed.Message = v.silentMessage()
 	default:
 		programmed.Status, programmed.Reason = metav1.ConditionTrue, ReasonProgrammedOnAllNodes
 		programmed.Message = fmt.Sprintf("programmed on %d/%d nodes", v.programmed, v.ready)
@@ -128,6 +138,36 @@ type verdicts struct {
 	ready, programmed int
 	lagging           []string // "node (generation n)", by node name
 	err               string   // the first node's error for this generation
+	silent            []string // "node (why)": nodes with no ready, current agent
+}
+
+// silentAgents names the nodes without a ready agent that reported within
+// AgentStale, and why, by node name.
+func silentAgents(nodes []Node, now time.Time) []string {
+	var out []string
+	for _, n := range nodes {
+		switch {
+		case AgentReady(n, now):
+			continue
+		case n.Agent == nil:
+			out = append(out, n.Name+" (no weir-agent report)")
+		case !n.Agent.Ready:
+			out = append(out, n.Name+" (weir-agent not ready)")
+		default:
+			out = append(out, fmt.Sprintf("%s (weir-agent silent for %s)", n.Name, now.Sub(n.Agent.Updated).Truncate(time.Second)))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (v verdicts) silentMessage() string {
+	named := v.silent[:min(len(v.silent), maxLaggingNamed)]
+	msg := fmt.Sprintf("programmed on %d/%d nodes with a ready weir-agent; unknown on %s", v.programmed, v.ready, strings.Join(named, ", "))
+	if more := len(v.silent) - len(named); more > 0 {
+		msg += fmt.Sprintf(" and %d more", more)
+	}
+	return msg + ": their datapaths keep the policy they last loaded"
 }
 
 func tally(p ClusterPolicyObject, ready []Node) verdicts {

@@ -50,8 +50,10 @@ func TestPolicyConditions(t *testing.T) {
 			metav1.ConditionFalse, metav1.ConditionFalse, ReasonInvalid, "priority 2000: want 0 to 1000", "priority 2000: want 0 to 1000"},
 		{"an error of an older generation is only lag", []Node{agentNode("n1", ack(2, "")), agentNode("n2", ack(1, "bad"))},
 			metav1.ConditionFalse, metav1.ConditionTrue, ReasonPending, "programmed on 1/2 nodes; waiting for n2 (generation 1)", ""},
-		{"agents not ready or stale do not count", []Node{stale, notReady, {Name: "no-agent"}, agentNode("n1", ack(2, ""))},
-			metav1.ConditionTrue, metav1.ConditionTrue, ReasonProgrammedOnAllNodes, "programmed on 1/1 nodes", ""},
+		{"nodes without a ready, current agent are named", []Node{stale, notReady, {Name: "no-agent"}, agentNode("n1", ack(2, ""))},
+			metav1.ConditionTrue, metav1.ConditionTrue, ReasonProgrammedOnReadyNodes,
+			"programmed on 1/1 nodes with a ready weir-agent; unknown on a-not-ready (weir-agent not ready), a-stale (weir-agent silent for 2m0s), " +
+				"no-agent (no weir-agent report): their datapaths keep the policy they last loaded", ""},
 		{"no ready agent", []Node{stale, {Name: "no-agent"}},
 			metav1.ConditionFalse, metav1.ConditionTrue, ReasonPending, "no node has a ready weir-agent", ""},
 	} {

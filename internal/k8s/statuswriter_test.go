@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,8 +96,10 @@ func TestSyncPolicyStatus(t *testing.T) {
 		t.Fatalf("n1: %+v, %v; want both written, a-weir pending", r, err)
 	}
 	deny, u := programmedOf(t, dyn, policies[0])
-	if deny == nil || deny.Status != metav1.ConditionTrue || deny.Message != "programmed on 2/2 nodes" || deny.ObservedGeneration != 3 {
-		t.Fatalf("b-deny Programmed %+v, want True on 2/2 nodes at generation 3", deny)
+	// n0 never reported: programmed where an agent is, and n0 named.
+	if deny == nil || deny.Status != metav1.ConditionTrue || deny.Reason != ReasonProgrammedOnReadyNodes || deny.ObservedGeneration != 3 ||
+		!strings.HasPrefix(deny.Message, "programmed on 2/2 nodes with a ready weir-agent; unknown on n0 (no weir-agent report)") {
+		t.Fatalf("b-deny Programmed %+v, want True on 2/2 ready nodes at generation 3, n0 named", deny)
 	}
 	if p, _, _ := unstructured.NestedInt64(u.Object, "spec", "priority"); p != 10 {
 		t.Fatalf("b-deny spec priority %d after the status update, want 10 kept", p)
