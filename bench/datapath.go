@@ -93,7 +93,8 @@ func runDatapath(ctx context.Context, o options, out io.Writer) (retErr error) {
 
 	res := &result{
 		Scenario: "datapath",
-		Command:  "sudo go run ./bench datapath " + strings.Join(os.Args[2:], " "),
+		Command:  invocation,
+		Commit:   sourceCommit(),
 		Started:  started.UTC().Format(time.RFC3339),
 		Machine:  machine(),
 		Reps:     o.reps, DurationS: o.duration.Seconds(),

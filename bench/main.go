@@ -97,6 +97,7 @@ func scenario(o *options, use, short string, run func(context.Context, options, 
 	return &cobra.Command{
 		Use: use, Short: short, Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			invocation = commandLine(cmd)
 			return run(cmd.Context(), *o, os.Stdout)
 		},
 	}

@@ -48,7 +48,7 @@ func runPodLaunch(ctx context.Context, o options, out io.Writer) (retErr error) 
 		return err
 	}
 	lab.Down(ctx, launchLab, io.Discard) // what an interrupted run left
-	res := &result{Scenario: "pod-launch", Command: "sudo go run ./bench " + strings.Join(os.Args[1:], " "),
+	res := &result{Scenario: "pod-launch", Command: invocation, Commit: sourceCommit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Reps: o.pods}
 	st, err := lab.Up(ctx, lab.Config{
 		Name: launchLab, Nodes: 2, Mode: datapath.ModeVXLAN, BinDir: binDir, Kubernetes: true,

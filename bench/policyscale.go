@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -77,7 +76,7 @@ func runPolicyScale(ctx context.Context, o options, out io.Writer) (retErr error
 	}
 	lab.Down(ctx, psLab, io.Discard) // what an interrupted run left
 	lab.Down(ctx, psRaw, io.Discard)
-	res := &result{Scenario: "policy-scale", Command: "sudo go run ./bench " + strings.Join(os.Args[1:], " "),
+	res := &result{Scenario: "policy-scale", Command: invocation, Commit: sourceCommit(),
 		Started: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Reps: o.reps, DurationS: o.duration.Seconds()}
 	raw, err := lab.UpVethPair(psRaw, 1500)
 	if err != nil {

@@ -51,6 +51,7 @@ type target struct {
 type result struct {
 	Scenario  string            `json:"scenario"`
 	Command   string            `json:"command"`
+	Commit    string            `json:"commit,omitempty"` // the code measured
 	Started   string            `json:"started"`
 	Finished  string            `json:"finished"`
 	Machine   map[string]string `json:"machine"`
@@ -287,7 +288,7 @@ func (r *result) markdown() string {
 // it, when and on what it ran.
 func (r *result) writeHeader(b *strings.Builder) {
 	fmt.Fprintf(b, "# Benchmark: %s\n\n", r.Scenario)
-	fmt.Fprintf(b, "Command: `%s`  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	fmt.Fprintf(b, "Command: `%s`  \nCommit: %s  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, orUnrecorded(r.Commit), r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
 }
 
 func (r *result) podLaunchMarkdown() string {
@@ -350,4 +351,11 @@ func rerunReport(path string, out io.Writer) error {
 	r.Summary, r.Targets = nil, nil
 	r.summarise()
 	return r.write(filepath.Dir(path), out)
+}
+
+func orUnrecorded(s string) string {
+	if s == "" {
+		return "unrecorded"
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -24,5 +25,23 @@ func TestPartialRunDropsTargetsWithoutAPair(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("the flow cost target with a pair is missing: %+v", r.Targets)
+	}
+}
+
+// TestCommandLineSpellsOutEveryFlag: the recorded command names every
+// flag with the value it had, defaults included, quoted for a shell.
+func TestCommandLineSpellsOutEveryFlag(t *testing.T) {
+	dp, _, err := newRoot().Find([]string{"datapath"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.ParseFlags([]string{"--reps", "3", "--setups", "weir vxlan,weir vxlan (flows off)"}); err != nil {
+		t.Fatal(err)
+	}
+	got := commandLine(dp)
+	for _, want := range []string{"sudo go run ./bench datapath ", "--reps=3", "--duration=4s", "--pods=200", "--tests=", "'--setups=weir vxlan,weir vxlan (flows off)'"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("command %q lacks %q", got, want)
+		}
 	}
 }
