@@ -54,7 +54,7 @@ type ConformanceResult struct {
 	JUnit string `json:"junit"`
 	// Rerun is the weir command that runs this suite again, every
 	// option spelled out; Commit is the source tree's commit (with
-	// "-dirty" for uncommitted changes) the lab ran.
+	// "-dirty" for uncommitted changes) when the run began.
 	Rerun  string `json:"rerun"`
 	Commit string `json:"commit,omitempty"`
 }
@@ -174,7 +174,7 @@ var cyclonusNamespaces = []string{"x", "y", "z", "y-2", "w"}
 // RunCyclonus runs cyclonus's generated cases against the lab: every one
 // (about 230), or the fast subset.
 func RunCyclonus(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (_ ConformanceResult, retErr error) {
-	res := ConformanceResult{Suite: SuiteCyclonus, Fast: fast, JUnit: filepath.Join(resultsDir, "cyclonus-junit.xml")}
+	res := ConformanceResult{Suite: SuiteCyclonus, Fast: fast, JUnit: filepath.Join(resultsDir, "cyclonus-junit.xml"), Commit: sourceCommit()}
 	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
 		return res, err
 	}
@@ -263,7 +263,7 @@ var netpolFastFocus = []string{
 // SCTP specs are not run: this kernel has no SCTP, so their server pods
 // could not even listen.
 func RunNetpolE2E(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (_ ConformanceResult, retErr error) {
-	res := ConformanceResult{Suite: SuiteNetpol, Fast: fast, JUnit: filepath.Join(resultsDir, "netpol-junit.xml"),
+	res := ConformanceResult{Suite: SuiteNetpol, Fast: fast, JUnit: filepath.Join(resultsDir, "netpol-junit.xml"), Commit: sourceCommit(),
 		NotRunnable: map[string]string{"SCTP": "this kernel has no SCTP module; the 3 [Feature:SCTPConnectivity] specs are skipped"}}
 	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
 		return res, err
@@ -389,7 +389,6 @@ func writeResult(dir string, r ConformanceResult) error {
 	}
 	r.JUnit = filepath.Base(r.JUnit)
 	r.Rerun = fmt.Sprintf("weir lab conformance --suite %s --fast=%t --results RESULTS_DIR", r.Suite, r.Fast)
-	r.Commit = sourceCommit()
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err

@@ -171,7 +171,7 @@ func cnpSourceKey(src string) (version, key string, _ error) {
 // fast subset. A test counts once, passed only if all its subtests pass;
 // Failed names the failing subtests.
 func RunCNP(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (_ ConformanceResult, retErr error) {
-	res := ConformanceResult{Suite: SuiteCNP, Fast: fast, JUnit: filepath.Join(resultsDir, "cnp-junit.xml"),
+	res := ConformanceResult{Suite: SuiteCNP, Fast: fast, JUnit: filepath.Join(resultsDir, "cnp-junit.xml"), Commit: sourceCommit(),
 		NotRunnable: map[string]string{"SCTP": fmt.Sprintf("this kernel has no SCTP module: the base manifests' SCTP servers are left out "+
 			"and the %d tests that probe SCTP in every subtest are not run (%s)", len(cnpSCTPTests), strings.Join(cnpSCTPTests, ", "))}}
 	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
