@@ -33,6 +33,9 @@ type eventAgg struct {
 	first datapath.VerdictEvent // names and time of the record
 	count uint64
 	last  time.Time
+	// ports, peers: how many destination ports (of one address), or
+	// destinations, this record folds; zero when it folds none.
+	ports, peers int
 }
 
 // eventBatch counts verdict events by key between drains. A burst of new
@@ -76,6 +79,71 @@ func (b *eventBatch) drain() []eventAgg {
 	out := make([]eventAgg, 0, len(pending))
 	for _, agg := range pending {
 		out = append(out, *agg)
+	}
+	return foldScans(out)
+}
+
+// A scan must not rotate a node's flow history out: within one batch,
+// the denied flows of one source towards more ports of one address than
+// foldPortsAbove become one record (dst without port, ports folded), and
+// a source's denied records towards more destinations than
+// foldPeersAbove become one (no dst, peers folded). Allowed flows are
+// never folded: each is a connection someone may need to find.
+const (
+	foldPortsAbove = 8
+	foldPeersAbove = 16
+)
+
+// foldScans folds the denied records of scans, ports first.
+func foldScans(aggs []eventAgg) []eventAgg {
+	aggs = foldBy(aggs, foldPortsAbove, func(k eventKey) eventKey {
+		k.dst = netip.AddrPortFrom(k.dst.Addr(), 0)
+		return k
+	}, func(a *eventAgg, n int) { a.ports = n })
+	return foldBy(aggs, foldPeersAbove, func(k eventKey) eventKey {
+		k.dst, k.peer = netip.AddrPort{}, 0
+		return k
+	}, func(a *eventAgg, n int) { a.peers = n })
+}
+
+// foldBy merges the denied records whose keys coarse makes equal, where
+// more than above of them share one, into one record of their summed
+// count; mark records how many it merged.
+func foldBy(aggs []eventAgg, above int, coarse func(eventKey) eventKey, mark func(*eventAgg, int)) []eventAgg {
+	groups := map[eventKey][]int{}
+	for i, a := range aggs {
+		if a.first.Verdict != policy.VerdictAllow {
+			k := coarse(keyOfEvent(a.first))
+			groups[k] = append(groups[k], i)
+		}
+	}
+	folded := make([]bool, len(aggs))
+	var out []eventAgg
+	for k, idx := range groups {
+		if len(idx) <= above {
+			continue
+		}
+		merged := aggs[idx[0]]
+		merged.count, merged.ports, merged.peers = 0, 0, 0
+		for _, i := range idx {
+			a := aggs[i]
+			folded[i] = true
+			merged.count += a.count
+			if a.first.Time.Before(merged.first.Time) {
+				merged.first = a.first
+			}
+			if a.last.After(merged.last) {
+				merged.last = a.last
+			}
+		}
+		merged.first.Dst, merged.first.Peer = k.dst, k.peer
+		mark(&merged, len(idx))
+		out = append(out, merged)
+	}
+	for i, a := range aggs {
+		if !folded[i] {
+			out = append(out, a)
+		}
 	}
 	return out
 }

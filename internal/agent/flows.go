@@ -318,6 +318,12 @@ func (a *Agent) recordEventBatch() {
 	for _, agg := range a.flows.batch.drain() {
 		f := names.explain(a.cfg.NodeName, agg.first)
 		f.Count, f.LastTime = agg.count, agg.last
+		switch {
+		case agg.peers > 0:
+			f.Dst, f.Peer, f.PeerIdentity, f.PeerLabels, f.PeersFolded = "", "", 0, nil, agg.peers
+		case agg.ports > 0:
+			f.Dst, f.PortsFolded = agg.first.Dst.Addr().String(), agg.ports
+		}
 		a.metrics.observeFlows(f, agg.count)
 		a.flows.record(f)
 	}

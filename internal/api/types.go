@@ -216,6 +216,13 @@ type Flow struct {
 	// at LastTime. Zero: a single flow.
 	Count    uint64    `json:"count,omitempty"`
 	LastTime time.Time `json:"lastTime,omitzero"`
+	// PortsFolded, when set, makes this the denied flows of one second
+	// from Src to that many ports of Dst (an address, no port): a scan,
+	// kept as one record so it cannot rotate the history out.
+	// PeersFolded is the same over that many destinations (Dst and Peer
+	// empty).
+	PortsFolded int `json:"portsFolded,omitempty"`
+	PeersFolded int `json:"peersFolded,omitempty"`
 }
 
 // FlowRule names one rule of a policy.

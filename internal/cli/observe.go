@@ -256,6 +256,9 @@ func printFlowHeader(tw io.Writer, output string) {
 
 func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 	ts := fl.Time.Format("15:04:05.000")
+	if output != "json" && output != "yaml" {
+		fl.Dst = foldedDst(fl)
+	}
 	switch output {
 	case "json":
 		b, _ := json.Marshal(fl)
@@ -274,4 +277,15 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 	default:
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s/%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, fl.Direction, fl.Pod, fl.Peer, fl.Dst, fl.Proto, fl.Rule)
 	}
+}
+
+// foldedDst says what a folded scan record covers in the Dst column.
+func foldedDst(fl api.Flow) string {
+	switch {
+	case fl.PeersFolded > 0:
+		return fmt.Sprintf("(%d destinations)", fl.PeersFolded)
+	case fl.PortsFolded > 0:
+		return fmt.Sprintf("%s:(%d ports)", fl.Dst, fl.PortsFolded)
+	}
+	return fl.Dst
 }
