@@ -94,7 +94,13 @@ func (l *flowLog) send(f api.Flow) {
 
 // recent returns the newest records, oldest first.
 func (l *flowLog) recent() ([]api.Flow, error) {
-	return l.store.Query(flowstore.Query{Limit: flowHistory})
+	return l.query(api.FlowsQuery{Limit: flowHistory})
+}
+
+// query runs q against the whole store: the newest q.PageSize() records
+// that match, oldest first.
+func (l *flowLog) query(q api.FlowsQuery) ([]api.Flow, error) {
+	return l.store.Query(flowstore.Query{Since: q.Since, Until: q.Before, Match: q.Matcher(), Limit: q.PageSize()})
 }
 
 // follow returns the newest records and a channel of every later flow;
@@ -102,7 +108,7 @@ func (l *flowLog) recent() ([]api.Flow, error) {
 // events, then reads the store, so no flow falls between the two, though
 // one added meanwhile may be in both: counted in a record and sent on its
 // own.
-func (l *flowLog) follow() ([]api.Flow, <-chan api.Flow, func(), error) {
+func (l *flowLog) follow(q api.FlowsQuery) ([]api.Flow, <-chan api.Flow, func(), error) {
 	ch := make(chan api.Flow, followerBuffer)
 	l.mu.Lock()
 	l.followers[ch] = struct{}{}
@@ -118,7 +124,7 @@ func (l *flowLog) follow() ([]api.Flow, <-chan api.Flow, func(), error) {
 	if record != nil {
 		record()
 	}
-	held, err := l.recent()
+	held, err := l.query(q)
 	if err != nil {
 		cancel()
 		return nil, nil, nil, err
@@ -338,14 +344,20 @@ func (a *Agent) serveFlows(w http.ResponseWriter, r *http.Request) {
 		ch   <-chan api.Flow // nil unless following
 		err  error
 	)
-	if r.URL.Query().Get("follow") == "" {
-		held, err = a.flows.recent()
+	q, err := api.ParseFlowsQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, api.Errorf(api.CodeInvalidEnv, "flows query", err))
+		return
+	}
+	if !q.Follow {
+		held, err = a.flows.query(q)
 	} else {
 		var cancel func()
-		if held, ch, cancel, err = a.flows.follow(); err == nil {
+		if held, ch, cancel, err = a.flows.follow(q); err == nil {
 			defer cancel()
 		}
 	}
+	match := q.Matcher()
 	if err != nil {
 		writeError(w, api.Errorf(api.CodeIOFailure, "read flows", err))
 		return
@@ -366,6 +378,9 @@ func (a *Agent) serveFlows(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case f := <-ch:
+			if !match(f) {
+				continue
+			}
 			if enc.encode(f) != nil {
 				return
 			}

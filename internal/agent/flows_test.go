@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"encoding/json"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -54,7 +56,7 @@ func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
 	l = openTestFlowLog(t, dir)
 	newest("after a restart")
 
-	held, ch, cancel, err := l.follow()
+	held, ch, cancel, err := l.follow(api.FlowsQuery{})
 	if err != nil || len(held) != flowHistory {
 		t.Fatalf("follow held %d (%v)", len(held), err)
 	}
@@ -70,7 +72,7 @@ func TestFlowLogKeepsTheNewestAndFollows(t *testing.T) {
 	}
 	cancel()
 	// A follower that never reads loses flows; the log does not block.
-	_, _, cancel, err = l.follow()
+	_, _, cancel, err = l.follow(api.FlowsQuery{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,4 +134,62 @@ func TestFlowNamesExplainVerdicts(t *testing.T) {
 func add(l *flowLog, f api.Flow) {
 	l.record(f)
 	l.send(f)
+}
+
+// TestFlowsQuerySearchesTheWholeStore: a denied flow recorded before
+// 10,000 allowed ones (more than a page, written to segments) is found by
+// a server-side filter, and paging with --before walks the history in
+// disjoint pages, newest first.
+func TestFlowsQuerySearchesTheWholeStore(t *testing.T) {
+	dir := t.TempDir()
+	l := openTestFlowLog(t, dir)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	add(l, api.Flow{Time: t0, Verdict: "denied", Pod: "x/db", Src: "10.244.1.9:40000", Dst: "10.244.1.3:5432", PeerIdentity: 1})
+	for i := 1; i <= 10000; i++ {
+		add(l, api.Flow{Time: t0.Add(time.Duration(i) * time.Millisecond), Verdict: "allowed", Pod: "x/web",
+			Src: "10.244.1.2:40000", Dst: "10.244.1.3:80", PeerIdentity: uint32(1000 + i)})
+	}
+	if err := l.close(); err != nil { // written to segments
+		t.Fatal(err)
+	}
+	l = openTestFlowLog(t, dir)
+	a := &Agent{flows: l}
+	get := func(q api.FlowsQuery) []api.Flow {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		a.serveFlows(rec, httptest.NewRequest("GET", api.PathFlows+"?"+q.Values().Encode(), nil))
+		if rec.Code != 200 {
+			t.Fatalf("%v: %d %s", q.Values(), rec.Code, rec.Body)
+		}
+		var out []api.Flow
+		for _, line := range strings.Split(strings.TrimSpace(rec.Body.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var f api.Flow
+			if err := json.Unmarshal([]byte(line), &f); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, f)
+		}
+		return out
+	}
+	if got := get(api.FlowsQuery{FlowFilter: api.FlowFilter{Verdict: "denied"}}); len(got) != 1 || got[0].Pod != "x/db" {
+		t.Fatalf("denied flows: %+v, want the one recorded first", got)
+	}
+	if got := get(api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "db", Port: 5432}}); len(got) != 1 {
+		t.Fatalf("flows of db on 5432: %d, want 1", len(got))
+	}
+	page1 := get(api.FlowsQuery{Limit: 100})
+	page2 := get(api.FlowsQuery{Limit: 100, FlowFilter: api.FlowFilter{Before: api.LastSeen(page1[0])}})
+	if len(page1) != 100 || len(page2) != 100 || page1[99].PeerIdentity != 11000 || page1[0].PeerIdentity != 10901 ||
+		page2[99].PeerIdentity != 10900 || page2[0].PeerIdentity != 10801 {
+		t.Fatalf("pages %d..%d and %d..%d, want 10901..11000 and 10801..10900",
+			page1[0].PeerIdentity, page1[len(page1)-1].PeerIdentity, page2[0].PeerIdentity, page2[len(page2)-1].PeerIdentity)
+	}
+	rec := httptest.NewRecorder()
+	a.serveFlows(rec, httptest.NewRequest("GET", api.PathFlows+"?verdict=dropped", nil))
+	if rec.Code == 200 || !strings.Contains(rec.Body.String(), "verdict") {
+		t.Fatalf("bad verdict: %d %s, want an error naming it", rec.Code, rec.Body)
+	}
 }

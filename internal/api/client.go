@@ -109,12 +109,13 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	return nil
 }
 
-// Flows streams the agent's recent flows to fn, oldest first; with
-// q.Follow it goes on with new flows until ctx ends or fn fails.
+// Flows streams the flows q selects from the agent's whole store to fn,
+// oldest first; with q.Follow it goes on with new matching flows until
+// ctx ends or fn fails.
 func (c *Client) Flows(ctx context.Context, q FlowsQuery, fn func(Flow) error) error {
 	path := PathFlows
-	if q.Follow {
-		path += "?follow=1"
+	if v := q.Values(); len(v) > 0 {
+		path += "?" + v.Encode()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://weir-agent"+path, nil)
 	if err != nil {

@@ -238,8 +238,4 @@ type FlowRule struct {
 	Action    string `json:"action,omitempty"` // cluster kinds: Accept, Deny, Pass, Reject, Log
 }
 
-// FlowsQuery selects flows; the zero value is the newest records (up to
-// 4096) of the agent's flow store.
-type FlowsQuery struct {
-	Follow bool // keep streaming new flows
-}
+

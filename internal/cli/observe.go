@@ -5,16 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
+	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirnet/weir/internal/api"
@@ -33,10 +31,11 @@ type observeFlags struct {
 	port      int
 	since     time.Duration
 	selector  string
+	limit     int
+	before    string
 
-	// Parsed from the flags by validate.
-	labels labels.Selector
-	after  time.Time
+	// query is the flags as the agents run them, set by validate.
+	query api.FlowsQuery
 }
 
 // NewObserveCommand is `weir observe`: policy verdicts as they happen.
@@ -76,6 +75,8 @@ func NewObserveCommand() *cobra.Command {
 	cmd.Flags().IntVar(&f.port, "port", 0, "only flows to this destination port")
 	cmd.Flags().DurationVar(&f.since, "since", 0, "only flows seen in this last duration (e.g. 5m)")
 	cmd.Flags().StringVarP(&f.selector, "selector", "l", "", "only flows whose peer has these labels (label selector, e.g. app=db)")
+	cmd.Flags().IntVar(&f.limit, "limit", api.DefaultFlowLimit, fmt.Sprintf("newest matching records per node (at most %d); the agents search their whole store", api.MaxFlowLimit))
+	cmd.Flags().StringVar(&f.before, "before", "", "only records last seen before this RFC 3339 time: the next older page")
 	return cmd
 }
 
@@ -85,102 +86,33 @@ func (f *observeFlags) validate() error {
 	default:
 		return fmt.Errorf("--output %q: want json, yaml, wide or empty", f.output)
 	}
-	switch f.verdict {
-	case "", "allowed", "denied", "rejected":
-	default:
-		return fmt.Errorf("--verdict %q: want allowed, denied or rejected", f.verdict)
-	}
-	if f.port < 0 || f.port > 65535 {
-		return fmt.Errorf("--port %d: want 1 to 65535", f.port)
-	}
 	if f.since < 0 {
 		return fmt.Errorf("--since %v: want a positive duration such as 10m", f.since)
 	}
+	if f.limit < 1 {
+		return fmt.Errorf("--limit %d: want 1 to %d", f.limit, api.MaxFlowLimit)
+	}
+	q := api.FlowsQuery{Follow: f.follow, Limit: f.limit, FlowFilter: api.FlowFilter{
+		Namespace: f.namespace, Pod: f.pod, Verdict: f.verdict, Policy: f.policy, Port: f.port, Selector: f.selector}}
 	if f.since > 0 {
-		f.after = time.Now().Add(-f.since)
+		q.Since = time.Now().Add(-f.since)
 	}
-	sel, err := labels.Parse(f.selector)
-	if err != nil {
-		return fmt.Errorf("--selector %q: %w", f.selector, err)
+	if f.before != "" {
+		t, err := time.Parse(time.RFC3339Nano, f.before)
+		if err != nil {
+			return fmt.Errorf("--before %q: want an RFC 3339 time such as 2026-11-25T09:00:00Z: %w", f.before, err)
+		}
+		q.Before = t
 	}
-	f.labels = sel
+	if err := q.Validate(); err != nil {
+		return fmt.Errorf("%w (check --verdict, --port, --limit, --selector)", err)
+	}
+	f.query = q
 	return nil
 }
 
-// match reports whether fl passes the filters, on either party.
-func (f *observeFlags) match(fl api.Flow) bool {
-	if f.verdict != "" && fl.Verdict != f.verdict {
-		return false
-	}
-	if f.port != 0 {
-		if _, port, err := net.SplitHostPort(fl.Dst); err != nil || port != strconv.Itoa(f.port) {
-			return false
-		}
-	}
-	if !f.after.IsZero() && lastSeen(fl).Before(f.after) {
-		return false
-	}
-	if f.policy != "" && !namesPolicy(f.policy, fl.Decider, fl.LoggedBy, fl.PassedBy) {
-		return false
-	}
-	if f.labels != nil && !f.labels.Empty() && !f.labels.Matches(peerLabels(fl.PeerLabels)) {
-		return false
-	}
-	parties := []string{fl.Pod, fl.Peer}
-	if f.namespace != "" && !anyHasPrefix(parties, f.namespace+"/") {
-		return false
-	}
-	if f.pod != "" {
-		ok := false
-		for _, p := range parties {
-			ok = ok || p == f.pod || strings.HasSuffix(p, "/"+f.pod)
-		}
-		return ok
-	}
-	return true
-}
-
 // lastSeen is when an aggregate last saw its flow, or a flow's time.
-func lastSeen(fl api.Flow) time.Time {
-	if fl.LastTime.After(fl.Time) {
-		return fl.LastTime
-	}
-	return fl.Time
-}
-
-// namesPolicy reports whether one of the rules belongs to the policy
-// named by want: its name, namespace/name, or kind/name.
-func namesPolicy(want string, rules ...*api.FlowRule) bool {
-	for _, r := range rules {
-		if r == nil {
-			continue
-		}
-		if want == r.Name || want == r.Namespace+"/"+r.Name || strings.EqualFold(want, r.Kind+"/"+r.Name) {
-			return true
-		}
-	}
-	return false
-}
-
-// peerLabels turns identity labels ("k8s:app=db", "ns:team=a") into the
-// pod's own labels for a selector; namespace labels stay prefixed.
-func peerLabels(ids []string) labels.Set {
-	out := labels.Set{}
-	for _, l := range ids {
-		k, v, _ := strings.Cut(l, "=")
-		out[strings.TrimPrefix(k, "k8s:")] = v
-	}
-	return out
-}
-
-func anyHasPrefix(ss []string, prefix string) bool {
-	for _, s := range ss {
-		if strings.HasPrefix(s, prefix) {
-			return true
-		}
-	}
-	return false
-}
+func lastSeen(fl api.Flow) time.Time { return api.LastSeen(fl) }
 
 func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string, out io.Writer) error {
 	if err := f.validate(); err != nil {
@@ -192,12 +124,29 @@ func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string,
 	)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	header := false
-	emit := func(fl api.Flow) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if !f.match(fl) {
-			return nil
+	var show func(api.Flow) error
+	type page struct {
+		n      int
+		oldest time.Time
+	}
+	perNode := map[string]*page{}
+	emit := func(node string) func(api.Flow) error {
+		return func(fl api.Flow) error {
+			mu.Lock()
+			defer mu.Unlock()
+			p := perNode[node]
+			if p == nil {
+				p = &page{oldest: lastSeen(fl)}
+				perNode[node] = p
+			}
+			p.n++
+			if t := lastSeen(fl); t.Before(p.oldest) {
+				p.oldest = t
+			}
+			return show(fl)
 		}
+	}
+	show = func(fl api.Flow) error {
 		if !f.follow {
 			flows = append(flows, fl) // sorted across nodes below
 			return nil
@@ -217,7 +166,7 @@ func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{Follow: f.follow}, emit)
+			err := api.NewClient(sock).Flows(ctx, f.query, emit(node))
 			if err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("node %s: %w", node, err))
@@ -236,6 +185,12 @@ func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string,
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		for node, p := range perNode {
+			if p.n >= f.limit {
+				fmt.Fprintf(errOut(out), "node %s may hold older matching records: add --before %s for the next page (or raise --limit)\n",
+					orLocal(node), p.oldest.UTC().Format(time.RFC3339Nano))
+			}
 		}
 	}
 	if len(errs) > 0 {
@@ -288,4 +243,19 @@ func foldedDst(fl api.Flow) string {
 		return fmt.Sprintf("%s:(%d ports)", fl.Dst, fl.PortsFolded)
 	}
 	return fl.Dst
+}
+
+func orLocal(node string) string {
+	if node == "" {
+		return "(local)"
+	}
+	return node
+}
+
+// errOut is where notes go: stderr when out is stdout, else out.
+func errOut(out io.Writer) io.Writer {
+	if out == os.Stdout {
+		return os.Stderr
+	}
+	return out
 }

@@ -41,12 +41,13 @@ func TestObserveFilters(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := tt.f
+			f.limit = api.DefaultFlowLimit
 			if err := f.validate(); err != nil {
 				t.Fatal(err)
 			}
 			var got []int
 			for i, fl := range observeFlows() {
-				if f.match(fl) {
+				if f.query.Matcher()(fl) {
 					got = append(got, i)
 				}
 			}
@@ -63,7 +64,11 @@ func TestObserveFilters(t *testing.T) {
 }
 
 func TestObserveRejectsBadFlags(t *testing.T) {
-	for _, f := range []observeFlags{{output: "xml"}, {verdict: "dropped"}, {port: 70000}, {since: -time.Second}, {selector: "app in ("}} {
+	for _, f := range []observeFlags{{output: "xml"}, {verdict: "dropped"}, {port: 70000}, {since: -time.Second}, {selector: "app in ("},
+		{limit: -1}, {limit: api.MaxFlowLimit + 1}, {before: "yesterday"}} {
+		if f.limit == 0 {
+			f.limit = api.DefaultFlowLimit
+		}
 		if err := runObserve(context.Background(), &f, nil, &bytes.Buffer{}); err == nil {
 			t.Errorf("%+v: no error", f)
 		}

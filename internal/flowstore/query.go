@@ -9,8 +9,9 @@ import (
 
 // Query selects records. The zero value selects every record held.
 type Query struct {
-	// Since, if set, drops records last seen before it.
-	Since time.Time
+	// Since, if set, drops records last seen before it; Until, if set,
+	// those last seen at or after it.
+	Since, Until time.Time
 	// Match, if set, keeps only the records it returns true for.
 	Match func(api.Flow) bool
 	// Limit, if positive, keeps only the newest Limit records: the last
@@ -74,7 +75,7 @@ func (q Query) keep(flows []api.Flow) []api.Flow {
 		if last.IsZero() {
 			last = f.Time
 		}
-		return last.Before(q.Since) || (q.Match != nil && !q.Match(f))
+		return last.Before(q.Since) || (!q.Until.IsZero() && !last.Before(q.Until)) || (q.Match != nil && !q.Match(f))
 	})
 }
 

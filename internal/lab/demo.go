@@ -228,7 +228,8 @@ func (st *State) printDemoTrace(ctx context.Context, from, to corev1.Pod, out io
 func (st *State) printDemoFlows(ctx context.Context, out io.Writer) error {
 	latest := map[string]api.Flow{}
 	for _, n := range st.Nodes {
-		err := n.Client().Flows(ctx, api.FlowsQuery{}, func(fl api.Flow) error {
+		q := api.FlowsQuery{FlowFilter: api.FlowFilter{Namespace: DemoNamespace}} // searched on the agent, whole store
+		err := n.Client().Flows(ctx, q, func(fl api.Flow) error {
 			if strings.HasPrefix(fl.Pod, DemoNamespace+"/") && strings.HasPrefix(fl.Peer, DemoNamespace+"/") && fl.Direction == "ingress" && fl.Time.After(latest[fl.Verdict].Time) {
 				latest[fl.Verdict] = fl
 			}
