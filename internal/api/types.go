@@ -237,5 +237,3 @@ type FlowRule struct {
 	RuleName  string `json:"ruleName,omitempty"`
 	Action    string `json:"action,omitempty"` // cluster kinds: Accept, Deny, Pass, Reject, Log
 }
-
-
