@@ -51,7 +51,8 @@ go test -count=1 -timeout 40m ./... 2>&1 | tee /tmp/weir-test.log
 # a busy disk), which is no finding.
 echo "==> fuzz smoke run"
 go test -run '^$' -fuzz FuzzAllocateRelease -fuzztime 3000x ./internal/ipam
-go test -run '^$' -fuzz FuzzCompile -fuzztime 3000x ./internal/policy
+go test -run '^$' -fuzz '^FuzzCompile$' -fuzztime 3000x ./internal/policy
+go test -run '^$' -fuzz '^FuzzCompileMalformed$' -fuzztime 3000x ./internal/policy
 
 left=$(ip netns list 2>/dev/null | grep -E '^(we2e|wk[0-9]|weir-lab|wbench|cni-)' || true)
 if [[ -n "$left" ]]; then

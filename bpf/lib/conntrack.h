@@ -207,6 +207,7 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct 
 	ev.proto = flow->proto;
 	ev.dir = dir;
 	ev.verdict = v.verdict;
+	verdict_count(&ev);
 	event_emit(&ev);
 	return v.verdict;
 }

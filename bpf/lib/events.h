@@ -56,6 +56,56 @@ struct {
 } weir_flow_config SEC(".maps");
 
 /*
+ * weir_verdicts: per-CPU hash, key struct verdict_count_key, value __u64:
+ * every reported verdict counted by what the metrics name (the deciding
+ * and Log rules, verdict, direction, stage), whether or not events are on.
+ * The endpoint is in the key only for a drop no rule decided (a
+ * NetworkPolicy default deny is named by the pod's namespace). A full map
+ * loses the count, not the packet (METRIC_VERDICT_COUNT_FULL).
+ */
+struct verdict_count_key {
+	__u32 rule;
+	__u32 log;
+	__u32 ifindex;
+	__u8 verdict;
+	__u8 dir;
+	__u8 stage;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct verdict_count_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_verdicts SEC(".maps");
+
+/* verdict_count counts one reported verdict. */
+__always_inline_fn void verdict_count(const struct verdict_event *ev)
+{
+	struct verdict_count_key key = {
+		.rule = ev->rule,
+		.log = ev->log,
+		.verdict = ev->verdict,
+		.dir = ev->dir,
+		.stage = ev->stage,
+	};
+	__u64 one = 1, *n;
+
+	if (!ev->rule && ev->verdict != VERDICT_ALLOWED)
+		key.ifindex = ev->ifindex;
+	n = bpf_map_lookup_elem(&weir_verdicts, &key);
+	if (n) {
+		*n += 1; /* this CPU's own slot */
+		return;
+	}
+	if (bpf_map_update_elem(&weir_verdicts, &key, &one, BPF_NOEXIST) < 0 &&
+	    !bpf_map_lookup_elem(&weir_verdicts, &key))
+		metric_inc(METRIC_VERDICT_COUNT_FULL);
+}
+
+/*
  * event_emit writes one event without waking the reader: the agent polls
  * the ring every few tens of milliseconds, so a burst of new connections
  * costs one wakeup, not one per connection. Once an eighth of the ring is

@@ -39,6 +39,7 @@ enum weir_metric {
 	METRIC_DROP_BROADCAST,     /* IPv4 broadcast or multicast from a pod (podlink.h) */
 	METRIC_POLICY_REREAD,      /* a decision read again: policy changed while it read (policy.h) */
 	METRIC_DROP_POLICY_CHANGING, /* denied: policy kept changing through every read (policy.h) */
+	METRIC_VERDICT_COUNT_FULL, /* a verdict not counted for the metrics: weir_verdicts full (events.h) */
 	METRIC_MAX,
 };
 

@@ -121,6 +121,7 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (_ *Agent, retErr error) {
 	}()
 	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc, flows: flows}
 	a.metrics = newMetrics(dp, flows, log)
+	a.metrics.verdicts.names = a.flowNames.Load
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.adoptLocked(); err != nil {

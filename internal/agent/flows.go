@@ -206,6 +206,21 @@ func (n *flowNames) explain(node string, ev datapath.VerdictEvent) api.Flow {
 	return f
 }
 
+// explainCount names a verdict counter as explain names an event: the
+// fields the metrics label by.
+func (n *flowNames) explainCount(c datapath.VerdictCount) api.Flow {
+	f := api.Flow{Verdict: c.Verdict.String(), Direction: c.Direction.String(), Stage: c.Stage.String(),
+		Pod: fmt.Sprintf("ifindex %d", c.Ifindex)}
+	if n != nil {
+		if pod, ok := n.pods[c.Ifindex]; ok {
+			f.Pod = pod
+		}
+	}
+	f.Decider = n.flowRule(c.Rule)
+	f.LoggedBy = n.flowRule(c.Log)
+	return f
+}
+
 // why says in words what decided a verdict.
 func (n *flowNames) why(ev datapath.VerdictEvent, dir string) string {
 	switch ev.Stage {
@@ -330,7 +345,6 @@ func (a *Agent) recordEventBatch() {
 		case agg.ports > 0:
 			f.Dst, f.PortsFolded = agg.first.Dst.Addr().String(), agg.ports
 		}
-		a.metrics.observeFlows(f, agg.count)
 		a.flows.record(f)
 	}
 }

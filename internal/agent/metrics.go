@@ -81,9 +81,7 @@ const (
 // the rest is read when scraped.
 type metrics struct {
 	reg             *prometheus.Registry
-	verdicts        *prometheus.CounterVec
-	drops           *prometheus.CounterVec
-	logged          *prometheus.CounterVec
+	verdicts        *verdictCollector
 	reconcile       prometheus.Histogram
 	reconcileErrors prometheus.Counter
 	maps            *mapFill
@@ -91,15 +89,8 @@ type metrics struct {
 
 func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
-		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricVerdicts,
-			Help: "Policy verdict events of the datapath: drops and the first packet of each allowed connection."},
-			[]string{"verdict", "direction", "stage"}),
-		drops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricDrops,
-			Help: "Denied and rejected verdict events by the policy that decided; NetworkPolicy default deny has action DefaultDeny and no policy."},
-			[]string{"kind", "namespace", "policy", "action"}),
-		logged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricLogged,
-			Help: "Verdict events a Log rule saw, by its policy."}, []string{"kind", "policy"}),
+		reg:      prometheus.NewRegistry(),
+		verdicts: &verdictCollector{},
 		reconcile: prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricReconcile,
 			Help:    "Time of one policy compile and load into the datapath.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}), // 1 ms to 16 s
@@ -107,7 +98,8 @@ func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
 			Help: "Policy loads that failed; the endpoints concerned fail closed."}),
 		maps: newMapFill(dp, log),
 	}
-	m.reg.MustRegister(m.verdicts, m.drops, m.logged, m.reconcile, m.reconcileErrors,
+	m.verdicts.src, _ = dp.(verdictCounter)
+	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors,
 		datapathCollector{dp}, flowStoreCollector{flows}, m.maps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -126,16 +118,69 @@ func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
-// observeFlows counts n verdict events explained as f (a batch of them,
-// see eventBatch).
-func (m *metrics) observeFlows(f api.Flow, n uint64) {
-	v := float64(n)
-	m.verdicts.WithLabelValues(f.Verdict, f.Direction, f.Stage).Add(v)
-	if f.Verdict != policy.VerdictAllow.String() {
-		m.drops.WithLabelValues(dropCause(f)).Add(v)
+// verdictCounter is what the verdict metrics need from the datapath;
+// *datapath.Node has it, a datapath without it has no verdict metrics.
+type verdictCounter interface {
+	VerdictCounts() ([]datapath.VerdictCount, error)
+}
+
+// verdictCollector serves the verdict, drop and Log metrics from the
+// datapath's verdict counters when scraped, named with the names flows
+// get: the counters run whether or not verdict events are on, so the
+// metrics never go silent with --flow-events=false.
+type verdictCollector struct {
+	src   verdictCounter // nil: none
+	names func() *flowNames
+}
+
+var (
+	verdictsDesc = prometheus.NewDesc(metricVerdicts,
+		"Policy verdicts of the datapath: drops and the first packet of each allowed connection.", []string{"verdict", "direction", "stage"}, nil)
+	dropsDesc = prometheus.NewDesc(metricDrops,
+		"Denied and rejected verdicts by the policy that decided; NetworkPolicy default deny has action DefaultDeny and no policy.",
+		[]string{"kind", "namespace", "policy", "action"}, nil)
+	loggedDesc = prometheus.NewDesc(metricLogged, "Verdicts a Log rule saw, by its policy.", []string{"kind", "policy"}, nil)
+)
+
+func (c *verdictCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- verdictsDesc
+	ch <- dropsDesc
+	ch <- loggedDesc
+}
+
+func (c *verdictCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.src == nil {
+		return
 	}
-	if r := f.LoggedBy; r != nil {
-		m.logged.WithLabelValues(r.Kind, r.Name).Add(v)
+	counts, err := c.src.VerdictCounts()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(verdictsDesc, err)
+		return
+	}
+	var names *flowNames
+	if c.names != nil {
+		names = c.names()
+	}
+	verdicts, drops, logged := map[[3]string]uint64{}, map[[4]string]uint64{}, map[[2]string]uint64{}
+	for _, vc := range counts {
+		f := names.explainCount(vc)
+		verdicts[[3]string{f.Verdict, f.Direction, f.Stage}] += vc.Count
+		if f.Verdict != policy.VerdictAllow.String() {
+			kind, ns, name, action := dropCause(f)
+			drops[[4]string{kind, ns, name, action}] += vc.Count
+		}
+		if r := f.LoggedBy; r != nil {
+			logged[[2]string{r.Kind, r.Name}] += vc.Count
+		}
+	}
+	for l, n := range verdicts {
+		ch <- prometheus.MustNewConstMetric(verdictsDesc, prometheus.CounterValue, float64(n), l[:]...)
+	}
+	for l, n := range drops {
+		ch <- prometheus.MustNewConstMetric(dropsDesc, prometheus.CounterValue, float64(n), l[:]...)
+	}
+	for l, n := range logged {
+		ch <- prometheus.MustNewConstMetric(loggedDesc, prometheus.CounterValue, float64(n), l[:]...)
 	}
 }
 

@@ -46,11 +46,20 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 
 // TestMetricsAfterTraffic: real packets through a policy show up in the
 // metrics the agent serves on --metrics-addr, and the map counts agree
-// with what the agent wrote.
+// with what the agent wrote; with flow events off
+// (--flow-events=false) the verdict, drop and Log metrics count the same.
 func TestMetricsAfterTraffic(t *testing.T) {
+	t.Run("flow events on", func(t *testing.T) { metricsAfterTraffic(t, true) })
+	t.Run("flow events off", func(t *testing.T) { metricsAfterTraffic(t, false) })
+}
+
+func metricsAfterTraffic(t *testing.T, flowEvents bool) {
 	n := newTestNode(t, "10.244.9.0/24")
 	client, server := n.newPod(), n.newPod()
 	sr := n.clientAndServer(client, server, nil, auditAndReject())
+	if err := n.dp.SetFlowEvents(flowEvents); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := n.agent.readFlows(ctx, n.dp); err != nil {
 		t.Fatal(err)

@@ -31,7 +31,10 @@ type metricsDatapath struct {
 	entries  map[string]int
 	capacity int
 	counted  []string // MapEntries calls
+	verdicts []datapath.VerdictCount
 }
+
+func (d *metricsDatapath) VerdictCounts() ([]datapath.VerdictCount, error) { return d.verdicts, nil }
 
 func (d *metricsDatapath) Metrics() (map[string]uint64, error) { return d.counters, nil }
 func (d *metricsDatapath) MapCapacity(string) (int, error)     { return d.capacity, nil }
@@ -74,39 +77,49 @@ func TestFillAlarm(t *testing.T) {
 	}
 }
 
-func TestObserveFlowCounts(t *testing.T) {
-	m, _ := newTestMetrics(t, &metricsDatapath{})
-	deny := &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "block-db", Action: "Deny"}
-	logRule := &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Action: "Log"}
-	flows := []api.Flow{
-		{Verdict: "allowed", Direction: "ingress", Stage: "networkpolicy", Pod: "shop/web"},
-		{Verdict: "allowed", Direction: "ingress", Stage: "networkpolicy", Pod: "shop/web", LoggedBy: logRule},
-		{Verdict: "denied", Direction: "ingress", Stage: "networkpolicy-default-deny", Pod: "shop/db"},
-		{Verdict: "denied", Direction: "ingress", Stage: "networkpolicy-default-deny", Pod: "shop/db"},
-		{Verdict: "denied", Direction: "egress", Stage: "admin", Pod: "shop/web", Decider: deny},
-		{Verdict: "rejected", Direction: "egress", Stage: "baseline", Pod: "ifindex 7"}, // rule unloaded meanwhile
-	}
-	for _, f := range flows {
-		m.observeFlows(f, 1)
-	}
-	for _, c := range []struct {
-		name string
-		got  float64
-		want float64
-	}{
-		{"allowed ingress networkpolicy", testutil.ToFloat64(m.verdicts.WithLabelValues("allowed", "ingress", "networkpolicy")), 2},
-		{"denied ingress default deny", testutil.ToFloat64(m.verdicts.WithLabelValues("denied", "ingress", "networkpolicy-default-deny")), 2},
-		{"drops by default deny", testutil.ToFloat64(m.drops.WithLabelValues("NetworkPolicy", "shop", "", "DefaultDeny")), 2},
-		{"drops by block-db", testutil.ToFloat64(m.drops.WithLabelValues(policy.KindWeirClusterNetworkPolicy, "", "block-db", "Deny")), 1},
-		{"drops by an unknown rule", testutil.ToFloat64(m.drops.WithLabelValues("", "", "", "Reject")), 1},
-		{"logged by audit", testutil.ToFloat64(m.logged.WithLabelValues(policy.KindWeirClusterNetworkPolicy, "audit")), 1},
-	} {
-		if c.got != c.want {
-			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
-		}
-	}
-	if n := testutil.CollectAndCount(m.drops); n != 3 {
-		t.Errorf("%d drop series, want 3: allowed flows are no drops", n)
+// verdictNames names rules 11 (an Admin Deny, block-db), 12 (a Log rule,
+// audit) and 13 (a NetworkPolicy allow) and the pods on ifindex 5 and 6.
+func verdictNames() *flowNames {
+	return &flowNames{pods: map[int]string{5: "shop/web", 6: "shop/db"}, rules: map[policy.RuleID]policy.RuleRef{
+		11: {Kind: policy.KindWeirClusterNetworkPolicy, Name: "block-db", Direction: policy.Egress, Tier: policy.TierAdmin, Action: policy.ActionDeny},
+		12: {Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Direction: policy.Ingress, Tier: policy.TierAdmin, Action: policy.ActionLog},
+		13: {Kind: policy.KindNetworkPolicy, Namespace: "shop", Name: "allow-web", Direction: policy.Ingress},
+	}}
+}
+
+// TestVerdictMetricsFromCounters: the verdict, drop and Log metrics are
+// the datapath's verdict counters, named as flows are: by verdict,
+// direction and stage; drops by the deciding policy (a default deny by
+// the pod's namespace; a rule no longer loaded with empty names); Log
+// matches by their policy. Counters that name the same series add up.
+func TestVerdictMetricsFromCounters(t *testing.T) {
+	dp := &metricsDatapath{verdicts: []datapath.VerdictCount{
+		{Rule: 13, Verdict: policy.VerdictAllow, Direction: policy.Ingress, Stage: policy.StageNetworkPolicy, Count: 1},
+		{Rule: 13, Log: 12, Verdict: policy.VerdictAllow, Direction: policy.Ingress, Stage: policy.StageNetworkPolicy, Count: 1},
+		{Ifindex: 6, Verdict: policy.VerdictDeny, Direction: policy.Ingress, Stage: policy.StageNetworkPolicyDefaultDeny, Count: 2},
+		{Rule: 11, Verdict: policy.VerdictDeny, Direction: policy.Egress, Stage: policy.StageAdmin, Count: 1},
+		{Rule: 99, Verdict: policy.VerdictReject, Direction: policy.Egress, Stage: policy.StageBaseline, Count: 1}, // unloaded meanwhile
+	}}
+	m, _ := newTestMetrics(t, dp)
+	m.verdicts.names = verdictNames
+	want := `
+# HELP weir_policy_drops_total Denied and rejected verdicts by the policy that decided; NetworkPolicy default deny has action DefaultDeny and no policy.
+# TYPE weir_policy_drops_total counter
+weir_policy_drops_total{action="DefaultDeny",kind="NetworkPolicy",namespace="shop",policy=""} 2
+weir_policy_drops_total{action="Deny",kind="WeirClusterNetworkPolicy",namespace="",policy="block-db"} 1
+weir_policy_drops_total{action="Reject",kind="",namespace="",policy=""} 1
+# HELP weir_policy_logged_total Verdicts a Log rule saw, by its policy.
+# TYPE weir_policy_logged_total counter
+weir_policy_logged_total{kind="WeirClusterNetworkPolicy",policy="audit"} 1
+# HELP weir_policy_verdicts_total Policy verdicts of the datapath: drops and the first packet of each allowed connection.
+# TYPE weir_policy_verdicts_total counter
+weir_policy_verdicts_total{direction="egress",stage="admin",verdict="denied"} 1
+weir_policy_verdicts_total{direction="egress",stage="baseline",verdict="rejected"} 1
+weir_policy_verdicts_total{direction="ingress",stage="networkpolicy",verdict="allowed"} 2
+weir_policy_verdicts_total{direction="ingress",stage="networkpolicy-default-deny",verdict="denied"} 2
+`
+	if err := testutil.GatherAndCompare(m.reg, strings.NewReader(want), metricDrops, metricLogged, metricVerdicts); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -201,9 +214,8 @@ func gatherAll(t *testing.T) map[string]*dto.MetricFamily {
 	}
 	dp := &metricsDatapath{counters: counters, capacity: 1000, entries: map[string]int{datapath.MapConntrack: 10}}
 	m, _ := newTestMetrics(t, dp)
-	m.observeFlows(api.Flow{Verdict: "denied", Direction: "ingress", Stage: "admin", Pod: "a/b",
-		Decider:  &api.FlowRule{Kind: policy.KindClusterNetworkPolicy, Name: "deny-all", Action: "Deny"},
-		LoggedBy: &api.FlowRule{Kind: policy.KindWeirClusterNetworkPolicy, Name: "audit", Action: "Log"}}, 1)
+	dp.verdicts = []datapath.VerdictCount{{Rule: 11, Log: 12, Verdict: policy.VerdictDeny, Direction: policy.Egress, Stage: policy.StageAdmin, Count: 1}}
+	m.verdicts.names = verdictNames
 	m.reconciled(2*time.Millisecond, &policy.Result{}, nil, nil)
 	m.reconciled(time.Millisecond, nil, nil, errLoadFailed)
 	families, err := m.reg.Gather()

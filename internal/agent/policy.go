@@ -221,6 +221,9 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	loaded := time.Now()
 	a.metrics.reconciled(loaded.Sub(start), res, eps, err)
 	a.flowNames.Store(newFlowNames(s, eps, res))
+	if err == nil && !d.Empty() {
+		a.pruneVerdictCounts(res, eps)
+	}
 	if !d.Empty() {
 		a.log.Info("policy loaded", "endpoints", len(d.Endpoints), "ipcache+", len(d.IPCacheUpsert),
 			"ipcache-", len(d.IPCacheDelete), "cidrs", len(res.CIDRs), "policies", len(s.Policies),
@@ -376,4 +379,33 @@ func labelKeysInUse(s k8s.Snapshot, pods []k8s.Pod) map[string]bool {
 		}
 	}
 	return out
+}
+
+// verdictPruner is the datapath's verdict counter clean-up; *datapath.Node
+// has it.
+type verdictPruner interface {
+	PruneVerdictCounts(keep func(datapath.VerdictCount) bool) error
+}
+
+// pruneVerdictCounts drops the counters of rules no longer loaded and of
+// endpoints gone, so their metric series end.
+func (a *Agent) pruneVerdictCounts(res *policy.Result, eps map[string]datapath.PolicyEndpoint) {
+	p, ok := a.dp.(verdictPruner)
+	if !ok {
+		return
+	}
+	ifindexes := map[int]bool{}
+	for _, ep := range eps {
+		ifindexes[ep.Ifindex] = true
+	}
+	loaded := func(id policy.RuleID) bool {
+		_, ok := res.Rules[id]
+		return id == 0 || ok
+	}
+	err := p.PruneVerdictCounts(func(c datapath.VerdictCount) bool {
+		return loaded(c.Rule) && loaded(c.Log) && (c.Ifindex == 0 || ifindexes[c.Ifindex])
+	})
+	if err != nil {
+		a.log.Warn("prune verdict counters", "err", err)
+	}
 }

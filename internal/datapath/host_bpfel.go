@@ -116,6 +116,17 @@ type hostTunnelKey struct {
 	Dst       hostWeirAddr
 }
 
+type hostVerdictCountKey struct {
+	_       structs.HostLayout
+	Rule    uint32
+	Log     uint32
+	Ifindex uint32
+	Verdict uint8
+	Dir     uint8
+	Stage   uint8
+	Pad     uint8
+}
+
 type hostWeirAddr struct {
 	_      structs.HostLayout
 	Family uint8
@@ -143,6 +154,7 @@ const (
 	hostMapWeirPolicyRev       = "weir_policy_rev"
 	hostMapWeirPolicySeq       = "weir_policy_seq"
 	hostMapWeirTunnels         = "weir_tunnels"
+	hostMapWeirVerdicts        = "weir_verdicts"
 	hostProgFromNetdev         = "from_netdev"
 	hostVarCLUSTER_CIDR_V4     = "CLUSTER_CIDR_V4"
 	hostVarCLUSTER_CIDR_V4MASK = "CLUSTER_CIDR_V4_MASK"
@@ -219,6 +231,7 @@ type hostMapSpecs struct {
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirVerdicts   *ebpf.MapSpec `ebpf:"weir_verdicts"`
 }
 
 // hostVariableSpecs contains global variables before they are loaded into the kernel.
@@ -271,6 +284,7 @@ type hostMaps struct {
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirVerdicts   *ebpf.Map `ebpf:"weir_verdicts"`
 }
 
 func (m *hostMaps) Close() error {
@@ -291,6 +305,7 @@ func (m *hostMaps) Close() error {
 		m.WeirPolicyRev,
 		m.WeirPolicySeq,
 		m.WeirTunnels,
+		m.WeirVerdicts,
 	)
 }
 

@@ -109,6 +109,8 @@ type Programs struct {
 	Events    *ebpf.Map
 	// FlowConfig turns the verdict events on and off (events.h).
 	FlowConfig *ebpf.Map
+	// Verdicts counts reported verdicts for the metrics (events.h).
+	Verdicts *ebpf.Map
 
 	// Socket-level Service translation (bpf/sock.c, bpf/lib/lb.h).
 	SockConnect4     *ebpf.Program
@@ -148,7 +150,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy = lxc.WeirIpcache, lxc.WeirCidrIds, lxc.WeirEpPolicy, lxc.WeirPolicy
 	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
 	p.PeerNodes, p.CTAny, p.CTRevoked, p.Frags = lxc.WeirPeerNodes, lxc.WeirCtAny, lxc.WeirCtRevoked, lxc.WeirFrags
-	p.PolicySeq = lxc.WeirPolicySeq
+	p.PolicySeq, p.Verdicts = lxc.WeirPolicySeq, lxc.WeirVerdicts
 	seq, err := mapPolicySeq(p.PolicySeq)
 	if err != nil {
 		return nil, err
@@ -161,7 +163,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
 	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirPeerNodes, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
-		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq)
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts)
 
 	var host hostObjects
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
@@ -169,7 +171,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromNetdev = host.FromNetdev
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
-		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq)
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts)
 
 	var sock sockObjects
 	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
@@ -211,7 +213,7 @@ func closeMaps(ms ...*ebpf.Map) {
 func (p *Programs) Close() {
 	p.policySeq.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
-		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig,
+		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:

@@ -116,6 +116,17 @@ type lxcTunnelKey struct {
 	Dst       lxcWeirAddr
 }
 
+type lxcVerdictCountKey struct {
+	_       structs.HostLayout
+	Rule    uint32
+	Log     uint32
+	Ifindex uint32
+	Verdict uint8
+	Dir     uint8
+	Stage   uint8
+	Pad     uint8
+}
+
 type lxcVerdictEvent struct {
 	_       structs.HostLayout
 	TsNs    uint64
@@ -162,6 +173,7 @@ const (
 	lxcMapWeirPolicyRev       = "weir_policy_rev"
 	lxcMapWeirPolicySeq       = "weir_policy_seq"
 	lxcMapWeirTunnels         = "weir_tunnels"
+	lxcMapWeirVerdicts        = "weir_verdicts"
 	lxcProgFromContainer      = "from_container"
 	lxcProgToContainer        = "to_container"
 	lxcVarCLUSTER_CIDR_V4     = "CLUSTER_CIDR_V4"
@@ -240,6 +252,7 @@ type lxcMapSpecs struct {
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirVerdicts   *ebpf.MapSpec `ebpf:"weir_verdicts"`
 }
 
 // lxcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -292,6 +305,7 @@ type lxcMaps struct {
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirVerdicts   *ebpf.Map `ebpf:"weir_verdicts"`
 }
 
 func (m *lxcMaps) Close() error {
@@ -312,6 +326,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirPolicyRev,
 		m.WeirPolicySeq,
 		m.WeirTunnels,
+		m.WeirVerdicts,
 	)
 }
 

@@ -275,6 +275,7 @@ var MetricNames = []string{
 	"drop_broadcast",
 	"policy_reread",
 	"drop_policy_changing",
+	"verdict_count_full",
 }
 
 // readMetrics sums the per-CPU counters.

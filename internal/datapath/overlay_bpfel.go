@@ -116,6 +116,17 @@ type overlayTunnelKey struct {
 	Dst       overlayWeirAddr
 }
 
+type overlayVerdictCountKey struct {
+	_       structs.HostLayout
+	Rule    uint32
+	Log     uint32
+	Ifindex uint32
+	Verdict uint8
+	Dir     uint8
+	Stage   uint8
+	Pad     uint8
+}
+
 type overlayWeirAddr struct {
 	_      structs.HostLayout
 	Family uint8
@@ -143,6 +154,7 @@ const (
 	overlayMapWeirPolicyRev       = "weir_policy_rev"
 	overlayMapWeirPolicySeq       = "weir_policy_seq"
 	overlayMapWeirTunnels         = "weir_tunnels"
+	overlayMapWeirVerdicts        = "weir_verdicts"
 	overlayProgFromOverlay        = "from_overlay"
 	overlayProgToOverlay          = "to_overlay"
 	overlayVarCLUSTER_CIDR_V4     = "CLUSTER_CIDR_V4"
@@ -221,6 +233,7 @@ type overlayMapSpecs struct {
 	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
 	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirVerdicts   *ebpf.MapSpec `ebpf:"weir_verdicts"`
 }
 
 // overlayVariableSpecs contains global variables before they are loaded into the kernel.
@@ -273,6 +286,7 @@ type overlayMaps struct {
 	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
 	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
 	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirVerdicts   *ebpf.Map `ebpf:"weir_verdicts"`
 }
 
 func (m *overlayMaps) Close() error {
@@ -293,6 +307,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirPolicyRev,
 		m.WeirPolicySeq,
 		m.WeirTunnels,
+		m.WeirVerdicts,
 	)
 }
 

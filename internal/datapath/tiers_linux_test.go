@@ -307,15 +307,30 @@ func randomClusterPolicy(r *rand.Rand, name string) *policy.ClusterPolicy {
 }
 
 // TestFlowEventsSwitch: with the events switched off a new flow is still
-// judged but leaves no event; switched on again, the next one does.
+// judged, and counted for the metrics, but leaves no event; switched on
+// again, the next one does. Pruned, the counters go.
 func TestFlowEventsSwitch(t *testing.T) {
 	p, n, rd := eventNode(t)
-	loadCluster(t, n, rejectB())
+	res := loadCluster(t, n, rejectB())
 	if err := SetPinnedFlowEvents(p.cfg.PinDir, false); err != nil {
 		t.Fatal(err)
 	}
 	if ret, _ := run(t, p.FromContainer, tcpFrame(hostMAC, podMAC, podA, podB, 40001, 80, 1, tcpSYN, nil), ifA); ret != tcActRedirect {
 		t.Fatalf("rejected SYN with events off: verdict %d, want the answer", ret)
+	}
+	reject := res.Lookup("x/b", policy.Ingress, podA, 6, 80)
+	counts, err := n.VerdictCounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range counts {
+		if c.Verdict == policy.VerdictReject {
+			found = c.Rule == reject.Rule && c.Direction == policy.Ingress && c.Stage == policy.StageAdmin && c.Count == 1 && c.Ifindex == 0
+		}
+	}
+	if !found {
+		t.Fatalf("verdict counters %+v, want the reject by rule %d counted once with events off", counts, reject.Rule)
 	}
 	if err := n.SetFlowEvents(true); err != nil {
 		t.Fatal(err)
@@ -325,5 +340,11 @@ func TestFlowEventsSwitch(t *testing.T) {
 	}
 	if ev := readEvent(t, rd); ev.Dst.Port() != 9999 {
 		t.Fatalf("first event after switching on is for port %d: the flow sent with events off left one", ev.Dst.Port())
+	}
+	if err := n.PruneVerdictCounts(func(VerdictCount) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if counts, err := n.VerdictCounts(); err != nil || len(counts) != 0 {
+		t.Fatalf("after pruning all: %+v (%v)", counts, err)
 	}
 }

@@ -58,6 +58,7 @@ var privateMaps = map[string]func(*ebpf.MapSpec) uint32{
 	// Zeroed: the trace emits its events whether or not the node
 	// records flows (--flow-events=false).
 	"weir_flow_config": func(s *ebpf.MapSpec) uint32 { return s.MaxEntries },
+	"weir_verdicts":    func(*ebpf.MapSpec) uint32 { return 64 },
 }
 
 // tracePrograms is a second instance of the entry programs: policy,

@@ -36,3 +36,14 @@ func (a *idAllocator[K]) keepOnly(used map[K]bool) {
 		}
 	}
 }
+
+// forget releases every key not in used without handing its number out
+// again: for numbers that name things outside the compile (the datapath's
+// per-rule counters), which must never pass to something else.
+func (a *idAllocator[K]) forget(used map[K]bool) {
+	for k := range a.ids {
+		if !used[k] {
+			delete(a.ids, k)
+		}
+	}
+}

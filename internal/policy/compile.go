@@ -118,7 +118,7 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 		ep.Entries = flatten(ep.Entries)
 	}
 	c.cidrs.keepOnly(cp.usedCIDR)
-	c.rules.keepOnly(cp.usedRule)
+	c.rules.forget(cp.usedRule) // a rule's number is never reused: verdict counters are keyed by it
 	return cp.res
 }
 
