@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -30,5 +31,35 @@ func TestMetricNamesFollowTheEnum(t *testing.T) {
 	}
 	if !slices.Equal(enum, MetricNames) {
 		t.Fatalf("bpf/lib/metrics.h enumerates\n%v\nMetricNames holds\n%v", enum, MetricNames)
+	}
+}
+
+// TestEveryMapIsDocumented: each map bpf/lib declares has its row in
+// docs/datapath.md, so the page cannot fall behind the code unnoticed.
+func TestEveryMapIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/datapath.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers, err := filepath.Glob("../../bpf/lib/*.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	decl := regexp.MustCompile(`\} (weir_[a-z0-9_]+) SEC\("\.maps"\)`)
+	n := 0
+	for _, h := range headers {
+		src, err := os.ReadFile(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range decl.FindAllStringSubmatch(string(src), -1) {
+			n++
+			if !strings.Contains(string(doc), "`"+m[1]+"`") {
+				t.Errorf("%s declares %s; docs/datapath.md does not describe it", h, m[1])
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no map declarations found under bpf/lib")
 	}
 }
