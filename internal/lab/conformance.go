@@ -382,9 +382,11 @@ func readJUnit(path string) ([]junitCase, error) {
 
 func writeResult(dir string, r ConformanceResult) error {
 	r.Command = portablePaths(r.Command, dir)
-	if b, err := os.ReadFile(r.JUnit); err == nil {
-		if err := os.WriteFile(r.JUnit, []byte(portablePaths(string(b), dir)), 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", r.JUnit, err)
+	for _, path := range []string{r.JUnit, filepath.Join(dir, r.Suite+".log")} {
+		if b, err := os.ReadFile(path); err == nil {
+			if err := os.WriteFile(path, []byte(portablePaths(string(b), dir)), 0o644); err != nil {
+				return fmt.Errorf("write %s: %w", path, err)
+			}
 		}
 	}
 	r.JUnit = filepath.Base(r.JUnit)
@@ -443,7 +445,7 @@ func portablePaths(s, resultsDir string) string {
 		s = strings.ReplaceAll(s, home+"/", "~/")
 	}
 	if wd, err := os.Getwd(); err == nil && wd != "/" {
-		s = strings.ReplaceAll(s, `"`+wd+`"`, `"."`) // a JUnit package attribute
+		s = strings.ReplaceAll(s, wd, ".") // the source tree, e.g. a JUnit package attribute
 	}
 	return s
 }
