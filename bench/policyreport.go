@@ -79,27 +79,27 @@ func (r *result) judgePolicyScale() {
 		top := levels[len(levels)-1]
 		for _, path := range []string{"intra", "inter"} {
 			v := r.pairedRatio(top, path, "no policy", path, "tcp_gbps")
-			r.Targets = append(r.Targets, target{fmt.Sprintf("%s TCP stream, %s / no policy", path, top), ">= 0.97", v, v >= 0.97})
+			r.Targets = append(r.Targets, target{What: fmt.Sprintf("%s TCP stream, %s / no policy", path, top), Want: ">= 0.97", Got: v, Met: v >= 0.97})
 		}
 		v := r.pairedRatio(top, "intra", setupRaw, "intra", "tcp_gbps")
-		r.Targets = append(r.Targets, target{fmt.Sprintf("intra TCP stream, %s / raw veth", top), ">= 0.95", v, v >= 0.95})
+		r.Targets = append(r.Targets, target{What: fmt.Sprintf("intra TCP stream, %s / raw veth", top), Want: ">= 0.95", Got: v, Met: v >= 0.95})
 		v = r.pairedRatio(top, "intra", setupRaw, "intra", "rr_avg_us")
-		r.Targets = append(r.Targets, target{fmt.Sprintf("intra request/response, %s / raw veth", top), "<= 1.10", v, v <= 1.10})
+		r.Targets = append(r.Targets, target{What: fmt.Sprintf("intra request/response, %s / raw veth", top), Want: "<= 1.10", Got: v, Met: v <= 1.10})
 	}
 	if counts := r.clientCounts(); len(counts) > 0 {
 		n := counts[len(counts)-1]
 		v := r.worst(clientsPolicy, fmt.Sprintf("%d clients", n), "completed", false)
-		r.Targets = append(r.Targets, target{fmt.Sprintf("clients completed of %d under one policy (worst rep)", n), fmt.Sprintf("= %d", n), v, v == float64(n)})
+		r.Targets = append(r.Targets, target{What: fmt.Sprintf("clients completed of %d under one policy (worst rep)", n), Want: fmt.Sprintf("= %d", n), Got: v, Met: v == float64(n)})
 	}
 	for _, s := range r.Summary {
 		if s.Path == "agents" && s.Metric == "agent_rss_mib" {
-			r.Targets = append(r.Targets, target{fmt.Sprintf("largest agent RSS at %s (MiB)", s.Setup), "< 100", s.Max, s.Max < 100})
+			r.Targets = append(r.Targets, target{What: fmt.Sprintf("largest agent RSS at %s (MiB)", s.Setup), Want: "< 100", Got: s.Max, Met: s.Max < 100})
 		}
 	}
 	if g := r.pooled("grant_ms", 0.99); !math.IsNaN(g) {
 		r.Targets = append(r.Targets,
-			target{"policy change to enforcement (grant), p99 (ms)", "< 100", g, g < 100},
-			target{"revocation of a live connection, p99 (ms)", "< 1000", r.pooled("revoke_ms", 0.99), r.pooled("revoke_ms", 0.99) < 1000})
+			target{What: "policy change to enforcement (grant), p99 (ms)", Want: "< 100", Got: g, Met: g < 100},
+			target{What: "revocation of a live connection, p99 (ms)", Want: "< 1000", Got: r.pooled("revoke_ms", 0.99), Met: r.pooled("revoke_ms", 0.99) < 1000})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +47,12 @@ type target struct {
 	Want string  `json:"want"`
 	Got  float64 `json:"got"`
 	Met  bool    `json:"met"`
+	// CILow and CIHigh bound the paired ratio's 95% bootstrap interval
+	// (both zero: the target is no paired ratio); Undecided says the
+	// interval spans the target, so the run cannot tell either way.
+	CILow     float64 `json:"ci95_low,omitempty"`
+	CIHigh    float64 `json:"ci95_high,omitempty"`
+	Undecided bool    `json:"undecided,omitempty"`
 }
 
 type result struct {
@@ -109,8 +116,43 @@ func (r *result) p99(setup, path, metric string) float64 {
 	return math.NaN()
 }
 
+// pairedTarget judges the paired ratio a/b against a target, with the
+// ratio's 95% bootstrap interval.
+func (r *result) pairedTarget(what, want string, ok func(float64) bool, a, pathA, b, pathB, metric string) target {
+	ratios := r.pairedRatios(a, pathA, b, pathB, metric)
+	med := quantile(ratios, 0.5)
+	lo, hi := bootstrapMedianCI(ratios)
+	return target{What: what, Want: want, Got: med, Met: ok(med), CILow: lo, CIHigh: hi, Undecided: len(ratios) > 0 && ok(lo) != ok(hi)}
+}
+
+// bootstrapMedianCI is the 95% percentile-bootstrap interval of the
+// median of xs, from a fixed seed so a result recomputes the same.
+func bootstrapMedianCI(xs []float64) (lo, hi float64) {
+	if len(xs) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	const resamples = 2000
+	r := rand.New(rand.NewPCG(1, 2))
+	meds := make([]float64, resamples)
+	sample := make([]float64, len(xs))
+	for i := range meds {
+		for j := range sample {
+			sample[j] = xs[r.IntN(len(xs))]
+		}
+		sort.Float64s(sample)
+		meds[i] = quantile(sample, 0.5)
+	}
+	sort.Float64s(meds)
+	return quantile(meds, 0.025), quantile(meds, 0.975)
+}
+
 // pairedRatio is the median over repetitions of a/b within each repetition.
 func (r *result) pairedRatio(a, pathA, b, pathB, metric string) float64 {
+	return quantile(r.pairedRatios(a, pathA, b, pathB, metric), 0.5)
+}
+
+// pairedRatios are a/b within each repetition, sorted.
+func (r *result) pairedRatios(a, pathA, b, pathB, metric string) []float64 {
 	byRep := map[int]float64{}
 	for _, s := range r.Samples {
 		if s.Setup == b && s.Path == pathB && s.Metric == metric {
@@ -126,7 +168,7 @@ func (r *result) pairedRatio(a, pathA, b, pathB, metric string) float64 {
 		}
 	}
 	sort.Float64s(ratios)
-	return quantile(ratios, 0.5)
+	return ratios
 }
 
 // judge compares the run with its scenario's targets.
@@ -149,34 +191,32 @@ func (r *result) judgePodLaunch() {
 	add := r.p99(launchWeir, "launch", "add_ms")
 	addRatio := r.median(launchWeir, "launch", "add_ms") / r.median(launchBridge, "launch", "add_ms")
 	r.Targets = append(r.Targets,
-		target{"create to Ready median, weir / bridge", "<= 1.00", ready, ready <= 1},
-		target{"CNI ADD median, weir / bridge", "<= 1.00", addRatio, addRatio <= 1},
-		target{"CNI ADD p99 inside a launch (ms)", "< 50", add, add < 50},
+		target{What: "create to Ready median, weir / bridge", Want: "<= 1.00", Got: ready, Met: ready <= 1},
+		target{What: "CNI ADD median, weir / bridge", Want: "<= 1.00", Got: addRatio, Met: addRatio <= 1},
+		target{What: "CNI ADD p99 inside a launch (ms)", Want: "< 50", Got: add, Met: add < 50},
 	)
 }
 
 // judgeDatapath compares the paired ratios with the issue's targets.
 func (r *result) judgeDatapath() {
-	tcp := r.pairedRatio(setupWeir, "intra", setupRaw, "intra", "tcp_gbps")
-	rr := r.pairedRatio(setupWeir, "intra", setupRaw, "intra", "rr_avg_us")
+	atLeast := func(x float64) func(float64) bool { return func(v float64) bool { return v >= x } }
+	atMost := func(x float64) func(float64) bool { return func(v float64) bool { return v <= x } }
 	r.Targets = append(r.Targets,
-		target{"intra-node TCP throughput, Weir / raw veth", ">= 0.95", tcp, tcp >= 0.95},
-		target{"intra-node request/response latency, Weir / raw veth", "<= 1.10", rr, rr <= 1.10},
+		r.pairedTarget("intra-node TCP throughput, Weir / raw veth", ">= 0.95", atLeast(0.95), setupWeir, "intra", setupRaw, "intra", "tcp_gbps"),
+		r.pairedTarget("intra-node request/response latency, Weir / raw veth", "<= 1.10", atMost(1.10), setupWeir, "intra", setupRaw, "intra", "rr_avg_us"),
 	)
 	pairs := [][3]string{{setupWeir, setupBridge, "intra"}, {setupWeirVXLAN, setupBridgeVXLAN, "inter"}}
 	for _, p := range pairs {
 		for _, m := range []string{"tcp_gbps", "udp_gbps"} {
-			v := r.pairedRatio(p[0], p[2], p[1], p[2], m)
-			r.Targets = append(r.Targets, target{fmt.Sprintf("%s %s, %s / %s", p[2], m, p[0], p[1]), ">= 1.00", v, v >= 1})
+			r.Targets = append(r.Targets, r.pairedTarget(fmt.Sprintf("%s %s, %s / %s", p[2], m, p[0], p[1]), ">= 1.00", atLeast(1), p[0], p[2], p[1], p[2], m))
 		}
-		v := r.pairedRatio(p[0], p[2], p[1], p[2], "rr_avg_us")
-		r.Targets = append(r.Targets, target{fmt.Sprintf("%s rr latency, %s / %s", p[2], p[0], p[1]), "<= 1.00", v, v <= 1})
+		r.Targets = append(r.Targets, r.pairedTarget(fmt.Sprintf("%s rr latency, %s / %s", p[2], p[0], p[1]), "<= 1.00", atMost(1), p[0], p[2], p[1], p[2], "rr_avg_us"))
 	}
 	r.judgeFlowCost()
 	add := r.p99(setupWeir, "cni", "add_ms")
-	r.Targets = append(r.Targets, target{"CNI ADD p99 (ms)", "< 50", add, add < 50})
+	r.Targets = append(r.Targets, target{What: "CNI ADD p99 (ms)", Want: "< 50", Got: add, Met: add < 50})
 	v := add / r.p99(setupBridge, "cni", "add_ms")
-	r.Targets = append(r.Targets, target{"CNI ADD p99, weir / bridge", "<= 1.00", v, v <= 1})
+	r.Targets = append(r.Targets, target{What: "CNI ADD p99, weir / bridge", Want: "<= 1.00", Got: v, Met: v <= 1})
 }
 
 // judgeFlowCost: flow records (verdict events, the agent's flow store) may
@@ -188,11 +228,11 @@ func (r *result) judgeFlowCost() {
 	pairs := [][3]string{{setupWeir, setupWeirNoFlows, "intra"}, {setupWeirVXLAN, setupWeirVXLANNoFlows, "inter"}}
 	for _, p := range pairs {
 		for _, m := range []string{"tcp_gbps", "udp_gbps", "crr_per_s"} {
-			v := r.pairedRatio(p[0], p[2], p[1], p[2], m)
-			r.Targets = append(r.Targets, target{fmt.Sprintf("flow cost: %s %s, flows on / off", p[2], m), ">= 0.97", v, v >= 0.97})
+			r.Targets = append(r.Targets, r.pairedTarget(fmt.Sprintf("flow cost: %s %s, flows on / off", p[2], m), ">= 0.97",
+				func(v float64) bool { return v >= 0.97 }, p[0], p[2], p[1], p[2], m))
 		}
-		v := r.pairedRatio(p[0], p[2], p[1], p[2], "rr_avg_us")
-		r.Targets = append(r.Targets, target{fmt.Sprintf("flow cost: %s rr latency, flows on / off", p[2]), "<= 1.03", v, v <= 1.03})
+		r.Targets = append(r.Targets, r.pairedTarget(fmt.Sprintf("flow cost: %s rr latency, flows on / off", p[2]), "<= 1.03",
+			func(v float64) bool { return v <= 1.03 }, p[0], p[2], p[1], p[2], "rr_avg_us"))
 	}
 }
 
@@ -310,9 +350,18 @@ func (r *result) podLaunchMarkdown() string {
 
 // writeTargets appends the run's verdict on its scenario's targets.
 func (r *result) writeTargets(b *strings.Builder) {
-	b.WriteString("\n## Targets\n\n| target | want | got | met |\n|---|---|---|---|\n")
+	b.WriteString("\n## Targets\n\nPaired ratios carry their 95% bootstrap interval over the repetitions; a target whose interval spans it is undecided by this run.\n\n")
+	b.WriteString("| target | want | got | 95% interval | met |\n|---|---|---|---|---|\n")
 	for _, t := range r.Targets {
-		fmt.Fprintf(b, "| %s | %s | %.3f | %s |\n", t.What, t.Want, t.Got, map[bool]string{true: "yes", false: "**no**"}[t.Met])
+		ci := ""
+		if t.CILow != 0 || t.CIHigh != 0 {
+			ci = fmt.Sprintf("%.3f to %.3f", t.CILow, t.CIHigh)
+		}
+		met := map[bool]string{true: "yes", false: "**no**"}[t.Met]
+		if t.Undecided {
+			met += " (undecided)"
+		}
+		fmt.Fprintf(b, "| %s | %s | %.3f | %s | %s |\n", t.What, t.Want, t.Got, ci, met)
 	}
 }
 
