@@ -47,6 +47,16 @@ func policyKey(ifindex int, k policy.Key) lxcPolicyKey {
 	return key
 }
 
+// prefixOfCIDRKey is the inverse of cidrKey.
+func prefixOfCIDRKey(k lxcCidrKey) (netip.Prefix, bool) {
+	a, err := addrFromBPF(k.Addr)
+	if err != nil || int(k.Prefixlen) < cidrKeyPrefixBits {
+		return netip.Prefix{}, false
+	}
+	p, err := a.Prefix(int(k.Prefixlen) - cidrKeyPrefixBits)
+	return p, err == nil
+}
+
 func cidrKey(p netip.Prefix) (lxcCidrKey, error) {
 	a, err := bpfAddr(p.Masked().Addr())
 	if err != nil {
@@ -72,7 +82,8 @@ type PolicyEndpoint struct {
 //  1. Every address whose identity changes is closed: each new or changed
 //     ipcache entry, each new CIDR prefix, each entry or prefix about to
 //     go, is mapped to the unidentified identity, which is denied wherever
-//     a policy applies. No address is then judged by keys meant for an
+//     a policy applies. An entry the map already holds with its new
+//     identity (the first load after a restart) does not move and stays. No address is then judged by keys meant for an
 //     identity it is leaving or has not reached. Should one of these
 //     writes fail, every enforcing endpoint is closed (denies everything)
 //     before anything else is written: a missing except prefix would
@@ -125,7 +136,14 @@ func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) e
 // already, so a full ipcache denies the new pod, not every endpoint.
 func (n *Node) closeMovingAddresses(d policy.Diff) (closeAll, contained error) {
 	var open, closed []error
+	cidrs, err := n.cidrEntries(len(d.CIDRUpsert) > 0)
+	if err != nil {
+		open = append(open, err)
+	}
 	for a, id := range d.IPCacheUpsert {
+		if cur, ok := n.ipcacheEntry(a); ok && cur == id {
+			continue // already there (the first load after a restart): it does not move
+		}
 		err := n.putIPCache(a, policy.IdentityUnidentified)
 		if err != nil && id >= policy.MinClusterIdentity && !n.inIPCache(a) {
 			closed = append(closed, err)
@@ -136,7 +154,10 @@ func (n *Node) closeMovingAddresses(d policy.Diff) (closeAll, contained error) {
 	for _, a := range d.IPCacheDelete {
 		open = append(open, n.putIPCache(a, policy.IdentityUnidentified))
 	}
-	for p := range d.CIDRUpsert {
+	for p, id := range d.CIDRUpsert {
+		if cur, ok := cidrs[p]; ok && cur == id {
+			continue
+		}
 		open = append(open, n.putCIDR(p, policy.IdentityUnidentified))
 	}
 	for _, p := range d.CIDRDelete {
@@ -147,12 +168,45 @@ func (n *Node) closeMovingAddresses(d policy.Diff) (closeAll, contained error) {
 
 // inIPCache reports whether the ipcache holds a.
 func (n *Node) inIPCache(a netip.Addr) bool {
+	_, ok := n.ipcacheEntry(a)
+	return ok
+}
+
+// ipcacheEntry is a's identity in the ipcache, if it holds a.
+func (n *Node) ipcacheEntry(a netip.Addr) (policy.Identity, bool) {
 	k, err := bpfAddr(a)
 	if err != nil {
-		return false
+		return 0, false
 	}
 	var id uint32
-	return n.progs.IPCache.Lookup(k, &id) == nil
+	if n.progs.IPCache.Lookup(k, &id) != nil {
+		return 0, false
+	}
+	return policy.Identity(id), true
+}
+
+// cidrEntries reads the CIDR map's exact entries (a lookup in an LPM
+// trie answers the longest match, not the entry of one prefix); none
+// when want is false.
+func (n *Node) cidrEntries(want bool) (map[netip.Prefix]policy.Identity, error) {
+	out := map[netip.Prefix]policy.Identity{}
+	if !want {
+		return out, nil
+	}
+	var (
+		k  lxcCidrKey
+		id uint32
+	)
+	it := n.progs.CIDRIDs.Iterate()
+	for it.Next(&k, &id) {
+		if p, ok := prefixOfCIDRKey(k); ok {
+			out[p] = policy.Identity(id)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read the CIDR map: %w", err)
+	}
+	return out, nil
 }
 
 // writeIdentities writes the diff's new ipcache entries, then its new
