@@ -1,12 +1,13 @@
 package main
 
 import (
-	"os/exec"
 	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/weirnet/weir/internal/lab"
 )
 
 // invocation is the command line that reruns the scenario being run:
@@ -41,16 +42,6 @@ func shellQuote(s string) string {
 }
 
 // sourceCommit is the commit the benchmark ran, "-dirty" appended when
-// the tree has uncommitted changes; empty outside a git checkout.
-func sourceCommit() string {
-	head, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
-	if err != nil {
-		return ""
-	}
-	commit := strings.TrimSpace(string(head))
-	// Results written by earlier scenarios are no change to the code.
-	if out, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results").Output(); err == nil && len(out) > 0 {
-		commit += "-dirty"
-	}
-	return commit
-}
+// the code has uncommitted changes (results written by earlier scenarios
+// are none); empty outside a git checkout.
+func sourceCommit() string { return lab.GitCommit(".", "bench/results") }

@@ -58,6 +58,30 @@ func (pr orderProbe) String() string {
 	return fmt.Sprintf("%s -> %v:%d", pr.pod, pr.dst, pr.dport)
 }
 
+// runProbes sends every probe through the programs, each from a fresh
+// source port (a tracked flow would not be judged again before the
+// revision bump), and says which got through.
+func runProbes(t *testing.T, p *Programs, probes []orderProbe, sport *uint16) []bool {
+	t.Helper()
+	out := make([]bool, len(probes))
+	for i, pr := range probes {
+		*sport++
+		f := udpFrameTo(pr.src, pr.dst, pr.dport)
+		binary.BigEndian.PutUint16(f[14+20:], *sport)
+		ret, _ := run(t, p.FromContainer, f, pr.ifindex)
+		out[i] = ret != tcActShot
+	}
+	return out
+}
+
+// denyBDocNet is an Admin Deny of B's egress to 198.51.100.0/24.
+func denyBDocNet() *policy.ClusterPolicy {
+	denyB := clusterPolicy(policy.KindClusterNetworkPolicy, "b-no-doc-net", npav1alpha2.AdminTier, 1, "b")
+	denyB.Spec.Egress = []npav1alpha2.ClusterNetworkPolicyEgressRule{{Name: "deny", Action: "Deny",
+		To: []npav1alpha2.ClusterNetworkPolicyEgressPeer{{Networks: []npav1alpha2.CIDR{"198.51.100.0/24"}}}}}
+	return denyB
+}
+
 func egressIPBlock(name, pod, cidr string, except ...string) *networkingv1.NetworkPolicy {
 	p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: name}}
 	p.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": pod}}
@@ -81,9 +105,7 @@ func egressIPBlock(name, pod, cidr string, except ...string) *networkingv1.Netwo
 func TestEveryIntermediateStateIsBounded(t *testing.T) {
 	p, n, _ := eventNode(t)
 	c := policy.NewCompiler()
-	denyB := clusterPolicy(policy.KindClusterNetworkPolicy, "b-no-doc-net", npav1alpha2.AdminTier, 1, "b")
-	denyB.Spec.Egress = []npav1alpha2.ClusterNetworkPolicyEgressRule{{Name: "deny", Action: "Deny",
-		To: []npav1alpha2.ClusterNetworkPolicyEgressPeer{{Networks: []npav1alpha2.CIDR{"198.51.100.0/24"}}}}}
+	denyB := denyBDocNet()
 	aToB := egressIPBlock("a-to-b", "a", podB.String()+"/32")
 	states := [][]*networkingv1.NetworkPolicy{
 		{aToB},
@@ -97,19 +119,7 @@ func TestEveryIntermediateStateIsBounded(t *testing.T) {
 	}
 	probes := orderProbes()
 	sport := uint16(20000)
-	// verdicts runs every probe from a fresh source port (a tracked flow
-	// would not be judged again before the revision bump).
-	verdicts := func() []bool {
-		out := make([]bool, len(probes))
-		for i, pr := range probes {
-			sport++
-			f := udpFrameTo(pr.src, pr.dst, pr.dport)
-			binary.BigEndian.PutUint16(f[14+20:], sport)
-			ret, _ := run(t, p.FromContainer, f, pr.ifindex)
-			out[i] = ret != tcActShot
-		}
-		return out
-	}
+	verdicts := func() []bool { return runProbes(t, p, probes, &sport) }
 
 	// As the agent does, each pod is closed until its first policy load
 	// (IsolateEndpoint): the state before the first step denies all.
@@ -230,9 +240,7 @@ func TestDecisionStraddlingWritesIsReadAgain(t *testing.T) {
 func TestReloadAfterRestartChangesNoVerdict(t *testing.T) {
 	p, n, _ := eventNode(t)
 	c := policy.NewCompiler()
-	denyB := clusterPolicy(policy.KindClusterNetworkPolicy, "b-no-doc-net", npav1alpha2.AdminTier, 1, "b")
-	denyB.Spec.Egress = []npav1alpha2.ClusterNetworkPolicyEgressRule{{Name: "deny", Action: "Deny",
-		To: []npav1alpha2.ClusterNetworkPolicyEgressPeer{{Networks: []npav1alpha2.CIDR{"198.51.100.0/24"}}}}}
+	denyB := denyBDocNet()
 	s := policyFixture(egressIPBlock("a-to-b", "a", podB.String()+"/32"),
 		egressIPBlock("a-test-net", "a", "203.0.113.0/24", "203.0.113.0/28"), egressIPBlock("b-doc-net", "b", "198.51.100.0/24"))
 	s.ClusterPolicies = []*policy.ClusterPolicy{denyB}
@@ -243,13 +251,9 @@ func TestReloadAfterRestartChangesNoVerdict(t *testing.T) {
 	probes := orderProbes()
 	sport := uint16(30000)
 	n.afterWrite = func() {
-		for _, pr := range probes {
-			sport++
-			f := udpFrameTo(pr.src, pr.dst, pr.dport)
-			binary.BigEndian.PutUint16(f[14+20:], sport)
-			ret, _ := run(t, p.FromContainer, f, pr.ifindex)
-			if got, want := ret != tcActShot, pr.allowedBy(res); got != want {
-				t.Errorf("during the reload: %v allowed=%v, the policy says %v", pr, got, want)
+		for i, got := range runProbes(t, p, probes, &sport) {
+			if want := probes[i].allowedBy(res); got != want {
+				t.Errorf("during the reload: %v allowed=%v, the policy says %v", probes[i], got, want)
 			}
 		}
 	}

@@ -162,12 +162,18 @@ func silentAgents(nodes []Node, now time.Time) []string {
 }
 
 func (v verdicts) silentMessage() string {
-	named := v.silent[:min(len(v.silent), maxLaggingNamed)]
-	msg := fmt.Sprintf("programmed on %d/%d nodes with a ready weir-agent; unknown on %s", v.programmed, v.ready, strings.Join(named, ", "))
-	if more := len(v.silent) - len(named); more > 0 {
-		msg += fmt.Sprintf(" and %d more", more)
+	return fmt.Sprintf("programmed on %d/%d nodes with a ready weir-agent; unknown on %s: their datapaths keep the policy they last loaded",
+		v.programmed, v.ready, nameSome(v.silent))
+}
+
+// nameSome lists up to maxLaggingNamed nodes and counts the rest.
+func nameSome(nodes []string) string {
+	named := nodes[:min(len(nodes), maxLaggingNamed)]
+	out := strings.Join(named, ", ")
+	if more := len(nodes) - len(named); more > 0 {
+		out += fmt.Sprintf(" and %d more", more)
 	}
-	return msg + ": their datapaths keep the policy they last loaded"
+	return out
 }
 
 func tally(p ClusterPolicyObject, ready []Node) verdicts {
@@ -192,12 +198,7 @@ func tally(p ClusterPolicyObject, ready []Node) verdicts {
 }
 
 func (v verdicts) pendingMessage() string {
-	named := v.lagging[:min(len(v.lagging), maxLaggingNamed)]
-	msg := fmt.Sprintf("programmed on %d/%d nodes; waiting for %s", v.programmed, v.ready, strings.Join(named, ", "))
-	if more := len(v.lagging) - len(named); more > 0 {
-		msg += fmt.Sprintf(" and %d more", more)
-	}
-	return msg
+	return fmt.Sprintf("programmed on %d/%d nodes; waiting for %s", v.programmed, v.ready, nameSome(v.lagging))
 }
 
 // clip keeps a message within the API server's limit.
