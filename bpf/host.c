@@ -15,14 +15,17 @@
  *
  * In native-routing mode, packets another node routed to one of our pods
  * then go straight into the pod once its ingress policy allows
- * (conntrack.h); everything else continues into the node's stack. Native
- * routing has no field to carry the sender's identity: pods are judged by
- * the ipcache, and a pod address it does not know yet is unidentified
+ * (conntrack.h); everything else continues into the node's stack. A peer's
+ * pod's packet that opens a flow carries its identity in an IPv4 option
+ * its node added (nativeid.h): it is read and stripped here, and judges
+ * the pod from its first packet. Without one, pods are judged by the
+ * ipcache, and a pod address it does not know yet is unidentified
  * (identity.h).
  */
 #include "lib/common.h"
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
+#include "lib/nativeid.h"
 #include "lib/nfct.h"
 #include "lib/reject.h"
 #include "lib/tunnel.h"
@@ -52,36 +55,73 @@ static __always_inline int netdev_from_hop(struct __sk_buff *skb, __be32 node)
 	return __builtin_memcmp(fib.dmac, eth->h_source, ETH_ALEN) == 0;
 }
 
+/* What netdev_sender_ok found the sender to be. */
+enum netdev_sender {
+	SENDER_REFUSED = 0,
+	SENDER_OK,       /* a node, the world: judged by its address */
+	SENDER_PEER_POD, /* a peer's pod, from the hop towards its node */
+};
+
 /* netdev_sender_ok: see the top of this file. */
-static __always_inline int netdev_sender_ok(struct __sk_buff *skb, struct iphdr *ip)
+static __always_inline enum netdev_sender netdev_sender_ok(struct __sk_buff *skb, struct iphdr *ip)
 {
 	const struct tunnel_info *owner;
 	__be32 node;
 	__u32 id;
 
 	if (in_pod_cidr_v4(ip->saddr) || endpoint_lookup_v4(ip->saddr))
-		return 0;
+		return SENDER_REFUSED;
 	owner = tunnel_lookup_v4(ip->saddr);
 	if (owner) {
 		if (owner->node.family != WEIR_AF_INET)
-			return 0;
+			return SENDER_REFUSED;
 		__builtin_memcpy(&node, owner->node.addr, sizeof(node));
-		return netdev_from_hop(skb, node);
+		return netdev_from_hop(skb, node) ? SENDER_PEER_POD : SENDER_REFUSED;
 	}
 	if (in_cluster_cidr_v4(ip->saddr))
-		return 0;
+		return SENDER_REFUSED;
 	id = ipcache_identity_v4(ip->saddr);
 	if (id == IDENTITY_HOST)
-		return 0;
+		return SENDER_REFUSED;
 	if (id == IDENTITY_REMOTE_NODE)
-		return netdev_from_hop(skb, ip->saddr);
-	return 1; /* the world: judged by its address */
+		return netdev_from_hop(skb, ip->saddr) ? SENDER_OK : SENDER_REFUSED;
+	return SENDER_OK; /* the world: judged by its address */
+}
+
+/*
+ * netdev_take_identity strips the identity option a peer's pod's packet
+ * carries and fills hint with it (nativeid.h). It returns the packet's
+ * IPv4 header again, or NULL when the packet must be dropped.
+ */
+static __always_inline struct iphdr *netdev_take_identity(struct __sk_buff *skb, struct iphdr *ip,
+							  struct identity_hint *hint)
+{
+	__be32 saddr = ip->saddr;
+	__u32 id;
+
+	if (nativeid_take(skb, ip, sizeof(struct ethhdr), &id) < 0) {
+		metric_inc(METRIC_DROP_IDENTITY_OPTION);
+		return NULL;
+	}
+	ip = ipv4_hdr(skb);
+	if (!ip) {
+		metric_inc(METRIC_DROP_MALFORMED);
+		return NULL;
+	}
+	if (id) {
+		hint->addr = saddr;
+		hint->id = vouched_pod_identity(id);
+		metric_inc(METRIC_IDENTITY_OPTION_READ);
+	}
+	return ip;
 }
 
 SEC("tcx/ingress")
 int from_netdev(struct __sk_buff *skb)
 {
+	struct identity_hint hint = {};
 	const struct endpoint_info *ep;
+	enum netdev_sender sender;
 	struct iphdr *ip;
 	int verdict;
 
@@ -90,16 +130,22 @@ int from_netdev(struct __sk_buff *skb)
 	ip = ipv4_hdr(skb);
 	if (!ip)
 		return TC_ACT_OK; /* not ours to judge: the stack drops bad headers */
-	if (!netdev_sender_ok(skb, ip)) {
+	sender = netdev_sender_ok(skb, ip);
+	if (sender == SENDER_REFUSED) {
 		metric_inc(METRIC_DROP_TUNNEL_SOURCE);
 		return TC_ACT_SHOT;
 	}
 	if (TUNNEL_MODE != WEIR_MODE_NATIVE)
 		return TC_ACT_OK;
+	if (sender == SENDER_PEER_POD) {
+		ip = netdev_take_identity(skb, ip, &hint);
+		if (!ip)
+			return TC_ACT_SHOT;
+	}
 	ep = endpoint_lookup_v4(ip->daddr);
 	if (!ep || nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
-	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr), NULL);
+	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr), &hint);
 	if (verdict == CT_POLICY_REJECT)
 		return reject_v4(skb, sizeof(struct ethhdr));
 	if (verdict != TC_ACT_OK)

@@ -6,10 +6,12 @@
  *
  *   ARP          -> answered here (arp.h)
  *   IPv4 of a flow the stack NATed -> the stack, to reverse it (nfct.h)
+ *   IPv4 carrying the node's identity option -> dropped (nativeid.h)
  *   IPv4, denied by policy -> dropped, or answered if a Reject rule
  *                  denied it (conntrack.h, reject.h)
  *   IPv4, local  -> straight into the destination pod (endpoint.h)
- *   IPv4, remote -> to the owning node, overlay or FIB (tunnel.h)
+ *   IPv4, remote -> to the owning node, overlay or FIB (tunnel.h), with
+ *                  the sender's identity in the VNI or an IPv4 option
  *   IPv4, other  -> the node's stack (node addresses, masquerade to outside)
  *   IPv6 neighbour discovery -> the node's stack (podlink.h)
  *   anything else, and any tagged frame -> dropped (podlink.h)
@@ -22,6 +24,7 @@
 #include "lib/arp.h"
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
+#include "lib/nativeid.h"
 #include "lib/nfct.h"
 #include "lib/podlink.h"
 #include "lib/reject.h"
@@ -34,7 +37,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	const struct endpoint_info *src, *dst;
 	const struct tunnel_info *remote;
 	struct iphdr *ip = ipv4_hdr(skb);
-	int verdict;
+	int verdict, opens = 0;
 
 	if (!ip) {
 		metric_inc(METRIC_DROP_MALFORMED);
@@ -48,6 +51,12 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 
+	/* The identity option is a node's word, never a pod's (nativeid.h). */
+	if (nativeid_forged(skb, ip, sizeof(struct ethhdr))) {
+		metric_inc(METRIC_DROP_IDENTITY_OPTION);
+		return TC_ACT_SHOT;
+	}
+
 	if (podlink_group_v4(ip->daddr)) {
 		metric_inc(METRIC_DROP_BROADCAST);
 		return TC_ACT_SHOT;
@@ -57,7 +66,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
 	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
-	verdict = ct_policy_v4(skb, ip, sizeof(struct ethhdr), NULL);
+	verdict = ct_policy_v4_opens(skb, ip, sizeof(struct ethhdr), NULL, &opens);
 	if (verdict == CT_POLICY_REJECT)
 		return reject_v4(skb, sizeof(struct ethhdr));
 	if (verdict != TC_ACT_OK)
@@ -65,7 +74,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	if (dst)
 		return endpoint_deliver(skb, dst);
 	if (remote)
-		return tunnel_forward_v4(skb, ip, remote, label_identity_v4(ip->saddr));
+		return tunnel_forward_v4(skb, ip, remote, label_identity_v4(ip->saddr), opens);
 
 	metric_inc(METRIC_PASS_HOST);
 	return TC_ACT_OK;

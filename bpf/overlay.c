@@ -66,10 +66,7 @@ static __always_inline int overlay_sender_ok(__be32 saddr, __be32 outer, __u32 v
 	if (!tunnel_owner_is(owner, outer))
 		return 0;
 	hint->addr = saddr;
-	if ((vni >= IDENTITY_MIN_CLUSTER && vni <= IDENTITY_MAX_CLUSTER) || vni == IDENTITY_UNIDENTIFIED)
-		hint->id = vni;
-	else
-		hint->id = IDENTITY_UNIDENTIFIED; /* a pod address can carry no other */
+	hint->id = vouched_pod_identity(vni);
 	return 1;
 }
 

@@ -329,13 +329,14 @@ __always_inline_fn void ct_revoke(struct ct_entry *e, const struct ct_key *orig)
 }
 
 /*
- * ct_policy_v4 returns TC_ACT_OK to let the packet on, TC_ACT_SHOT when
- * policy denies its flow, CT_POLICY_REJECT when a Reject rule does. ip
- * must be a validated header at l3_off; hint (or NULL) is the identity the
- * packet's sender carried.
+ * ct_policy_v4_opens returns TC_ACT_OK to let the packet on, TC_ACT_SHOT
+ * when policy denies its flow, CT_POLICY_REJECT when a Reject rule does,
+ * and sets *opens when the packet was allowed as the first of a new
+ * flow. ip must be a validated header at l3_off; hint (or NULL) is the
+ * identity the packet's sender carried.
  */
-__always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off,
-				    const struct identity_hint *hint)
+__always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off,
+					  const struct identity_hint *hint, int *opens)
 {
 	struct ct_key key, rev_key, *orig = &key;
 	struct ct_entry *e, fresh = {};
@@ -417,7 +418,17 @@ __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u
 	if (ct_create(&key, &fresh) < 0)
 		metric_inc(METRIC_CT_FULL); /* allowed; UDP is decided again next packet, TCP dropped as flowless */
 	metric_inc(METRIC_CT_NEW);
+	*opens = 1;
 	return TC_ACT_OK;
+}
+
+/* ct_policy_v4 is ct_policy_v4_opens for callers that do not ask. */
+__always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off,
+				    const struct identity_hint *hint)
+{
+	int opens = 0;
+
+	return ct_policy_v4_opens(skb, ip, l3_off, hint, &opens);
 }
 
 #endif /* WEIR_LIB_CONNTRACK_H */

@@ -73,6 +73,16 @@ struct identity_hint {
 	__u32 id; /* 0: no hint */
 };
 
+/* vouched_pod_identity is the identity a peer node's word (VNI, identity
+ * option) gives one of its pods: a label identity or unidentified, never a
+ * reserved one, which a pod address cannot have. */
+__always_inline_fn __u32 vouched_pod_identity(__u32 id)
+{
+	if ((id >= IDENTITY_MIN_CLUSTER && id <= IDENTITY_MAX_CLUSTER) || id == IDENTITY_UNIDENTIFIED)
+		return id;
+	return IDENTITY_UNIDENTIFIED;
+}
+
 /* label_identity_v4 is an address's label identity from the ipcache. */
 __always_inline_fn __u32 label_identity_v4(__be32 ip)
 {

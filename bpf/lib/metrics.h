@@ -40,6 +40,9 @@ enum weir_metric {
 	METRIC_POLICY_REREAD,      /* a decision read again: policy changed while it read (policy.h) */
 	METRIC_DROP_POLICY_CHANGING, /* denied: policy kept changing through every read (policy.h) */
 	METRIC_VERDICT_COUNT_FULL, /* a verdict not counted for the metrics: weir_verdicts full (events.h) */
+	METRIC_IDENTITY_OPTION_SENT, /* a flow-opening packet routed natively with its identity (nativeid.h) */
+	METRIC_IDENTITY_OPTION_READ, /* a natively routed packet judged by the identity its node sent */
+	METRIC_DROP_IDENTITY_OPTION, /* an identity option a pod forged, or one that could not be added or stripped */
 	METRIC_MAX,
 };
 

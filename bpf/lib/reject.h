@@ -162,7 +162,7 @@ __always_inline_fn int reject_v4(struct __sk_buff *skb, __u32 l3_off)
 	if (!ip)
 		goto drop;
 	/* The answer is the rejecting pod's: it carries that pod's identity. */
-	return tunnel_forward_v4(skb, ip, remote, label_identity_v4(ip->saddr));
+	return tunnel_forward_v4(skb, ip, remote, label_identity_v4(ip->saddr), 1);
 drop:
 	metric_inc(METRIC_DROP_POLICY);
 	return TC_ACT_SHOT;

@@ -14,13 +14,16 @@
  * Cilium's does: the receiving node judges a new pod by the identity its
  * own node vouches for, from the first packet, instead of waiting for the
  * pod's address to reach it through the API server. A pod address is
- * accepted from the overlay only from the node that owns its CIDR.
+ * accepted from the overlay only from the node that owns its CIDR. Native
+ * routing carries the identity in an IPv4 option instead (nativeid.h).
  */
 #ifndef WEIR_LIB_TUNNEL_H
 #define WEIR_LIB_TUNNEL_H
 
 #include "addr.h"
+#include "eth.h"
 #include "metrics.h"
+#include "nativeid.h"
 
 #define TUNNEL_KEY_PREFIX_BITS 32 /* family + pad in front of the address */
 
@@ -100,38 +103,57 @@ __always_inline_fn int tunnel_set_key(struct __sk_buff *skb, const struct tunnel
 }
 
 /*
- * tunnel_forward_v4 sends a packet for a remote pod to the node that owns
- * it; src_id is the sender's identity, carried in VXLAN mode.
+ * native_fib_v4 asks the FIB for the route the agent installed towards a
+ * remote CIDR, for a packet of tot_len bytes; an unresolved neighbour is
+ * fine, redirect_neigh resolves it.
  */
-__always_inline_fn int tunnel_forward_v4(struct __sk_buff *skb, struct iphdr *ip,
-					 const struct tunnel_info *t, __u32 src_id)
+__always_inline_fn long native_fib_v4(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __be32 saddr, __be32 daddr,
+				      __u8 tos, __u8 proto, __u16 tot_len)
 {
-	struct bpf_fib_lookup fib = {};
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = WEIR_AF_INET;
+	fib->ipv4_src = saddr;
+	fib->ipv4_dst = daddr;
+	fib->tos = tos;
+	fib->l4_protocol = proto;
+	fib->tot_len = tot_len;
+	fib->ifindex = skb->ingress_ifindex;
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
+/*
+ * native_forward_v4 routes a packet for a remote pod through the FIB and
+ * puts the sender's identity into it when it opens a flow and the route's
+ * MTU leaves room (nativeid.h).
+ */
+__always_inline_fn int native_forward_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 src_id, int opens)
+{
+	struct bpf_fib_lookup fib;
+	__be32 saddr = ip->saddr, daddr = ip->daddr;
+	__u16 tot_len = bpf_ntohs(ip->tot_len);
+	__u8 tos = ip->tos, proto = ip->protocol;
+	int stamp = nativeid_wanted(skb, ip, sizeof(struct ethhdr), opens);
 	long rc;
 
-	if (TUNNEL_MODE == WEIR_MODE_VXLAN) {
-		if (tunnel_set_key(skb, t, src_id) < 0) {
-			metric_inc(METRIC_DROP_TUNNEL);
-			return TC_ACT_SHOT;
-		}
-		metric_inc(METRIC_REDIRECT_TUNNEL);
-		return bpf_redirect(OVERLAY_IFINDEX, 0);
+	rc = native_fib_v4(skb, &fib, saddr, daddr, tos, proto, tot_len + (stamp ? IPOPT_WEIR_IDENTITY_LEN : 0));
+	if (stamp && rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		stamp = 0; /* no room under the MTU: the receiver's ipcache judges it */
+		rc = native_fib_v4(skb, &fib, saddr, daddr, tos, proto, tot_len);
 	}
-
-	/* Native routing: the agent installed a route per remote CIDR; ask
-	 * the FIB for it and let the kernel resolve the next hop's MAC. */
-	fib.family = WEIR_AF_INET;
-	fib.ipv4_src = ip->saddr;
-	fib.ipv4_dst = ip->daddr;
-	fib.tos = ip->tos;
-	fib.l4_protocol = ip->protocol;
-	fib.tot_len = bpf_ntohs(ip->tot_len);
-	fib.ifindex = skb->ingress_ifindex;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	/* An unresolved neighbour is fine: redirect_neigh resolves it. */
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		metric_inc(METRIC_PASS_HOST);
 		return TC_ACT_OK;
+	}
+	if (stamp) {
+		/* Without room the packet goes as it came: judged by the
+		 * receiver's ipcache. Half made, it goes nowhere. */
+		rc = nativeid_stamp(skb, sizeof(struct ethhdr), src_id);
+		if (rc == -2) {
+			metric_inc(METRIC_DROP_IDENTITY_OPTION);
+			return TC_ACT_SHOT;
+		}
+		if (rc == 0)
+			metric_inc(METRIC_IDENTITY_OPTION_SENT);
 	}
 	{
 		struct bpf_redir_neigh nh = { .nh_family = fib.family };
@@ -140,6 +162,26 @@ __always_inline_fn int tunnel_forward_v4(struct __sk_buff *skb, struct iphdr *ip
 		metric_inc(METRIC_REDIRECT_NATIVE);
 		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 	}
+}
+
+/*
+ * tunnel_forward_v4 sends a packet for a remote pod to the node that owns
+ * it; src_id is the sender's identity, carried in the VNI in VXLAN mode
+ * and in an IPv4 option on flow-opening packets in native routing (opens:
+ * the packet was allowed as the first of a new flow).
+ */
+__always_inline_fn int tunnel_forward_v4(struct __sk_buff *skb, struct iphdr *ip,
+					 const struct tunnel_info *t, __u32 src_id, int opens)
+{
+	if (TUNNEL_MODE == WEIR_MODE_VXLAN) {
+		if (tunnel_set_key(skb, t, src_id) < 0) {
+			metric_inc(METRIC_DROP_TUNNEL);
+			return TC_ACT_SHOT;
+		}
+		metric_inc(METRIC_REDIRECT_TUNNEL);
+		return bpf_redirect(OVERLAY_IFINDEX, 0);
+	}
+	return native_forward_v4(skb, ip, src_id, opens);
 }
 
 #endif /* WEIR_LIB_TUNNEL_H */

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/policy"
 	"github.com/weirnet/weir/internal/testutil"
 )
 
@@ -25,6 +26,8 @@ type testNode struct {
 	nodeNS ns.NetNS
 	dp     *datapath.Node
 	agent  *Agent
+	// ids are the identities of the label sets clientAndServer numbered.
+	ids map[string]policy.Identity
 }
 
 func newTestNode(t *testing.T, podCIDR string) *testNode {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -10,9 +11,13 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/k8s"
+	"github.com/weirnet/weir/internal/policy"
 	"github.com/weirnet/weir/internal/testutil"
 )
 
@@ -205,5 +210,98 @@ func TestUnderlayRefusesWhatNoNodeCouldSend(t *testing.T) {
 				t.Errorf("drop_tunnel_source grew by %d, want 5", d)
 			}
 		})
+	}
+}
+
+// identityOption is the IPv4 option a node puts into natively routed
+// packets that open a flow (bpf/lib/nativeid.h).
+func identityOption(id policy.Identity) []byte { return []byte{0x9e, 4, byte(id >> 8), byte(id)} }
+
+// TestNativeIdentityTravelsWithNewPods, with real packets in native
+// routing. Arriving: replicas of a peer's pods whose addresses this node
+// has not learned are judged by the identity their node put into the
+// packet, so the one whose labels are denied stays out, the one whose
+// labels are allowed gets in from its first datagram, and one without an
+// identity is unidentified and denied. Leaving: a pod's datagram to a
+// peer's pod reaches the underlay with the pod's identity as its first
+// IPv4 option.
+func TestNativeIdentityTravelsWithNewPods(t *testing.T) {
+	n := newTestNodeMode(t, "10.244.1.0/24", datapath.ModeNative)
+	client, server := n.newPod(), n.newPod()
+	friend, enemy := map[string]string{"app": "friend"}, map[string]string{"app": "enemy"}
+	remote := []k8s.Pod{
+		{Namespace: "default", Name: "friend", Labels: friend, IPs: []netip.Addr{netip.MustParseAddr("10.244.9.5")}, NodeName: "n2"},
+		{Namespace: "default", Name: "enemy", Labels: enemy, IPs: []netip.Addr{netip.MustParseAddr("10.244.9.6")}, NodeName: "n2"},
+	}
+	deny := &policy.ClusterPolicy{Kind: policy.KindClusterNetworkPolicy, Name: "no-enemy"}
+	deny.Spec.Tier = npav1alpha2.AdminTier
+	deny.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}}
+	deny.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "no-enemy", Action: "Deny",
+		From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Pods: &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: enemy}}}}}}
+	sr := n.clientAndServer(client, server, remote, deny)
+	serverIP := sr.Address.Addr()
+	far, farMAC := underlayPeer(t, n, peerNodeIP)
+	if err := n.agent.SetPeers([]api.Peer{{Name: "n2", NodeIP: peerNodeIP, PodCIDR: netip.MustParsePrefix(peerPodCIDR)}}); err != nil {
+		t.Fatal(err)
+	}
+	var nodeMAC net.HardwareAddr
+	inNode(t, n, func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		nodeMAC = l.Attrs().HardwareAddr
+		return netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, IP: peerNodeIP.AsSlice(),
+			HardwareAddr: farMAC, State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4})
+	})
+
+	got := udpCatcher(t, server, 7000)
+	before, err := n.dp.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := func(src string, what string) []byte {
+		return testutil.IPv4UDP(nodeMAC, farMAC, netip.MustParseAddr(src), serverIP, 40000, 7000, []byte(what))
+	}
+	in(t, far, func() error {
+		return testutil.SendFrames("eth0peer",
+			testutil.IPv4WithOption(frame("10.244.9.20", "enemy's new replica"), identityOption(n.identity(enemy))),
+			frame("10.244.9.21", "a new pod without its identity"),
+			testutil.IPv4WithOption(frame("10.244.9.22", "friend's new replica"), identityOption(n.identity(friend))))
+	})
+	expectOnly(t, got, "friend's new replica")
+	after, err := n.dp.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after["identity_option_read"] - before["identity_option_read"]; d != 2 {
+		t.Errorf("identity_option_read grew by %d, want 2", d)
+	}
+
+	var capture *testutil.Capture
+	in(t, far, func() (err error) { capture, err = testutil.OpenCapture("eth0peer"); return err })
+	defer capture.Close()
+	peerPod := netip.MustParseAddr("10.244.9.30")
+	in(t, client, func() error {
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: peerPod.AsSlice(), Port: 7000})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("to a peer's pod"))
+		return err
+	})
+	out, err := capture.Next(3*time.Second, func(f []byte) bool {
+		return len(f) >= 34 && netip.AddrFrom4([4]byte(f[14+16:14+20])) == peerPod
+	})
+	if err != nil {
+		t.Fatalf("the client's datagram never reached the underlay: %v", err)
+	}
+	ihl := int(out[14]&0xf) * 4
+	if want := identityOption(n.identity(map[string]string{"app": "client"})); ihl < 24 || !bytes.Equal(out[14+20:14+24], want) {
+		t.Fatalf("the client's datagram left with IPv4 header % x, want the option % x first", out[14:14+ihl], want)
+	}
+	if testutil.Checksum(out[14:14+ihl]) != 0 {
+		t.Errorf("the client's datagram left with a bad IPv4 header checksum")
 	}
 }

@@ -153,6 +153,7 @@ func (n *testNode) clientAndServer(client, server ns.NetNS, remote []k8s.Pod, cp
 			ids[key] = policy.MinClusterIdentity + policy.Identity(len(ids))
 		}
 	}
+	n.ids = ids
 	n.agent.snapshot = func() (k8s.Snapshot, bool) {
 		return k8s.Snapshot{
 			Namespaces: map[string]map[string]string{"default": nsLabels},
@@ -167,6 +168,18 @@ func (n *testNode) clientAndServer(client, server ns.NetNS, remote []k8s.Pod, cp
 		n.t.Fatal(err)
 	}
 	return sr
+}
+
+// identity is the identity clientAndServer gave pods of namespace default
+// with labels.
+func (n *testNode) identity(labels map[string]string) policy.Identity {
+	n.t.Helper()
+	nsLabels := map[string]string{"kubernetes.io/metadata.name": "default"}
+	id, ok := n.ids[policy.IdentityLabels(policy.Namespace{Name: "default", Labels: nsLabels}, labels).Key()]
+	if !ok {
+		n.t.Fatalf("no identity numbered for %v", labels)
+	}
+	return id
 }
 
 func flowsOf(fs []api.Flow) []string {

@@ -276,6 +276,9 @@ var MetricNames = []string{
 	"policy_reread",
 	"drop_policy_changing",
 	"verdict_count_full",
+	"identity_option_sent",
+	"identity_option_read",
+	"drop_identity_option",
 }
 
 // readMetrics sums the per-CPU counters.

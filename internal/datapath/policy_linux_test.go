@@ -83,7 +83,13 @@ func ingressFromApp(app string, proto string, ports ...int32) *networkingv1.Netw
 // eventNode loads the test programs and opens their verdict events.
 func eventNode(t *testing.T) (*Programs, *Node, *EventReader) {
 	t.Helper()
-	p := loadTest(t, ModeVXLAN)
+	return eventNodeMode(t, ModeVXLAN)
+}
+
+// eventNodeMode is eventNode in the given routing mode.
+func eventNodeMode(t *testing.T, mode Mode) (*Programs, *Node, *EventReader) {
+	t.Helper()
+	p := loadTest(t, mode)
 	n := &Node{progs: p}
 	rd, err := n.OpenEventReader()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -143,3 +144,69 @@ func SendFrames(ifName string, frames ...[]byte) error {
 	}
 	return nil
 }
+
+// IPv4WithOption returns an Ethernet/IPv4 frame with opt (a whole number
+// of 4-byte words) inserted as the first IPv4 option, the header length,
+// total length and header checksum adjusted.
+func IPv4WithOption(frame, opt []byte) []byte {
+	const l3 = 14
+	ihl := int(frame[l3]&0xf) * 4
+	out := append(append(append([]byte{}, frame[:l3+20]...), opt...), frame[l3+20:]...)
+	out[l3] = 0x40 | byte((ihl+len(opt))/4)
+	binary.BigEndian.PutUint16(out[l3+2:], binary.BigEndian.Uint16(out[l3+2:])+uint16(len(opt)))
+	binary.BigEndian.PutUint16(out[l3+10:], 0)
+	binary.BigEndian.PutUint16(out[l3+10:], Checksum(out[l3:l3+ihl+len(opt)]))
+	return out
+}
+
+// Capture is an AF_PACKET socket reading every IPv4 frame that reaches
+// one link of the namespace it was opened in.
+type Capture struct{ fd int }
+
+// OpenCapture starts capturing on ifName of the calling thread's namespace.
+func OpenCapture(ifName string) (*Capture, error) {
+	ifi, err := net.InterfaceByName(ifName)
+	if err != nil {
+		return nil, fmt.Errorf("find %s: %w", ifName, err)
+	}
+	proto := binary.NativeEndian.Uint16([]byte{0x08, 0x00}) // ETH_P_IP in network order
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(proto))
+	if err != nil {
+		return nil, fmt.Errorf("open packet socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind packet socket to %s: %w", ifName, err)
+	}
+	return &Capture{fd: fd}, nil
+}
+
+// Next returns the next captured frame for which match is true, or an
+// error once timeout passes without one.
+func (c *Capture) Next(timeout time.Duration, match func([]byte) bool) ([]byte, error) {
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 65536)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("no matching frame within %v", timeout)
+		}
+		tv := unix.NsecToTimeval(left.Nanoseconds())
+		if err := unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return nil, fmt.Errorf("set capture timeout: %w", err)
+		}
+		k, _, err := unix.Recvfrom(c.fd, buf, 0)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("capture: %w", err)
+		}
+		if match(buf[:k]) {
+			return append([]byte{}, buf[:k]...), nil
+		}
+	}
+}
+
+// Close stops the capture.
+func (c *Capture) Close() error { return unix.Close(c.fd) }
