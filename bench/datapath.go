@@ -180,10 +180,24 @@ func nodePair(st *lab.State, name string) setup {
 }
 
 // measureTraffic runs every test on every setup, rep by rep; within a rep
-// the setups take turns in a rotating order so none always runs first.
+// the setups take turns in a rotating order so none always runs first. It
+// repeats until the paired ratios are tight enough (precision.go).
 func measureTraffic(ctx context.Context, o options, setups []setup, res *result, out io.Writer) error {
 	tests := datapathTests(o)
-	for rep := 0; rep < o.reps; rep++ {
+	if o.warmup > 0 {
+		fmt.Fprintf(out, "==> warm-up: every test on every setup for %v, discarded\n", o.warmup)
+		warm, scratch := o, &result{}
+		warm.duration = o.warmup
+		for _, test := range tests {
+			for _, s := range setups {
+				if err := runOne(ctx, warm, s, test, 0, scratch, false); err != nil {
+					return fmt.Errorf("warm-up %s %s (%s): %w", test, s.Name, s.Path, err)
+				}
+			}
+		}
+		res.WarmupS = o.warmup.Seconds()
+	}
+	for rep := 0; ; rep++ {
 		for _, test := range tests {
 			for i := range setups {
 				s := setups[(i+rep)%len(setups)]
@@ -194,10 +208,12 @@ func measureTraffic(ctx context.Context, o options, setups []setup, res *result,
 					return fmt.Errorf("%s %s (%s): %w", test, s.Name, s.Path, err)
 				}
 			}
-			fmt.Fprintf(out, "    rep %d/%d %s done\n", rep+1, o.reps, test)
+			fmt.Fprintf(out, "    rep %d (at least %d, at most %d) %s done\n", rep+1, o.reps, max(o.reps, o.maxReps), test)
+		}
+		if enoughReps(o, res, rep+1, out) {
+			return nil
 		}
 	}
-	return nil
 }
 
 // measureBPFCost reruns every test on the Weir setups with the kernel's

@@ -30,9 +30,14 @@ func main() {
 type options struct {
 	reps     int
 	duration time.Duration
-	pods     int
-	out      string
-	binDir   string
+	// Repeat until tight: up to maxReps repetitions, until every paired
+	// ratio's interval is within ±precision (precision.go).
+	maxReps   int
+	precision float64
+	warmup    time.Duration
+	pods      int
+	out       string
+	binDir    string
 	// policy-scale
 	levels         []int
 	clients        []int
@@ -53,7 +58,8 @@ func newRoot() *cobra.Command {
 	dp := scenario(&dpo, "datapath",
 		"TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
 		runDatapath)
-	dp.Flags().IntVar(&dpo.reps, "reps", 5, "repetitions of every measurement (interleaved)")
+	dp.Flags().IntVar(&dpo.reps, "reps", 5, "repetitions of every measurement (interleaved); the minimum when --max-reps is larger")
+	repeatFlags(dp, &dpo, 5)
 	dp.Flags().DurationVar(&dpo.duration, "duration", 4*time.Second, "length of one throughput or latency run")
 	dp.Flags().IntVar(&dpo.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
 	dp.Flags().StringVar(&dpo.out, "out", "bench/results", "directory for datapath.{json,md,png}")
@@ -68,6 +74,21 @@ func newRoot() *cobra.Command {
 			return rerunReport(args[0], os.Stdout)
 		},
 	}
+	cmp := &cobra.Command{
+		Use:   "compare A.json B.json",
+		Short: "Check that two runs of one command agree: each paired ratio's median inside the other run's 95% interval",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, b, rows, err := compareRuns(args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if n := writeComparison(os.Stdout, args[0], args[1], a, b, rows); n > 0 {
+				return fmt.Errorf("%d paired ratios disagree between the runs", n)
+			}
+			return nil
+		},
+	}
 	pl := scenario(&plo, "pod-launch",
 		"Time from pod create to Ready and the CNI ADD inside it, Weir vs the bridge plugin on one Kubernetes cluster",
 		runPodLaunch)
@@ -77,7 +98,8 @@ func newRoot() *cobra.Command {
 	ps := scenario(&pso, "policy-scale",
 		"TCP stream and request/response at 0 to 10,000 NetworkPolicy rules, 50-200 concurrent client pods, agent CPU and memory, policy change to enforcement at 1,000 pods",
 		runPolicyScale)
-	ps.Flags().IntVar(&pso.reps, "reps", 3, "repetitions of every measurement (interleaved)")
+	ps.Flags().IntVar(&pso.reps, "reps", 3, "repetitions of every measurement (interleaved); the minimum when --max-reps is larger")
+	repeatFlags(ps, &pso, 3)
 	ps.Flags().DurationVar(&pso.duration, "duration", 4*time.Second, "length of one throughput or latency run")
 	ps.Flags().IntSliceVar(&pso.levels, "rules", []int{100, 1000, 10000}, "rule counts measured besides no policy")
 	ps.Flags().IntSliceVar(&pso.clients, "clients", []int{50, 100, 200}, "concurrent client pods")
@@ -87,8 +109,17 @@ func newRoot() *cobra.Command {
 	ps.Flags().StringVar(&pso.out, "out", "bench/results", "directory for policy-scale.{json,md,png}")
 	ps.Flags().BoolVar(&pso.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
 	ps.Flags().StringVar(&pso.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
-	root.AddCommand(dp, pl, ps, rep, newHTTPServerCommand())
+	root.AddCommand(dp, pl, ps, rep, cmp, newHTTPServerCommand())
 	return root
+}
+
+// repeatFlags are the flags that make a scenario repeat until its paired
+// ratios hold (precision.go). maxReps equal to --reps's default keeps the
+// fixed count unless asked.
+func repeatFlags(cmd *cobra.Command, o *options, maxReps int) {
+	cmd.Flags().IntVar(&o.maxReps, "max-reps", maxReps, "repeat beyond --reps, up to this many repetitions, until every paired ratio's 95% interval is within --precision")
+	cmd.Flags().Float64Var(&o.precision, "precision", 0.03, "wanted half-width of the paired ratios' 95% intervals, relative to their median")
+	cmd.Flags().DurationVar(&o.warmup, "warmup", 0, "a discarded run of this length of every test on every setup before the first repetition (0: none)")
 }
 
 // scenario is the command of one benchmark scenario; run gets the options

@@ -197,13 +197,14 @@ func levelName(rules int) string {
 	return fmt.Sprintf("%d rules", rules)
 }
 
-// measureLevels runs TCP stream and request/response, intra- and
-// inter-node, at every rule count, rep by rep with the levels in a
-// rotating order, and the raw veth pair in the same reps.
+// measureLevels runs TCP stream, request/response and new connections,
+// intra- and inter-node, at every rule count, rep by rep with the levels
+// in a rotating order, and the raw veth pair in the same reps, until the
+// paired ratios are tight enough (precision.go).
 func (b *psBench) measureLevels(ctx context.Context, raw setup) error {
 	levels := append([]int{0}, b.o.levels...)
-	fmt.Fprintf(b.out, "==> TCP stream and request/response at %v rules, %d reps\n", levels, b.o.reps)
-	for rep := 0; rep < b.o.reps; rep++ {
+	fmt.Fprintf(b.out, "==> TCP stream, request/response and new connections at %v rules, %d to %d reps\n", levels, b.o.reps, max(b.o.reps, b.o.maxReps))
+	for rep := 0; ; rep++ {
 		for i := range levels {
 			rules := levels[(i+rep)%len(levels)]
 			took, err := b.applyLevel(ctx, rules)
@@ -219,13 +220,15 @@ func (b *psBench) measureLevels(ctx context.Context, raw setup) error {
 					return err
 				}
 			}
-			fmt.Fprintf(b.out, "    rep %d/%d, %s: applied in %v\n", rep+1, b.o.reps, levelName(rules), took.Round(time.Millisecond))
+			fmt.Fprintf(b.out, "    rep %d, %s: applied in %v\n", rep+1, levelName(rules), took.Round(time.Millisecond))
 		}
 		if err := b.traffic(ctx, raw, rep); err != nil {
 			return err
 		}
+		if enoughReps(b.o, b.res, rep+1, b.out) {
+			return nil
+		}
 	}
-	return nil
 }
 
 // traffic runs a stream and a request/response test on one setup and
@@ -255,6 +258,13 @@ func (b *psBench) traffic(ctx context.Context, s setup, rep int) error {
 	}
 	b.add(s.Name, s.Path, "rr_avg_us", rep, r.AvgUs)
 	b.add(s.Name, s.Path, "rr_p99_us", rep, r.P99Us)
+	// New connections: each one is looked up in the policy map, where a
+	// single long connection is looked up once.
+	cps, err := tcpCRR(ctx, s.ClientNS, s.ServerNS, s.Dst, b.o.duration)
+	if err != nil {
+		return fmt.Errorf("tcp crr %s (%s): %w", s.Name, s.Path, err)
+	}
+	b.add(s.Name, s.Path, "crr_per_s", rep, cps)
 	return nil
 }
 

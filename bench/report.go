@@ -64,9 +64,15 @@ type result struct {
 	Machine   map[string]string `json:"machine"`
 	Reps      int               `json:"reps"`
 	DurationS float64           `json:"duration_s"`
-	Summary   []stat            `json:"summary"`
-	Targets   []target          `json:"targets"`
-	Samples   []sample          `json:"samples"`
+	// Precision is how tight the paired ratios came out, for runs that
+	// repeat until they are tight enough (--max-reps).
+	Precision *precision `json:"precision,omitempty"`
+	// WarmupS is the length of the discarded warm-up run of every test on
+	// every setup before the first repetition.
+	WarmupS float64  `json:"warmup_s,omitempty"`
+	Summary []stat   `json:"summary"`
+	Targets []target `json:"targets"`
+	Samples []sample `json:"samples"`
 }
 
 func (r *result) summarise() {
@@ -236,6 +242,14 @@ func (r *result) judgeFlowCost() {
 	}
 }
 
+// warmupNote describes the warm-up, if the run had one.
+func (r *result) warmupNote() string {
+	if r.WarmupS == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", after a %gs warm-up of every test on every setup", r.WarmupS)
+}
+
 func quantile(sorted []float64, q float64) float64 {
 	if len(sorted) == 0 {
 		return math.NaN()
@@ -290,10 +304,14 @@ func (r *result) markdown() string {
 	}
 	var b strings.Builder
 	r.writeHeader(&b)
-	fmt.Fprintf(&b, "%d repetitions of %gs each, setups interleaved. Cells: median (median of the per-repetition ratios to the raw veth pair).\n", r.Reps, r.DurationS)
+	fmt.Fprintf(&b, "%d repetitions of %gs each, setups interleaved, load generator and server pinned to CPUs 0 and 1%s. Cells: median (median of the per-repetition ratios to the raw veth pair).\n", r.Reps, r.DurationS, r.warmupNote())
+	b.WriteString(r.precisionLine())
 	b.WriteString("Targets use the paired ratios: this machine drifts more between repetitions than the setups differ within one.\n\n")
 	for _, path := range []string{"intra", "inter"} {
 		setups := r.setups(path)
+		if len(setups) == 0 {
+			continue // a run limited by --setups
+		}
 		fmt.Fprintf(&b, "## %s-node\n\n| metric | %s |\n|---|%s\n", path, strings.Join(setups, " | "), strings.Repeat("---|", len(setups)))
 		for _, m := range metricTitles {
 			fmt.Fprintf(&b, "| %s |", m.title)
@@ -315,6 +333,11 @@ func (r *result) markdown() string {
 			parts := strings.Split(s.Metric, "/")
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %.0f |\n", s.Setup, s.Path, parts[1], parts[2], s.Median)
 		}
+	}
+	if math.IsNaN(r.median(setupWeir, "cni", "add_ms")) {
+		b.WriteString("\nCNI latency: not measured in this run (--pods=0).\n")
+		r.writeTargets(&b)
+		return b.String()
 	}
 	b.WriteString("\n## CNI latency (ms, one sample per pod)\n\n| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 |\n|---|---|---|---|---|\n")
 	for _, s := range []string{setupWeir, setupBridge} {

@@ -45,6 +45,10 @@ volatile const __u32 POD_CIDR_V4_MASK = 0; /* its netmask, network order */
  * its VNI come from skb->cb[0] and cb[1] instead (tunnel.h). */
 volatile const __u32 SENDER_FROM_CB = 0;
 
+/* Native routing: put the sending pod's identity into the first packet of
+ * each flow (nativeid.h); 0 for underlays that drop IPv4 options. */
+volatile const __u32 SEND_IDENTITY_OPTION = 0;
+
 volatile const __u32 CLUSTER_CIDR_V4 = 0;      /* every pod address of the cluster */
 volatile const __u32 CLUSTER_CIDR_V4_MASK = 0;
 

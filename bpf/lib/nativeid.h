@@ -13,11 +13,13 @@
  *   type 0x9e (RFC 4727's experimental option, copied flag set), length 4,
  *   identity (16 bits, network order)
  *
- * Only packets that open a flow carry it: every TCP SYN without ACK (a
- * retransmitted one too), and of other protocols the packet this node's
- * conntrack allowed as the first of a new flow (a first fragment, if
- * fragmented). The receiver tracks the flow from that packet; should it
- * not, the next packets are judged by its ipcache, which fails closed.
+ * Only the packet this node's conntrack allowed as the first of a new flow
+ * carries it (for TCP, the first SYN; a first fragment, if fragmented).
+ * The receiver tracks the flow from that packet. A retransmission goes
+ * without and is judged by the receiver's ipcache, which has usually
+ * learned the address by then: should an underlay drop packets with IPv4
+ * options, connections still open, a retransmission later, and the agent
+ * can turn the option off (--identity-option=false).
  * Established flows keep the fixed header, so receive offload (GRO, which
  * refuses IPv4 options) still coalesces bulk traffic and UDP pays nothing
  * per datagram. A packet that would outgrow the route's MTU, a GSO packet, or
@@ -75,12 +77,16 @@ __always_inline_fn int nativeid_wanted(struct __sk_buff *skb, const struct iphdr
 {
 	__u8 flags;
 
+	if (!SEND_IDENTITY_OPTION || !opens)
+		return 0;
 	if (skb->gso_size || (ip->ihl & 0xf) >= IPV4_MAX_IHL)
 		return 0;
+	if (bpf_ntohs(ip->tot_len) > 0xffff - IPOPT_WEIR_IDENTITY_LEN)
+		return 0; /* no room in the length field */
 	if (ip->frag_off & bpf_htons(IPV4_FRAG_OFFSET_MASK))
 		return 0; /* a later fragment follows its first (frag.h) */
 	if (ip->protocol != IPPROTO_TCP)
-		return opens;
+		return 1;
 	/* The TCP flags byte: SYN (0x02) without ACK (0x10). */
 	if (bpf_skb_load_bytes(skb, l3_off + (ip->ihl & 0xf) * 4 + 13, &flags, 1) < 0)
 		return 0;
@@ -162,6 +168,11 @@ __always_inline_fn int nativeid_take(struct __sk_buff *skb, const struct iphdr *
 		return -1;
 	if (nativeid_fix_header(skb, l3_off, -1, 0, raw) < 0)
 		return -1;
+	/* With CHECKSUM_COMPLETE the kernel took the option's bytes out of
+	 * skb->csum, but the header's sum is what it was (its checksum
+	 * field absorbed the change): put them back, or the stack reports a
+	 * checksum fault. Other checksum states refuse the update. */
+	bpf_csum_update(skb, bpf_csum_diff(NULL, 0, &raw, sizeof(raw), 0));
 	*id = bpf_ntohs(opt.id);
 	return 0;
 }

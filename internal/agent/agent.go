@@ -58,6 +58,10 @@ type Config struct {
 	// NoFlowEvents loads the datapath without verdict events: no flows
 	// are recorded. For measuring what flows cost; on by default.
 	NoFlowEvents bool
+	// NoIdentityOption keeps native routing from carrying the sending
+	// pod's identity in its flows' first packets (an IPv4 option), for
+	// underlays that drop IPv4 options.
+	NoIdentityOption bool
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -65,7 +69,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 	return datapath.NodeConfig{
 		Name: c.NodeName, Mode: c.Mode, UnderlayDev: c.UnderlayDev,
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
-		NoFlowEvents: c.NoFlowEvents,
+		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
 	}
 }
 

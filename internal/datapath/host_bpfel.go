@@ -138,32 +138,33 @@ type hostWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	hostMapWeirCidrIds         = "weir_cidr_ids"
-	hostMapWeirCt              = "weir_ct"
-	hostMapWeirCtAny           = "weir_ct_any"
-	hostMapWeirCtRevoked       = "weir_ct_revoked"
-	hostMapWeirEndpoints       = "weir_endpoints"
-	hostMapWeirEpPolicy        = "weir_ep_policy"
-	hostMapWeirEvents          = "weir_events"
-	hostMapWeirFlowConfig      = "weir_flow_config"
-	hostMapWeirFrags           = "weir_frags"
-	hostMapWeirIpcache         = "weir_ipcache"
-	hostMapWeirMetrics         = "weir_metrics"
-	hostMapWeirPeerNodes       = "weir_peer_nodes"
-	hostMapWeirPolicy          = "weir_policy"
-	hostMapWeirPolicyRev       = "weir_policy_rev"
-	hostMapWeirPolicySeq       = "weir_policy_seq"
-	hostMapWeirTunnels         = "weir_tunnels"
-	hostMapWeirVerdicts        = "weir_verdicts"
-	hostProgFromNetdev         = "from_netdev"
-	hostVarCLUSTER_CIDR_V4     = "CLUSTER_CIDR_V4"
-	hostVarCLUSTER_CIDR_V4MASK = "CLUSTER_CIDR_V4_MASK"
-	hostVarOVERLAY_IFINDEX     = "OVERLAY_IFINDEX"
-	hostVarPOD_CIDR_V4         = "POD_CIDR_V4"
-	hostVarPOD_CIDR_V4MASK     = "POD_CIDR_V4_MASK"
-	hostVarSENDER_FROM_CB      = "SENDER_FROM_CB"
-	hostVarTUNNEL_MODE         = "TUNNEL_MODE"
-	hostVarUnusedVerdictEvent  = "unused_verdict_event"
+	hostMapWeirCidrIds          = "weir_cidr_ids"
+	hostMapWeirCt               = "weir_ct"
+	hostMapWeirCtAny            = "weir_ct_any"
+	hostMapWeirCtRevoked        = "weir_ct_revoked"
+	hostMapWeirEndpoints        = "weir_endpoints"
+	hostMapWeirEpPolicy         = "weir_ep_policy"
+	hostMapWeirEvents           = "weir_events"
+	hostMapWeirFlowConfig       = "weir_flow_config"
+	hostMapWeirFrags            = "weir_frags"
+	hostMapWeirIpcache          = "weir_ipcache"
+	hostMapWeirMetrics          = "weir_metrics"
+	hostMapWeirPeerNodes        = "weir_peer_nodes"
+	hostMapWeirPolicy           = "weir_policy"
+	hostMapWeirPolicyRev        = "weir_policy_rev"
+	hostMapWeirPolicySeq        = "weir_policy_seq"
+	hostMapWeirTunnels          = "weir_tunnels"
+	hostMapWeirVerdicts         = "weir_verdicts"
+	hostProgFromNetdev          = "from_netdev"
+	hostVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
+	hostVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
+	hostVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
+	hostVarPOD_CIDR_V4          = "POD_CIDR_V4"
+	hostVarPOD_CIDR_V4MASK      = "POD_CIDR_V4_MASK"
+	hostVarSENDER_FROM_CB       = "SENDER_FROM_CB"
+	hostVarSEND_IDENTITY_OPTION = "SEND_IDENTITY_OPTION"
+	hostVarTUNNEL_MODE          = "TUNNEL_MODE"
+	hostVarUnusedVerdictEvent   = "unused_verdict_event"
 )
 
 // loadHost returns the embedded CollectionSpec for host.
@@ -238,14 +239,15 @@ type hostMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostVariableSpecs struct {
-	CLUSTER_CIDR_V4     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX     *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB      *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
-	TUNNEL_MODE         *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent  *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4      *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK  *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX      *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4          *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK      *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB       *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
+	TUNNEL_MODE          *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent   *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // hostObjects contains all objects after they have been loaded into the kernel.
@@ -313,14 +315,15 @@ func (m *hostMaps) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostVariables struct {
-	CLUSTER_CIDR_V4     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX     *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4         *ebpf.Variable `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK     *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB      *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
-	TUNNEL_MODE         *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent  *ebpf.Variable `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4      *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK  *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX      *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4          *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK      *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB       *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
+	TUNNEL_MODE          *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent   *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // hostPrograms contains all programs after they have been loaded into the kernel.

@@ -54,6 +54,10 @@ type ProgramConfig struct {
 	ClusterCIDR netip.Prefix
 	// PinDir is the bpffs directory the maps are pinned in (and reused from).
 	PinDir string
+	// NoIdentityOption keeps native routing from putting the sending pod's
+	// identity into flows' first packets as an IPv4 option
+	// (bpf/lib/nativeid.h), for underlays that drop IPv4 options.
+	NoIdentityOption bool
 
 	// senderFromCB loads copies that read the sending node and its VNI
 	// from skb->cb, for BPF_PROG_RUN (trace and tests): no tunnel
@@ -78,6 +82,9 @@ func (cfg ProgramConfig) constants() map[string]uint32 {
 	setPrefix("CLUSTER_CIDR_V4", cfg.ClusterCIDR)
 	if cfg.senderFromCB {
 		c["SENDER_FROM_CB"] = 1
+	}
+	if !cfg.NoIdentityOption {
+		c["SEND_IDENTITY_OPTION"] = 1
 	}
 	return c
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
+	"github.com/weirnet/weir/internal/datapath/bpffs"
 	"github.com/weirnet/weir/internal/policy"
 	"github.com/weirnet/weir/internal/testutil"
 )
@@ -186,10 +187,10 @@ func routedNamespace(t *testing.T, mtu int, f func()) {
 
 // TestNativeForwardCarriesIdentity: from_container puts the sending pod's
 // identity in front of the options of every natively routed packet that
-// opens a flow (a SYN, the first datagram of a UDP flow, a first
-// fragment), never into one that continues a flow, a later fragment or
-// one the route's MTU has no room for; each leaves with a consistent
-// header.
+// opens a flow (its first SYN, the first datagram of a UDP flow, a first
+// fragment), never into one that continues or retries a flow, a later
+// fragment or one the route's MTU has no room for; each leaves with a
+// consistent header.
 func TestNativeForwardCarriesIdentity(t *testing.T) {
 	p, n, _ := eventNodeMode(t, ModeNative)
 	res := loadCluster(t, n)
@@ -225,6 +226,9 @@ func TestNativeForwardCarriesIdentity(t *testing.T) {
 		{"UDP, the flow's next datagram", udpFrom(40001, "q2"), nil, false},
 		{"UDP with a router alert", udpFrom(40002, "q"), routerAlert, true},
 		{"TCP SYN", tcpFrame(hostMAC, podMAC, podA, remote, 41000, 80, 1, tcpSYN, nil), nil, true},
+		// A retransmission is judged by the receiver's ipcache: an
+		// underlay that drops IPv4 options delays the flow, never stops it.
+		{"the SYN retransmitted", tcpFrame(hostMAC, podMAC, podA, remote, 41000, 80, 1, tcpSYN, nil), nil, false},
 		{"TCP ACK of that flow", tcpFrame(hostMAC, podMAC, podA, remote, 41000, 80, 2, tcpACK, []byte("GET")), nil, false},
 		{"UDP filling the MTU", fullUDP, nil, false},
 		{"a first fragment", fragment(0, true, "head-of-datagram"), nil, true},
@@ -266,4 +270,37 @@ func fixIPv4Checksum(frame []byte) {
 	ihl := int(frame[14]&0xf) * 4
 	binary.BigEndian.PutUint16(frame[14+10:], 0)
 	binary.BigEndian.PutUint16(frame[14+10:], testutil.Checksum(frame[14:14+ihl]))
+}
+
+// TestIdentityOptionCanBeTurnedOff: with --identity-option=false (for
+// underlays that drop IPv4 options) a flow's first datagram leaves as the
+// pod sent it.
+func TestIdentityOptionCanBeTurnedOff(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := testutil.BPFDir(t)
+	if _, err := bpffs.Ensure(dir); err != nil {
+		t.Fatal(err)
+	}
+	p, err := LoadPrograms(ProgramConfig{Mode: ModeNative, PodCIDR: netip.MustParsePrefix("10.244.1.0/24"),
+		ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), PinDir: dir, senderFromCB: true, NoIdentityOption: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	if err := (endpointMap{p.Endpoints}).put(EndpointEntry{Addr: podA, HostIfindex: ifA, PodMAC: podMAC, HostMAC: hostMAC}); err != nil {
+		t.Fatal(err)
+	}
+	if err := (tunnelMap{p.Tunnels}).put(netip.MustParsePrefix("10.244.2.0/24"), ownerNode); err != nil {
+		t.Fatal(err)
+	}
+	frame := udpFrame(hostMAC, podMAC, podA, remote, []byte("q"))
+	routedNamespace(t, 1500, func() {
+		got, out := run(t, p.FromContainer, frame, ifA)
+		if got != tcActRedirect {
+			t.Fatalf("verdict %d, want redirect to the underlay", got)
+		}
+		if !bytes.Equal(out[:len(frame)], frame) || metric(t, p, "identity_option_sent") != 0 {
+			t.Errorf("the datagram left changed (% x) or counted as stamped", out[14:14+24])
+		}
+	})
 }

@@ -48,6 +48,8 @@ type NodeConfig struct {
 	// NoFlowEvents turns the datapath's verdict events off (see
 	// SetFlowEvents).
 	NoFlowEvents bool
+	// NoIdentityOption: see ProgramConfig.
+	NoIdentityOption bool
 }
 
 // Validate reports the first thing that is wrong with the config.
@@ -152,7 +154,7 @@ func (n *Node) setupDevices() error {
 		overlayIfindex = vx.Attrs().Index
 	}
 	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, OverlayIfindex: overlayIfindex,
-		PodCIDR: n.cfg.PodCIDR, ClusterCIDR: n.cfg.ClusterCIDR, PinDir: n.cfg.PinDir})
+		PodCIDR: n.cfg.PodCIDR, ClusterCIDR: n.cfg.ClusterCIDR, PinDir: n.cfg.PinDir, NoIdentityOption: n.cfg.NoIdentityOption})
 	if err != nil {
 		return err
 	}
