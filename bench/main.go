@@ -60,6 +60,7 @@ func newRoot() *cobra.Command {
 		runDatapath)
 	dp.Flags().IntVar(&dpo.reps, "reps", 5, "repetitions of every measurement (interleaved); the minimum when --max-reps is larger")
 	repeatFlags(dp, &dpo, 5)
+	dp.Flags().DurationVar(&dpo.warmup, "warmup", 0, "a discarded run of this length of every test on every setup before the first repetition (0: none)")
 	dp.Flags().DurationVar(&dpo.duration, "duration", 4*time.Second, "length of one throughput or latency run")
 	dp.Flags().IntVar(&dpo.pods, "pods", 200, "pods created for the CNI ADD latency measurement")
 	dp.Flags().StringVar(&dpo.out, "out", "bench/results", "directory for datapath.{json,md,png}")
@@ -119,7 +120,6 @@ func newRoot() *cobra.Command {
 func repeatFlags(cmd *cobra.Command, o *options, maxReps int) {
 	cmd.Flags().IntVar(&o.maxReps, "max-reps", maxReps, "repeat beyond --reps, up to this many repetitions, until every paired ratio's 95% interval is within --precision")
 	cmd.Flags().Float64Var(&o.precision, "precision", 0.03, "wanted half-width of the paired ratios' 95% intervals, relative to their median")
-	cmd.Flags().DurationVar(&o.warmup, "warmup", 0, "a discarded run of this length of every test on every setup before the first repetition (0: none)")
 }
 
 // scenario is the command of one benchmark scenario; run gets the options

@@ -314,6 +314,9 @@ func (r *result) markdown() string {
 		}
 		fmt.Fprintf(&b, "## %s-node\n\n| metric | %s |\n|---|%s\n", path, strings.Join(setups, " | "), strings.Repeat("---|", len(setups)))
 		for _, m := range metricTitles {
+			if !slices.ContainsFunc(setups, func(s string) bool { return !math.IsNaN(r.median(s, path, m.key)) }) {
+				continue // a test this run did not have (--tests)
+			}
 			fmt.Fprintf(&b, "| %s |", m.title)
 			for _, s := range setups {
 				v := r.median(s, path, m.key)
