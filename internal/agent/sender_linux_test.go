@@ -156,6 +156,28 @@ func TestOverlayRefusesWhatNoNodeCouldSend(t *testing.T) {
 	}
 }
 
+// knownPeer registers peer n2 (peerNodeIP, owner of peerPodCIDR) on a
+// host of the node's network that the test sends from, and lets the node
+// know the peer's MAC, as after any exchange. It returns the peer's
+// namespace and MAC and the node's underlay MAC.
+func knownPeer(t *testing.T, n *testNode) (far ns.NetNS, farMAC, nodeMAC net.HardwareAddr) {
+	t.Helper()
+	far, farMAC = underlayPeer(t, n, peerNodeIP)
+	if err := n.agent.SetPeers([]api.Peer{{Name: "n2", NodeIP: peerNodeIP, PodCIDR: netip.MustParsePrefix(peerPodCIDR)}}); err != nil {
+		t.Fatal(err)
+	}
+	inNode(t, n, func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		nodeMAC = l.Attrs().HardwareAddr
+		return netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, IP: peerNodeIP.AsSlice(),
+			HardwareAddr: farMAC, State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4})
+	})
+	return far, farMAC, nodeMAC
+}
+
 // TestUnderlayRefusesWhatNoNodeCouldSend, in both routing modes: from a
 // host on the node's network, frames speaking as one of this node's pods,
 // as an address of its pod CIDR, as a pod address no node owns, as the
@@ -168,21 +190,7 @@ func TestUnderlayRefusesWhatNoNodeCouldSend(t *testing.T) {
 			client, server := n.newPod(), n.newPod()
 			sr := n.clientAndServer(client, server, nil)
 			clientIP, serverIP := podAddr(t, client)[0], sr.Address.Addr()
-			far, farMAC := underlayPeer(t, n, peerNodeIP)
-			if err := n.agent.SetPeers([]api.Peer{{Name: "n2", NodeIP: peerNodeIP, PodCIDR: netip.MustParsePrefix(peerPodCIDR)}}); err != nil {
-				t.Fatal(err)
-			}
-			var nodeMAC net.HardwareAddr
-			inNode(t, n, func() error {
-				l, err := netlink.LinkByName("eth0")
-				if err != nil {
-					return err
-				}
-				nodeMAC = l.Attrs().HardwareAddr
-				// The node knows its peer's MAC, as after any exchange.
-				return netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, IP: peerNodeIP.AsSlice(),
-					HardwareAddr: farMAC, State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4})
-			})
+			far, farMAC, nodeMAC := knownPeer(t, n)
 			got := udpCatcher(t, server, 7000)
 			before, err := n.dp.Metrics()
 			if err != nil {
@@ -240,20 +248,7 @@ func TestNativeIdentityTravelsWithNewPods(t *testing.T) {
 		From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Pods: &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: enemy}}}}}}
 	sr := n.clientAndServer(client, server, remote, deny)
 	serverIP := sr.Address.Addr()
-	far, farMAC := underlayPeer(t, n, peerNodeIP)
-	if err := n.agent.SetPeers([]api.Peer{{Name: "n2", NodeIP: peerNodeIP, PodCIDR: netip.MustParsePrefix(peerPodCIDR)}}); err != nil {
-		t.Fatal(err)
-	}
-	var nodeMAC net.HardwareAddr
-	inNode(t, n, func() error {
-		l, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		nodeMAC = l.Attrs().HardwareAddr
-		return netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, IP: peerNodeIP.AsSlice(),
-			HardwareAddr: farMAC, State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4})
-	})
+	far, farMAC, nodeMAC := knownPeer(t, n)
 
 	got := udpCatcher(t, server, 7000)
 	before, err := n.dp.Metrics()

@@ -11,7 +11,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/datapath/bpffs"
 	"github.com/weirnet/weir/internal/policy"
@@ -51,14 +50,7 @@ func checkIPv4Header(t *testing.T, what string, frame []byte, wantLen int) {
 // unidentified; the option of a sender that is no peer's pod is never read.
 func TestNativeIdentityOptionJudgesNewPods(t *testing.T) {
 	p, n, rd := eventNodeMode(t, ModeNative)
-	deny := clusterPolicy(policy.KindClusterNetworkPolicy, "deny-a", npav1alpha2.AdminTier, 1, "b")
-	deny.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{
-		Name: "no-a", Action: "Deny", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{fromApp("a")}}}
-	res := loadCluster(t, n, deny)
-	idA, idB := res.IPCache[podA], res.IPCache[podB]
-	if _, known := res.IPCache[newRemote]; known || idA == 0 || idB == 0 {
-		t.Fatalf("fixture: ipcache %v", res.IPCache)
-	}
+	idA, idB := denyAToB(t, n)
 
 	cases := []struct {
 		name    string

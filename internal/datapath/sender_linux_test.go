@@ -95,6 +95,21 @@ func TestFromOverlayChecksTheSender(t *testing.T) {
 	}
 }
 
+// denyAToB loads an Admin Deny of app=a towards app=b and returns both
+// pods' identities; newRemote stays out of the ipcache: a new pod.
+func denyAToB(t *testing.T, n *Node) (idA, idB policy.Identity) {
+	t.Helper()
+	deny := clusterPolicy(policy.KindClusterNetworkPolicy, "deny-a", npav1alpha2.AdminTier, 1, "b")
+	deny.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{
+		Name: "no-a", Action: "Deny", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{fromApp("a")}}}
+	res := loadCluster(t, n, deny)
+	idA, idB = res.IPCache[podA], res.IPCache[podB]
+	if _, known := res.IPCache[newRemote]; known || idA == 0 || idB == 0 {
+		t.Fatalf("fixture: ipcache %v", res.IPCache)
+	}
+	return idA, idB
+}
+
 // TestOverlayIdentityJudgesNewPods: a pod whose address has not reached
 // this node is judged by the identity its node put in the VNI, from its
 // first packet; without one it is unidentified and denied wherever a
@@ -102,14 +117,7 @@ func TestFromOverlayChecksTheSender(t *testing.T) {
 func TestOverlayIdentityJudgesNewPods(t *testing.T) {
 	p, n, rd := eventNode(t)
 	withPeers(t, p)
-	deny := clusterPolicy(policy.KindClusterNetworkPolicy, "deny-a", npav1alpha2.AdminTier, 1, "b")
-	deny.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{
-		Name: "no-a", Action: "Deny", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{fromApp("a")}}}
-	res := loadCluster(t, n, deny)
-	idA, idB := res.IPCache[podA], res.IPCache[podB]
-	if _, known := res.IPCache[newRemote]; known || idA == 0 || idB == 0 {
-		t.Fatalf("fixture: ipcache %v", res.IPCache)
-	}
+	idA, idB := denyAToB(t, n)
 
 	cases := []struct {
 		name      string
