@@ -304,7 +304,7 @@ func (r *result) markdown() string {
 	}
 	var b strings.Builder
 	r.writeHeader(&b)
-	fmt.Fprintf(&b, "%d repetitions of %gs each, setups interleaved, load generator and server pinned to CPUs 0 and 1%s. Cells: median (median of the per-repetition ratios to the raw veth pair).\n", r.Reps, r.DurationS, r.warmupNote())
+	fmt.Fprintf(&b, "%d repetitions of %gs each, setups interleaved, load tools pinned (streams and connection rate: client on CPU 0, server on CPU 1; request/response: both on CPU 0)%s. Cells: median (median of the per-repetition ratios to the raw veth pair).\n", r.Reps, r.DurationS, r.warmupNote())
 	b.WriteString(r.precisionLine())
 	b.WriteString("Targets use the paired ratios: this machine drifts more between repetitions than the setups differ within one.\n\n")
 	for _, path := range []string{"intra", "inter"} {
