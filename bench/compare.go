@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 )
@@ -13,7 +14,6 @@ type agreement struct {
 	What     string
 	A, B     target
 	Agree    bool // each run's median lies inside the other's interval
-	Tight    bool // both intervals are within the wanted half-width
 	HalfA    float64
 	HalfB    float64
 	Compared bool // both runs have the target with an interval
@@ -69,7 +69,8 @@ func hasInterval(t target) bool { return t.CILow != 0 || t.CIHigh != 0 }
 
 func within(v float64, t target) bool { return v >= t.CILow && v <= t.CIHigh }
 
-func halfWidth(t target) float64 { return (t.CIHigh - t.CILow) / 2 / t.Got }
+// halfWidth is t's interval half-width relative to its median.
+func halfWidth(t target) float64 { return (t.CIHigh - t.CILow) / 2 / math.Abs(t.Got) }
 
 // writeComparison prints the agreement table as Markdown and returns how
 // many compared targets disagree.

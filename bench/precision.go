@@ -67,7 +67,7 @@ func measurePrecision(scenario string, samples []sample, wanted float64) precisi
 		if t.Got == 0 || math.IsNaN(t.Got) || math.IsNaN(t.CILow) || math.IsNaN(t.CIHigh) {
 			continue
 		}
-		if hw := (t.CIHigh - t.CILow) / 2 / math.Abs(t.Got); hw > p.Widest {
+		if hw := halfWidth(t); hw > p.Widest {
 			p.Widest, p.WidestTarget = hw, t.What
 		}
 	}

@@ -415,13 +415,9 @@ func (r *result) setups(path string) []string {
 
 // rerunReport rebuilds a result's summary and outputs from its samples.
 func rerunReport(path string, out io.Writer) error {
-	b, err := os.ReadFile(path)
+	r, err := readResult(path)
 	if err != nil {
 		return err
-	}
-	var r result
-	if err := json.Unmarshal(b, &r); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
 	}
 	r.Summary, r.Targets = nil, nil
 	r.summarise()
