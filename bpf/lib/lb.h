@@ -3,7 +3,9 @@
  * lb.h: Service frontends and their backends, for socket-level translation.
  *
  * weir_lb4_services: hash, key struct lb4_key {vip, port, proto}, value
- * struct lb4_service {count}. One entry per ClusterIP port.
+ * struct lb4_service {count, affinity_s}. One entry per ClusterIP port. A
+ * count of zero is a Service without backends that Weir answers itself
+ * (no kube-proxy beside it): new sockets to it are refused.
  *
  * weir_lb4_backends: hash, key struct lb4_backend_key {service, slot},
  * value struct lb4_backend {addr, port}. Slots 1..count of a service.
@@ -19,9 +21,23 @@
  * so replies to unconnected UDP and getpeername() show the Service address
  * the application asked for.
  *
+ * weir_lb4_affinity: LRU hash, key struct lb4_affinity_key {service,
+ * netns cookie}, value struct lb4_affinity {backend, last_ns}. The backend
+ * each client of a sessionAffinity: ClientIP Service last went to. A pod is
+ * one network namespace with one address, so its netns cookie stands for
+ * its client IP; the node's own processes share theirs, as they share the
+ * node's address.
+ *
+ * weir_lb4_members: hash, key struct lb4_member_key {service, backend},
+ * value __u32 slot. The backends of every affinity Service, so a client's
+ * remembered backend is checked to be one still in O(1). The agent deletes
+ * a member before its slot and adds one before its slot.
+ *
  * weir_sock_netns: hash, key netns cookie, value host ifindex. The network
- * namespaces of this node's pods: the cgroup programs run for every socket
- * on the machine and translate only in these.
+ * namespaces whose sockets are translated: this node's pods, and with no
+ * kube-proxy beside Weir the node's own namespace (value 0), where its
+ * processes and hostNetwork pods live. The cgroup programs run for every
+ * socket on the machine and translate only in these.
  */
 #ifndef WEIR_LIB_LB_H
 #define WEIR_LIB_LB_H
@@ -37,7 +53,7 @@ struct lb4_key {
 
 struct lb4_service {
 	__u32 count;
-	__u32 flags; /* reserved */
+	__u32 affinity_s; /* sessionAffinity timeout in seconds; 0: none */
 };
 
 struct lb4_backend_key {
@@ -62,6 +78,21 @@ struct lb4_revnat {
 	__be32 vip;
 	__be16 port;
 	__u16 pad;
+};
+
+struct lb4_affinity_key {
+	struct lb4_key svc;
+	__u64 client; /* netns cookie */
+};
+
+struct lb4_affinity {
+	struct lb4_backend backend;
+	__u64 last_ns;
+};
+
+struct lb4_member_key {
+	struct lb4_key svc;
+	struct lb4_backend backend;
 };
 
 struct {
@@ -99,17 +130,84 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_sock_netns SEC(".maps");
 
-/* lb4_pick returns a backend of the service at key, or NULL if it has none. */
-__always_inline_fn const struct lb4_backend *lb4_pick(const struct lb4_key *key)
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, struct lb4_affinity_key);
+	__type(value, struct lb4_affinity);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_lb4_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct lb4_member_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_lb4_members SEC(".maps");
+
+/* lb4_pick_random returns a backend of svc, the service at key, or NULL
+ * if it has none (or its slot is mid-rewrite). */
+__always_inline_fn const struct lb4_backend *lb4_pick_random(const struct lb4_key *key,
+							      const struct lb4_service *svc)
 {
 	struct lb4_backend_key bkey = { .svc = *key };
-	const struct lb4_service *svc;
 
-	svc = bpf_map_lookup_elem(&weir_lb4_services, key);
-	if (!svc || svc->count == 0)
+	if (svc->count == 0)
 		return NULL;
 	bkey.slot = 1 + bpf_get_prandom_u32() % svc->count;
 	return bpf_map_lookup_elem(&weir_lb4_backends, &bkey);
+}
+
+/* lb4_remembered returns the backend client last used for the affinity
+ * service at key, if that was within the service's timeout and the
+ * backend still serves it. It counts as used again now. */
+__always_inline_fn const struct lb4_backend *lb4_remembered(struct lb4_affinity_key *akey,
+							     const struct lb4_service *svc, __u64 now)
+{
+	struct lb4_member_key mkey = { .svc = akey->svc };
+	struct lb4_affinity *aff;
+
+	aff = bpf_map_lookup_elem(&weir_lb4_affinity, akey);
+	if (!aff || now - aff->last_ns > (__u64)svc->affinity_s * 1000000000ULL)
+		return NULL;
+	mkey.backend = aff->backend;
+	if (!bpf_map_lookup_elem(&weir_lb4_members, &mkey))
+		return NULL;
+	aff->last_ns = now;
+	return &aff->backend;
+}
+
+/* lb4_pick returns the backend a new socket of client (its netns cookie)
+ * to the service at key goes to: the one it had while its affinity holds,
+ * otherwise one at random. NULL if the service has none. *affine says the
+ * backend was the client's already. */
+__always_inline_fn const struct lb4_backend *lb4_pick(const struct lb4_key *key,
+						      const struct lb4_service *svc,
+						      __u64 client, int *affine)
+{
+	struct lb4_affinity_key akey = { .svc = *key, .client = client };
+	struct lb4_affinity fresh = {};
+	const struct lb4_backend *be;
+	__u64 now;
+
+	*affine = 0;
+	if (svc->affinity_s == 0)
+		return lb4_pick_random(key, svc);
+	now = bpf_ktime_get_ns();
+	be = lb4_remembered(&akey, svc, now);
+	if (be) {
+		*affine = 1;
+		return be;
+	}
+	be = lb4_pick_random(key, svc);
+	if (!be)
+		return NULL;
+	fresh.backend = *be;
+	fresh.last_ns = now;
+	bpf_map_update_elem(&weir_lb4_affinity, &akey, &fresh, BPF_ANY);
+	return be;
 }
 
 #endif /* WEIR_LIB_LB_H */

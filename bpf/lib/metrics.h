@@ -43,6 +43,8 @@ enum weir_metric {
 	METRIC_IDENTITY_OPTION_SENT, /* a flow-opening packet routed natively with its identity (nativeid.h) */
 	METRIC_IDENTITY_OPTION_READ, /* a natively routed packet judged by the identity its node sent */
 	METRIC_DROP_IDENTITY_OPTION, /* an identity option a pod forged, or one that could not be added or stripped */
+	METRIC_SOCK_LB_REJECT,     /* a socket refused: the Service it named has no backend (sock.c) */
+	METRIC_SOCK_LB_AFFINITY,   /* a socket sent to the backend its client had (session affinity, sock.c) */
 	METRIC_MAX,
 };
 

@@ -30,6 +30,7 @@ type flags struct {
 	metricsAddr                                        string
 	kubeconfig, cniConfDir, flowDir                    string
 	kubernetes, flowEvents, identityOption             bool
+	kubeProxyReplacement                               bool
 	flowMaxBytes                                       int64
 }
 
@@ -79,6 +80,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.flowDir, "flow-dir", "", "directory keeping this node's flows across restarts (empty: <state-dir>/flows, /var/lib/weir/flows by default)")
 	fl.Int64Var(&f.flowMaxBytes, "flow-max-bytes", flowstore.DefaultMaxBytes, "bytes of flows --flow-dir keeps; the oldest are dropped first")
 	fl.BoolVar(&f.flowEvents, "flow-events", true, "record a flow for every verdict (false: the datapath emits no verdict events, for measuring their cost)")
+	fl.BoolVar(&f.kubeProxyReplacement, "kube-proxy-replacement", false, "no kube-proxy runs on this node: translate ClusterIPs for the node's own processes and hostNetwork pods too, keep sessionAffinity: ClientIP, and refuse connections to Services without backends at once (false: pods' ClusterIP connections only; kube-proxy answers the rest)")
 	fl.BoolVar(&f.identityOption, "identity-option", true, "native routing: carry the sending pod's identity in the first packet of each flow as an IPv4 option, so other nodes know a new pod from its first packet (false: for underlays that drop IPv4 options; a new pod is then unidentified on other nodes until its address arrives)")
 	return cmd
 }
@@ -126,7 +128,8 @@ func (f flags) config() (agent.Config, error) {
 		PodCIDR: podCIDR, ClusterCIDR: clusterCIDR, StateDir: f.stateDir, PinDir: f.pinDir, Socket: f.socket, HealthAddr: f.healthAddr,
 		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir, MetricsAddr: f.metricsAddr,
 		FlowDir: f.flowDir, FlowMaxBytes: f.flowMaxBytes, NoFlowEvents: !f.flowEvents,
-		NoIdentityOption: !f.identityOption,
+		NoIdentityOption:     !f.identityOption,
+		KubeProxyReplacement: f.kubeProxyReplacement,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

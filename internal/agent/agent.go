@@ -62,6 +62,11 @@ type Config struct {
 	// pod's identity in its flows' first packets (an IPv4 option), for
 	// underlays that drop IPv4 options.
 	NoIdentityOption bool
+	// KubeProxyReplacement says no kube-proxy runs beside the agent: it
+	// answers every ClusterIP itself, for the node's own processes and
+	// hostNetwork pods too, with session affinity, and refuses
+	// connections to Services without backends at once.
+	KubeProxyReplacement bool
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -70,6 +75,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 		Name: c.NodeName, Mode: c.Mode, UnderlayDev: c.UnderlayDev,
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
 		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
+		NodeSockets: c.KubeProxyReplacement,
 	}
 }
 

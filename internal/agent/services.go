@@ -2,7 +2,6 @@ package agent
 
 import (
 	"maps"
-	"slices"
 
 	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/service"
@@ -16,11 +15,11 @@ type serviceState struct {
 
 // applyServicesLocked programs the Services of s for translation at the
 // socket. The maps are rewritten only when the table changed; a failed
-// write is retried on the next snapshot, and meanwhile kube-proxy serves
-// the frontends the maps lack.
+// write is retried on the next snapshot, and meanwhile kube-proxy, where
+// it runs, serves the frontends the maps lack.
 func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
-	t := service.Build(s.Services, s.EndpointSlices, a.cfg.NodeName)
-	if a.services.applied && maps.EqualFunc(t, a.services.table, slices.Equal) {
+	t := service.Build(s.Services, s.EndpointSlices, service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement})
+	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
 		return
 	}
 	if err := a.dp.SetServices(t); err != nil {

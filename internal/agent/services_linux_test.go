@@ -76,8 +76,8 @@ func TestSocketTranslatesServiceAddresses(t *testing.T) {
 
 	vip := netip.MustParseAddr("10.96.0.10")
 	table := service.Table{
-		{Addr: vip, Port: 80, Proto: service.ProtoTCP}: {{Addr: serverIP, Port: 8080}},
-		{Addr: vip, Port: 53, Proto: service.ProtoUDP}: {{Addr: serverIP, Port: 5353}},
+		{Addr: vip, Port: 80, Proto: service.ProtoTCP}: {Backends: []service.Backend{{Addr: serverIP, Port: 8080}}},
+		{Addr: vip, Port: 53, Proto: service.ProtoUDP}: {Backends: []service.Backend{{Addr: serverIP, Port: 5353}}},
 	}
 	if err := n.dp.SetServices(table); err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestSocketTranslatesServiceAddresses(t *testing.T) {
 
 	t.Run("resize and delete keep the maps exact", func(t *testing.T) {
 		bigger := service.Table{
-			{Addr: vip, Port: 80, Proto: service.ProtoTCP}: {{Addr: serverIP, Port: 8080}, {Addr: serverIP, Port: 8081}, {Addr: serverIP, Port: 8082}},
+			{Addr: vip, Port: 80, Proto: service.ProtoTCP}: {Backends: []service.Backend{{Addr: serverIP, Port: 8080}, {Addr: serverIP, Port: 8081}, {Addr: serverIP, Port: 8082}}},
 		}
 		for _, want := range []service.Table{bigger, table, {}} {
 			if err := n.dp.SetServices(want); err != nil {

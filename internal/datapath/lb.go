@@ -3,8 +3,10 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -76,8 +78,36 @@ func netnsCookie(path string) (uint64, error) {
 	return cookie, err
 }
 
+// nodeNetNSIfindex is the weir_sock_netns value of the node's own network
+// namespace: no pod's host veth has index 0.
+const nodeNetNSIfindex = 0
+
+// setNodeSockets makes the socket programs translate Service addresses for
+// the node's own processes and hostNetwork pods (on), or leave them to
+// kube-proxy (off).
+func (n *Node) setNodeSockets(on bool) error {
+	path := n.cfg.NetNS
+	if path == "" {
+		path = "/proc/self/ns/net"
+	}
+	cookie, err := netnsCookie(path)
+	if err != nil {
+		return fmt.Errorf("node's own sockets: %w", err)
+	}
+	if on {
+		if err := n.progs.SockNetNS.Put(cookie, uint32(nodeNetNSIfindex)); err != nil {
+			return fmt.Errorf("translate the node's own sockets: %w", err)
+		}
+		return nil
+	}
+	if err := n.progs.SockNetNS.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("stop translating the node's own sockets: %w", err)
+	}
+	return nil
+}
+
 // forgetNetNS removes the socket-translation entries of the pods whose host
-// veth ifindex matches.
+// veth ifindex matches; the node's own entry stays.
 func (n *Node) forgetNetNS(match func(ifindex int) bool) error {
 	var (
 		cookie  uint64
@@ -86,7 +116,7 @@ func (n *Node) forgetNetNS(match func(ifindex int) bool) error {
 	)
 	it := n.progs.SockNetNS.Iterate()
 	for it.Next(&cookie, &ifindex) {
-		if match(int(ifindex)) {
+		if ifindex != nodeNetNSIfindex && match(int(ifindex)) {
 			stale = append(stale, cookie)
 		}
 	}
@@ -122,89 +152,137 @@ func htons(p uint16) uint16 { return p>>8 | p<<8 }
 // SetServices makes the service maps translate exactly t's IPv4 frontends.
 // Each frontend is rewritten so a concurrent connect always finds a
 // consistent service: new slots before a larger count, a smaller count
-// before slots are removed, the service before its slots on deletion.
+// before slots are removed, the service before its slots on deletion. The
+// members of affinity Services change around that: a backend that goes
+// stops being remembered before its slot goes, and one that comes is a
+// member before a client can pick it.
 func (n *Node) SetServices(t service.Table) error {
-	svcs, bes := n.progs.LB4Services, n.progs.LB4Backends
-	have := map[sockLb4Key]uint32{}
-	var (
-		k sockLb4Key
-		v sockLb4Service
-	)
-	it := svcs.Iterate()
-	for it.Next(&k, &v) {
-		have[k] = v.Count
+	have, err := readMap[sockLb4Key, sockLb4Service](n.progs.LB4Services)
+	if err != nil {
+		return fmt.Errorf("read service map: %w", err)
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("iterate service map: %w", err)
+	haveSlots, err := readMap[sockLb4BackendKey, sockLb4Backend](n.progs.LB4Backends)
+	if err != nil {
+		return fmt.Errorf("read backend map: %w", err)
 	}
-	haveSlots := map[sockLb4BackendKey]sockLb4Backend{}
-	var (
-		bk sockLb4BackendKey
-		bv sockLb4Backend
-	)
-	bit := bes.Iterate()
-	for bit.Next(&bk, &bv) {
-		haveSlots[bk] = bv
+	haveMembers, err := readMap[sockLb4MemberKey, uint32](n.progs.LB4Members)
+	if err != nil {
+		return fmt.Errorf("read affinity member map: %w", err)
 	}
-	if err := bit.Err(); err != nil {
-		return fmt.Errorf("iterate backend map: %w", err)
+	want := map[sockLb4Key]service.Entry{}
+	for f, e := range t {
+		if f.Addr.Is4() {
+			want[lb4Key(f)] = e
+		}
 	}
+	wantMembers := affinityMembers(want)
 
 	var errs []error
-	want := map[sockLb4Key]bool{}
-	for f, backends := range t {
-		if !f.Addr.Is4() || len(backends) == 0 {
+	for mk := range haveMembers {
+		if _, ok := wantMembers[mk]; ok {
 			continue
 		}
-		key := lb4Key(f)
-		want[key] = true
-		if err := n.setService(key, backends, have[key], haveSlots); err != nil {
+		if err := n.progs.LB4Members.Delete(mk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete affinity member: %w", err))
+		}
+	}
+	for mk, slot := range wantMembers {
+		if cur, ok := haveMembers[mk]; ok && cur == slot {
+			continue
+		}
+		if err := n.progs.LB4Members.Put(mk, slot); err != nil {
+			errs = append(errs, fmt.Errorf("service %v: affinity member: %w", frontendOf(mk.Svc), mapWriteErr(err)))
+		}
+	}
+	for key, e := range want {
+		cur, present := have[key]
+		if err := n.setService(key, e, cur, present, haveSlots); err != nil {
+			f := frontendOf(key)
 			errs = append(errs, fmt.Errorf("service %v:%d/%d: %w", f.Addr, f.Port, f.Proto, err))
 		}
 	}
 	for key := range have {
-		if want[key] {
+		if _, ok := want[key]; ok {
 			continue
 		}
-		if err := svcs.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := n.progs.LB4Services.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete service: %w", err))
 		}
 	}
 	// Slots of deleted services, and any a crash left behind.
 	for bk := range haveSlots {
-		if want[bk.Svc] && bk.Slot >= 1 && int(bk.Slot) <= len(t[frontendOf(bk.Svc)]) {
+		if e, ok := want[bk.Svc]; ok && bk.Slot >= 1 && int(bk.Slot) <= len(e.Backends) {
 			continue
 		}
-		if err := bes.Delete(bk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := n.progs.LB4Backends.Delete(bk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete backend slot: %w", err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (n *Node) setService(key sockLb4Key, backends []service.Backend, haveCount uint32, haveSlots map[sockLb4BackendKey]sockLb4Backend) error {
-	count := uint32(len(backends))
-	if count < haveCount {
-		if err := n.progs.LB4Services.Put(key, sockLb4Service{Count: count}); err != nil {
-			return mapWriteErr(err)
-		}
-	}
-	for i, b := range backends {
-		bk := sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}
-		val := lb4Backend(b)
-		if cur, ok := haveSlots[bk]; ok && cur == val {
+// affinityMembers are the member entries of want's affinity services, each
+// with its backend's slot.
+func affinityMembers(want map[sockLb4Key]service.Entry) map[sockLb4MemberKey]uint32 {
+	out := map[sockLb4MemberKey]uint32{}
+	for key, e := range want {
+		if e.AffinityTimeout <= 0 {
 			continue
 		}
-		if err := n.progs.LB4Backends.Put(bk, val); err != nil {
+		for i, b := range e.Backends {
+			out[sockLb4MemberKey{Svc: key, Backend: lb4Backend(b)}] = uint32(i + 1)
+		}
+	}
+	return out
+}
+
+// lb4Service is the service map's value for e.
+func lb4Service(e service.Entry) sockLb4Service {
+	secs := uint32(min(e.AffinityTimeout/time.Second, math.MaxUint32))
+	if e.AffinityTimeout > 0 && secs == 0 {
+		secs = 1 // shorter than the map can say: keep affinity, briefly
+	}
+	return sockLb4Service{Count: uint32(len(e.Backends)), AffinityS: secs}
+}
+
+func (n *Node) setService(key sockLb4Key, e service.Entry, cur sockLb4Service, present bool, haveSlots map[sockLb4BackendKey]sockLb4Backend) error {
+	val := lb4Service(e)
+	if present && val.Count < cur.Count {
+		if err := n.progs.LB4Services.Put(key, val); err != nil {
+			return mapWriteErr(err)
+		}
+		cur = val
+	}
+	for i, b := range e.Backends {
+		bk := sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}
+		bv := lb4Backend(b)
+		if have, ok := haveSlots[bk]; ok && have == bv {
+			continue
+		}
+		if err := n.progs.LB4Backends.Put(bk, bv); err != nil {
 			return mapWriteErr(err)
 		}
 	}
-	if count > haveCount {
-		if err := n.progs.LB4Services.Put(key, sockLb4Service{Count: count}); err != nil {
+	if !present || cur != val {
+		if err := n.progs.LB4Services.Put(key, val); err != nil {
 			return mapWriteErr(err)
 		}
 	}
 	return nil
+}
+
+// readMap reads every entry of m.
+func readMap[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	var (
+		k K
+		v V
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
 }
 
 func frontendOf(k sockLb4Key) service.Frontend {
@@ -227,29 +305,21 @@ func mapWriteErr(err error) error {
 // translated with right now. A frontend whose slots are incomplete is
 // returned with the slots that exist.
 func (n *Node) Services() (service.Table, error) {
-	counts := map[sockLb4Key]uint32{}
-	var (
-		k sockLb4Key
-		v sockLb4Service
-	)
-	it := n.progs.LB4Services.Iterate()
-	for it.Next(&k, &v) {
-		counts[k] = v.Count
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate service map: %w", err)
+	svcs, err := readMap[sockLb4Key, sockLb4Service](n.progs.LB4Services)
+	if err != nil {
+		return nil, fmt.Errorf("read service map: %w", err)
 	}
 	t := service.Table{}
-	for key, count := range counts {
-		var bes []service.Backend
-		for slot := uint32(1); slot <= count; slot++ {
+	for key, v := range svcs {
+		e := service.Entry{AffinityTimeout: time.Duration(v.AffinityS) * time.Second}
+		for slot := uint32(1); slot <= v.Count; slot++ {
 			var b sockLb4Backend
 			if err := n.progs.LB4Backends.Lookup(sockLb4BackendKey{Svc: key, Slot: slot}, &b); err != nil {
 				continue
 			}
-			bes = append(bes, service.Backend{Addr: addrOfBE32(b.Addr), Port: htons(b.Port)})
+			e.Backends = append(e.Backends, service.Backend{Addr: addrOfBE32(b.Addr), Port: htons(b.Port)})
 		}
-		t[frontendOf(key)] = bes
+		t[frontendOf(key)] = e
 	}
 	return t, nil
 }

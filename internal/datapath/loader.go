@@ -127,6 +127,8 @@ type Programs struct {
 	LB4Services      *ebpf.Map
 	LB4Backends      *ebpf.Map
 	LB4RevNAT        *ebpf.Map
+	LB4Affinity      *ebpf.Map
+	LB4Members       *ebpf.Map
 	SockNetNS        *ebpf.Map
 
 	// cfg is what the programs were loaded with (Trace loads alike).
@@ -186,6 +188,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4 = sock.Sock4Connect, sock.Sock4Sendmsg, sock.Sock4Recvmsg, sock.Sock4Getpeername
 	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
+	p.LB4Affinity, p.LB4Members = sock.WeirLb4Affinity, sock.WeirLb4Members
 	closeMaps(sock.WeirMetrics)
 	return p, nil
 }
@@ -221,7 +224,7 @@ func (p *Programs) Close() {
 	p.policySeq.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
-		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS} {
+		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

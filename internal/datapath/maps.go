@@ -279,6 +279,8 @@ var MetricNames = []string{
 	"identity_option_sent",
 	"identity_option_read",
 	"drop_identity_option",
+	"sock_lb_reject",
+	"sock_lb_affinity",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -70,8 +71,10 @@ func TestEveryFillMapIsCounted(t *testing.T) {
 	p := loadTest(t, ModeVXLAN)
 	n := &Node{progs: p}
 	if err := n.SetServices(service.Table{
-		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.ProtoUDP}: {
-			{Addr: podA, Port: 53}, {Addr: podB, Port: 53}},
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.ProtoUDP}: {Backends: []service.Backend{
+			{Addr: podA, Port: 53}, {Addr: podB, Port: 53}}},
+		{Addr: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: service.ProtoTCP}: {Backends: []service.Backend{
+			{Addr: podA, Port: 80}}, AffinityTimeout: time.Minute},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +91,7 @@ func TestEveryFillMapIsCounted(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: count: %v", name, err)
 		}
-		want := map[string]int{MapServices: 1, MapBackends: 2, MapEndpoints: 2, MapTunnels: 1}[name]
+		want := map[string]int{MapServices: 2, MapBackends: 3, MapMembers: 1, MapEndpoints: 2, MapTunnels: 1}[name]
 		if want > 0 && entries < want {
 			t.Errorf("%s: %d entries, want at least %d", name, entries, want)
 		}
@@ -107,12 +110,13 @@ func TestFullServiceMapLeavesNoHalfService(t *testing.T) {
 	n := &Node{progs: p}
 	dns := service.Frontend{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.ProtoUDP}
 	web := service.Frontend{Addr: netip.MustParseAddr("10.96.0.20"), Port: 80, Proto: service.ProtoTCP}
-	if err := n.SetServices(service.Table{dns: {{Addr: podA, Port: 53}}}); err != nil {
+	dnsEntry := service.Entry{Backends: []service.Backend{{Addr: podA, Port: 53}}}
+	if err := n.SetServices(service.Table{dns: dnsEntry}); err != nil {
 		t.Fatal(err)
 	}
 	realBackends := p.LB4Backends
 	p.LB4Backends = fullDecoy(t, realBackends, sockLb4BackendKey{Slot: 99}, sockLb4Backend{})
-	err := n.SetServices(service.Table{dns: {{Addr: podA, Port: 53}}, web: {{Addr: podA, Port: 8080}, {Addr: podB, Port: 8080}}})
+	err := n.SetServices(service.Table{dns: dnsEntry, web: {Backends: []service.Backend{{Addr: podA, Port: 8080}, {Addr: podB, Port: 8080}}}})
 	p.LB4Backends = realBackends
 	if !errors.Is(err, ErrServiceMapFull) {
 		t.Fatalf("SetServices with a full backend map: %v, want ErrServiceMapFull", err)
@@ -124,7 +128,7 @@ func TestFullServiceMapLeavesNoHalfService(t *testing.T) {
 	if _, ok := got[web]; ok {
 		t.Errorf("the frontend whose slots failed is translated: %v", got[web])
 	}
-	if len(got[dns]) != 1 {
+	if len(got[dns].Backends) != 1 {
 		t.Errorf("the Service already programmed: %v, want its one backend", got[dns])
 	}
 }

@@ -50,6 +50,10 @@ type NodeConfig struct {
 	NoFlowEvents bool
 	// NoIdentityOption: see ProgramConfig.
 	NoIdentityOption bool
+	// NodeSockets translates Service addresses for the node's own
+	// processes and hostNetwork pods too, not only for its pods: for
+	// nodes where no kube-proxy runs beside Weir.
+	NodeSockets bool
 }
 
 // Validate reports the first thing that is wrong with the config.
@@ -180,6 +184,9 @@ func (n *Node) setupDevices() error {
 		return err
 	}
 	if err := n.attachSockets(); err != nil {
+		return err
+	}
+	if err := n.setNodeSockets(n.cfg.NodeSockets); err != nil {
 		return err
 	}
 	return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, nil)

@@ -13,6 +13,18 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sockLb4Affinity struct {
+	_       structs.HostLayout
+	Backend sockLb4Backend
+	LastNs  uint64
+}
+
+type sockLb4AffinityKey struct {
+	_      structs.HostLayout
+	Svc    sockLb4Key
+	Client uint64
+}
+
 type sockLb4Backend struct {
 	_    structs.HostLayout
 	Addr uint32
@@ -34,6 +46,12 @@ type sockLb4Key struct {
 	Pad   uint8
 }
 
+type sockLb4MemberKey struct {
+	_       structs.HostLayout
+	Svc     sockLb4Key
+	Backend sockLb4Backend
+}
+
 type sockLb4Revnat struct {
 	_    structs.HostLayout
 	Vip  uint32
@@ -50,16 +68,18 @@ type sockLb4RevnatKey struct {
 }
 
 type sockLb4Service struct {
-	_     structs.HostLayout
-	Count uint32
-	Flags uint32
+	_         structs.HostLayout
+	Count     uint32
+	AffinityS uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockMapWeirLb4Affinity      = "weir_lb4_affinity"
 	sockMapWeirLb4Backends      = "weir_lb4_backends"
+	sockMapWeirLb4Members       = "weir_lb4_members"
 	sockMapWeirLb4Revnat        = "weir_lb4_revnat"
 	sockMapWeirLb4Services      = "weir_lb4_services"
 	sockMapWeirMetrics          = "weir_metrics"
@@ -130,7 +150,9 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
+	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
 	WeirLb4Revnat   *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
 	WeirLb4Services *ebpf.MapSpec `ebpf:"weir_lb4_services"`
 	WeirMetrics     *ebpf.MapSpec `ebpf:"weir_metrics"`
@@ -171,7 +193,9 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
+	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
 	WeirLb4Revnat   *ebpf.Map `ebpf:"weir_lb4_revnat"`
 	WeirLb4Services *ebpf.Map `ebpf:"weir_lb4_services"`
 	WeirMetrics     *ebpf.Map `ebpf:"weir_metrics"`
@@ -180,7 +204,9 @@ type sockMaps struct {
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
+		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
+		m.WeirLb4Members,
 		m.WeirLb4Revnat,
 		m.WeirLb4Services,
 		m.WeirMetrics,

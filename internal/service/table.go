@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -28,13 +29,40 @@ type Backend struct {
 	Port uint16
 }
 
-// Table maps each frontend to its backends, sorted and without duplicates.
-// Every frontend has at least one backend.
-type Table map[Frontend][]Backend
+// Entry is how a frontend's connections are translated.
+type Entry struct {
+	// Backends are sorted and without duplicates. Empty only when Weir
+	// replaces kube-proxy: the frontend then rejects new connections at
+	// once (kube-proxy's REJECT), rather than leaving them to time out.
+	Backends []Backend
+	// AffinityTimeout, when set (sessionAffinity: ClientIP), keeps a
+	// client on the backend it last used for as long as it keeps coming
+	// back within this time.
+	AffinityTimeout time.Duration
+}
+
+// Equal reports whether e and o translate alike.
+func (e Entry) Equal(o Entry) bool {
+	return e.AffinityTimeout == o.AffinityTimeout && slices.Equal(e.Backends, o.Backends)
+}
+
+// Table maps each frontend to how it is translated.
+type Table map[Frontend]Entry
+
+// Options says whose view a table is built for.
+type Options struct {
+	// Node is the node the table is for (internalTrafficPolicy: Local).
+	Node string
+	// ReplaceKubeProxy says no kube-proxy runs beside Weir, so the table
+	// must answer every ClusterIP itself: frontends without backends
+	// reject, and Services with session affinity are translated too.
+	// Without it, both are left to kube-proxy.
+	ReplaceKubeProxy bool
+}
 
 // Build computes the table of svcs, with backends from slices, as seen from
-// node (for internalTrafficPolicy: Local).
-func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node string) Table {
+// opts.Node.
+func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, opts Options) Table {
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range endpointSlices {
 		name := s.Labels[discoveryv1.LabelServiceName]
@@ -46,21 +74,22 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 	}
 	t := Table{}
 	for _, svc := range svcs {
-		if !translatable(svc) {
+		if !translatable(svc, opts.ReplaceKubeProxy) {
 			continue
 		}
 		local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+		affinity := affinityTimeout(svc)
 		for _, ip := range clusterIPv4s(svc) {
 			for _, sp := range svc.Spec.Ports {
 				proto, ok := protoNumber(sp.Protocol)
 				if !ok {
 					continue
 				}
-				bes := backends(bySvc[svc.Namespace+"/"+svc.Name], sp, node, local)
-				if len(bes) == 0 {
-					continue
+				bes := backends(bySvc[svc.Namespace+"/"+svc.Name], sp, opts.Node, local)
+				if len(bes) == 0 && !opts.ReplaceKubeProxy {
+					continue // kube-proxy rejects it
 				}
-				t[Frontend{Addr: ip, Port: uint16(sp.Port), Proto: proto}] = bes
+				t[Frontend{Addr: ip, Port: uint16(sp.Port), Proto: proto}] = Entry{Backends: bes, AffinityTimeout: affinity}
 			}
 		}
 	}
@@ -68,12 +97,26 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 }
 
 // translatable reports whether Weir serves svc's ClusterIPs itself.
-func translatable(svc *corev1.Service) bool {
+func translatable(svc *corev1.Service, replaceKubeProxy bool) bool {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return false
 	}
-	// Affinity needs per-client memory kube-proxy already keeps.
-	return svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP
+	// Beside kube-proxy, affinity is left to the per-client memory
+	// kube-proxy already keeps.
+	return replaceKubeProxy || svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP
+}
+
+// affinityTimeout is svc's ClientIP affinity timeout, kube-proxy's default
+// (three hours) when the Service names none; zero without affinity.
+func affinityTimeout(svc *corev1.Service) time.Duration {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	secs := corev1.DefaultClientIPServiceAffinitySeconds
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+		secs = *c.ClientIP.TimeoutSeconds
+	}
+	return time.Duration(secs) * time.Second
 }
 
 func clusterIPv4s(svc *corev1.Service) []netip.Addr {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -65,7 +66,7 @@ func TestBuild(t *testing.T) {
 			slice("web", map[string]int32{"http": 8080}, ep{addr: "10.0.1.3", ready: true}, ep{addr: "10.0.0.2", ready: true}),
 			slice("web", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true}, ep{addr: "10.0.0.9"}),
 		},
-		want: Table{fe("10.96.0.10", 80): {be("10.0.0.2", 8080), be("10.0.1.3", 8080)}},
+		want: Table{fe("10.96.0.10", 80): {Backends: []Backend{be("10.0.0.2", 8080), be("10.0.1.3", 8080)}}},
 	}, {
 		name: "named target port differs per slice",
 		svcs: []*corev1.Service{svc("web", "10.96.0.10", http)},
@@ -74,7 +75,7 @@ func TestBuild(t *testing.T) {
 			slice("web", map[string]int32{"http": 9090}, ep{addr: "10.0.0.3", ready: true}),
 			slice("web", map[string]int32{"metrics": 9100}, ep{addr: "10.0.0.4", ready: true}),
 		},
-		want: Table{fe("10.96.0.10", 80): {be("10.0.0.2", 8080), be("10.0.0.3", 9090)}},
+		want: Table{fe("10.96.0.10", 80): {Backends: []Backend{be("10.0.0.2", 8080), be("10.0.0.3", 9090)}}},
 	}, {
 		name: "terminating serving endpoints only when none is ready",
 		svcs: []*corev1.Service{svc("a", "10.96.0.1", http), svc("b", "10.96.0.2", http)},
@@ -82,7 +83,7 @@ func TestBuild(t *testing.T) {
 			slice("a", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", terminated: true}, ep{addr: "10.0.0.3", ready: true}),
 			slice("b", map[string]int32{"http": 80}, ep{addr: "10.0.0.4", terminated: true}, ep{addr: "10.0.0.5", terminated: true, notServing: true}),
 		},
-		want: Table{fe("10.96.0.1", 80): {be("10.0.0.3", 80)}, fe("10.96.0.2", 80): {be("10.0.0.4", 80)}},
+		want: Table{fe("10.96.0.1", 80): {Backends: []Backend{be("10.0.0.3", 80)}}, fe("10.96.0.2", 80): {Backends: []Backend{be("10.0.0.4", 80)}}},
 	}, {
 		name: "no backend: left to kube-proxy",
 		svcs: []*corev1.Service{svc("web", "10.96.0.10", http)},
@@ -100,7 +101,7 @@ func TestBuild(t *testing.T) {
 		slices: []*discoveryv1.EndpointSlice{
 			slice("web", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true, node: "n1"}, ep{addr: "10.0.1.2", ready: true, node: "n2"}),
 		},
-		want: Table{fe("10.96.0.10", 80): {be("10.0.0.2", 80)}},
+		want: Table{fe("10.96.0.10", 80): {Backends: []Backend{be("10.0.0.2", 80)}}},
 	}, {
 		name: "headless, ExternalName, affinity and SCTP are not translated",
 		svcs: func() []*corev1.Service {
@@ -130,7 +131,7 @@ func TestBuild(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Build(tt.svcs, tt.slices, "n1")
+			got := Build(tt.svcs, tt.slices, Options{Node: "n1"})
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Build:\n got %v\nwant %v", got, tt.want)
 			}
@@ -146,12 +147,71 @@ func TestBuildUDPAndDefaultProtocol(t *testing.T) {
 	name1, name2, p := "dns", "dns-tcp", int32(5353)
 	sl := slice("dns", nil, ep{addr: "10.0.0.7", ready: true})
 	sl.Ports = []discoveryv1.EndpointPort{{Name: &name1, Port: &p, Protocol: &udp}, {Name: &name2, Port: &p, Protocol: &tcp}}
-	got := Build([]*corev1.Service{s}, []*discoveryv1.EndpointSlice{sl}, "n1")
+	got := Build([]*corev1.Service{s}, []*discoveryv1.EndpointSlice{sl}, Options{Node: "n1"})
 	want := Table{
-		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoUDP}: {be("10.0.0.7", 5353)},
-		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoTCP}: {be("10.0.0.7", 5353)},
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoUDP}: {Backends: []Backend{be("10.0.0.7", 5353)}},
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoTCP}: {Backends: []Backend{be("10.0.0.7", 5353)}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Build:\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestBuildReplacingKubeProxy(t *testing.T) {
+	http := corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	empty := svc("empty", "10.96.0.1", http)
+	notReady := svc("notready", "10.96.0.2", http)
+	aff := svc("aff", "10.96.0.3", http)
+	aff.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	affShort := svc("affshort", "10.96.0.4", http)
+	affShort.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	timeout := int32(30)
+	affShort.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
+	elsewhere := svc("elsewhere", "10.96.0.5", http)
+	elsewhere.Spec.InternalTrafficPolicy = &local
+	ext := svc("ext", "", http)
+	ext.Spec.Type = corev1.ServiceTypeExternalName
+	svcs := []*corev1.Service{empty, notReady, aff, affShort, elsewhere, ext, svc("headless", "None", http)}
+	slices := []*discoveryv1.EndpointSlice{
+		slice("notready", map[string]int32{"http": 80}, ep{addr: "10.0.0.2"}),
+		slice("aff", map[string]int32{"http": 8080}, ep{addr: "10.0.0.3", ready: true}),
+		slice("affshort", map[string]int32{"http": 8080}, ep{addr: "10.0.0.4", ready: true}),
+		slice("elsewhere", map[string]int32{"http": 80}, ep{addr: "10.0.1.5", ready: true, node: "n2"}),
+		slice("headless", map[string]int32{"http": 80}, ep{addr: "10.0.0.6", ready: true}),
+	}
+	want := Table{
+		fe("10.96.0.1", 80): {},
+		fe("10.96.0.2", 80): {},
+		fe("10.96.0.3", 80): {Backends: []Backend{be("10.0.0.3", 8080)}, AffinityTimeout: 3 * time.Hour},
+		fe("10.96.0.4", 80): {Backends: []Backend{be("10.0.0.4", 8080)}, AffinityTimeout: 30 * time.Second},
+		fe("10.96.0.5", 80): {},
+	}
+	got := Build(svcs, slices, Options{Node: "n1", ReplaceKubeProxy: true})
+	if len(got) != len(want) {
+		t.Fatalf("Build: %d frontends, want %d: %v", len(got), len(want), got)
+	}
+	for f, w := range want {
+		if g, ok := got[f]; !ok || !g.Equal(w) {
+			t.Errorf("frontend %v: got %+v (present %v), want %+v", f, g, ok, w)
+		}
+	}
+	// The same cluster beside kube-proxy: only what kube-proxy would not
+	// answer differently.
+	if got := Build(svcs, slices, Options{Node: "n1"}); len(got) != 0 {
+		t.Errorf("beside kube-proxy: got %v, want no frontend", got)
+	}
+}
+
+func TestEntryEqual(t *testing.T) {
+	a := Entry{Backends: []Backend{be("10.0.0.1", 80)}}
+	if !a.Equal(Entry{Backends: []Backend{be("10.0.0.1", 80)}}) {
+		t.Error("equal entries differ")
+	}
+	if a.Equal(Entry{Backends: []Backend{be("10.0.0.1", 80)}, AffinityTimeout: time.Second}) {
+		t.Error("an affinity timeout makes no difference")
+	}
+	if a.Equal(Entry{Backends: []Backend{be("10.0.0.1", 81)}}) {
+		t.Error("a backend port makes no difference")
 	}
 }

@@ -1,0 +1,319 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weirnet/weir/internal/k8s"
+)
+
+// newReplacingNode is a test node whose agent runs with no kube-proxy
+// beside it (--kube-proxy-replacement).
+func newReplacingNode(t *testing.T, podCIDR string) *testNode {
+	t.Helper()
+	n := newTestNode(t, podCIDR)
+	n.stop()
+	n.cfg.KubeProxyReplacement = true
+	n.start(nil)
+	return n
+}
+
+// clusterIPService is a ClusterIP Service "web" in namespace "default" with
+// one TCP port 80 → targetPort "http" and one UDP port 53 → "dns".
+func clusterIPService(name, ip string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Ports: []corev1.ServicePort{
+			{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP},
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+		}},
+	}
+}
+
+// readyEndpoints is svc's EndpointSlice: every address ready, each port
+// listening on the given target numbers.
+func readyEndpoints(svc string, httpPort, dnsPort int32, addrs ...netip.Addr) *discoveryv1.EndpointSlice {
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	httpName, dnsName := "http", "dns"
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: svc + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: &httpName, Port: &httpPort, Protocol: &tcp},
+			{Name: &dnsName, Port: &dnsPort, Protocol: &udp},
+		},
+	}
+	ready := true
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{a.String()}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	return s
+}
+
+// applyServices programs svcs and slices as a Kubernetes snapshot would.
+func (n *testNode) applyServices(svcs []*corev1.Service, slices ...*discoveryv1.EndpointSlice) {
+	n.t.Helper()
+	n.agent.mu.Lock()
+	n.agent.applyServicesLocked(k8s.Snapshot{Services: svcs, EndpointSlices: slices})
+	applied := n.agent.services.applied
+	n.agent.mu.Unlock()
+	if !applied {
+		n.t.Fatal("services not programmed")
+	}
+}
+
+// metric reads one datapath counter.
+func (n *testNode) metric(name string) uint64 {
+	n.t.Helper()
+	m, err := n.dp.Metrics()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return m[name]
+}
+
+// serveNamed accepts on ln and writes name to each client.
+func serveNamed(ln net.Listener, name string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = c.Write([]byte(name))
+		c.Close()
+	}
+}
+
+// dialRead connects to addr and returns what the server wrote.
+func dialRead(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 64)
+	k, err := c.Read(buf)
+	if err != nil {
+		return "", fmt.Errorf("read from %s: %w", addr, err)
+	}
+	return string(buf[:k]), nil
+}
+
+// TestServiceWithoutBackendsRefusesAtOnce: with no kube-proxy beside the
+// agent, a Service without a ready endpoint answers a new TCP connection,
+// a connected UDP socket and an unconnected datagram with ECONNREFUSED at
+// once (kube-proxy's REJECT), from a pod and from the node itself; beside
+// kube-proxy the same Service is left untranslated for kube-proxy.
+func TestServiceWithoutBackendsRefusesAtOnce(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	client := n.newPod()
+	if _, err := n.agent.Add(addReq("client", client)); err != nil {
+		t.Fatal(err)
+	}
+	n.applyServices([]*corev1.Service{clusterIPService("empty", "10.96.0.20")}, readyEndpoints("empty", 80, 53))
+
+	refused := func(where string) func() error {
+		return func() error {
+			start := time.Now()
+			_, err := net.DialTimeout("tcp4", "10.96.0.20:80", 3*time.Second)
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("%s: tcp connect to a Service without backends: %v, want ECONNREFUSED", where, err)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("%s: refused after %v, want at once", where, took)
+			}
+			if _, err := net.Dial("udp4", "10.96.0.20:53"); !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("%s: udp connect: %v, want ECONNREFUSED", where, err)
+			}
+			u, err := net.ListenPacket("udp4", ":0")
+			if err != nil {
+				return err
+			}
+			defer u.Close()
+			if _, err := u.WriteTo([]byte("q"), &net.UDPAddr{IP: net.IPv4(10, 96, 0, 20), Port: 53}); !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("%s: udp sendto: %v, want ECONNREFUSED", where, err)
+			}
+			return nil
+		}
+	}
+	before := n.metric("sock_lb_reject")
+	in(t, client, refused("pod"))
+	in(t, n.nodeNS, refused("node"))
+	if got := n.metric("sock_lb_reject") - before; got != 6 {
+		t.Errorf("sock_lb_reject rose by %d, want 6 (3 sockets from the pod, 3 from the node)", got)
+	}
+
+	// Beside kube-proxy the frontend is not written: kube-proxy answers.
+	n.stop()
+	n.cfg.KubeProxyReplacement = false
+	n.start(nil)
+	n.applyServices([]*corev1.Service{clusterIPService("empty", "10.96.0.20")}, readyEndpoints("empty", 80, 53))
+	if got, err := n.dp.Services(); err != nil || len(got) != 0 {
+		t.Errorf("beside kube-proxy the service maps hold %v (%v), want nothing", got, err)
+	}
+	if nss, err := n.dp.TranslatedNetNS(); err != nil || len(nss) != 1 {
+		t.Errorf("beside kube-proxy translated namespaces %v (%v), want the pod's alone", nss, err)
+	}
+}
+
+// TestNodeOwnSocketsReachServices: with no kube-proxy, the node's own
+// processes (and so hostNetwork pods) reach a ClusterIP: the connect is
+// sent to a backend pod and getpeername shows the ClusterIP.
+func TestNodeOwnSocketsReachServices(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	server := n.newPod()
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ln net.Listener
+	in(t, server, func() (err error) {
+		ln, err = net.Listen("tcp4", ":8080")
+		return err
+	})
+	defer ln.Close()
+	go serveNamed(ln, "server")
+	n.applyServices([]*corev1.Service{clusterIPService("web", "10.96.0.30")}, readyEndpoints("web", 8080, 5353, sr.Address.Addr()))
+
+	in(t, n.nodeNS, func() error {
+		c, err := net.DialTimeout("tcp4", "10.96.0.30:80", 3*time.Second)
+		if err != nil {
+			return fmt.Errorf("the node's own connect to a ClusterIP: %w", err)
+		}
+		defer c.Close()
+		if c.RemoteAddr().String() != "10.96.0.30:80" {
+			t.Errorf("getpeername = %v, want the ClusterIP", c.RemoteAddr())
+		}
+		return nil
+	})
+	nss, err := n.dp.TranslatedNetNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := 0
+	for _, ifindex := range nss {
+		if ifindex == 0 {
+			own++
+		}
+	}
+	if own != 1 {
+		t.Errorf("translated namespaces %v: want the node's own (host ifindex 0) once", nss)
+	}
+}
+
+// TestSessionAffinityKeepsClientOnBackend: a sessionAffinity: ClientIP
+// Service sends every connection of a client to one backend while the
+// client keeps coming back within the timeout; after the timeout the
+// client picks afresh; when its backend goes, it moves to one that
+// serves. The same Service without affinity spreads over its backends.
+func TestSessionAffinityKeepsClientOnBackend(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	client, server := n.newPod(), n.newPod()
+	if _, err := n.agent.Add(addReq("client", client)); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverIP := sr.Address.Addr()
+	// Four backends: the server pod on four ports, each answering with its
+	// port.
+	ports := []int32{8080, 8081, 8082, 8083}
+	for _, p := range ports {
+		var ln net.Listener
+		in(t, server, func() (err error) {
+			ln, err = net.Listen("tcp4", ":"+strconv.Itoa(int(p)))
+			return err
+		})
+		defer ln.Close()
+		go serveNamed(ln, strconv.Itoa(int(p)))
+	}
+	slicesFor := func(ps ...int32) []*discoveryv1.EndpointSlice {
+		var out []*discoveryv1.EndpointSlice
+		for i, p := range ps {
+			s := readyEndpoints("web", p, 53, serverIP)
+			s.Name = fmt.Sprintf("web-%d", i)
+			out = append(out, s)
+		}
+		return out
+	}
+	web := clusterIPService("web", "10.96.0.40")
+	web.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	timeout := int32(1)
+	web.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
+	n.applyServices([]*corev1.Service{web}, slicesFor(ports...)...)
+
+	seen := func(conns int) map[string]int {
+		out := map[string]int{}
+		in(t, client, func() error {
+			for range conns {
+				got, err := dialRead("10.96.0.40:80")
+				if err != nil {
+					return err
+				}
+				out[got]++
+			}
+			return nil
+		})
+		return out
+	}
+	fresh, affine := n.metric("sock_lb"), n.metric("sock_lb_affinity")
+	got := seen(20)
+	if len(got) != 1 {
+		t.Fatalf("20 connections of one client went to %v, want one backend", got)
+	}
+	if f, a := n.metric("sock_lb")-fresh, n.metric("sock_lb_affinity")-affine; f != 1 || a != 19 {
+		t.Errorf("picks: %d fresh and %d by affinity, want 1 and 19", f, a)
+	}
+	var kept string
+	for k := range got {
+		kept = k
+	}
+
+	// Past the timeout the next connection picks afresh.
+	time.Sleep(1500 * time.Millisecond)
+	fresh = n.metric("sock_lb")
+	seen(1)
+	if f := n.metric("sock_lb") - fresh; f != 1 {
+		t.Errorf("after the timeout: %d fresh picks, want 1", f)
+	}
+
+	// The client's backend goes: it moves to one that serves, and stays.
+	got = seen(1)
+	for k := range got {
+		kept = k
+	}
+	var rest []int32
+	for _, p := range ports {
+		if strconv.Itoa(int(p)) != kept {
+			rest = append(rest, p)
+		}
+	}
+	n.applyServices([]*corev1.Service{web}, slicesFor(rest...)...)
+	got = seen(10)
+	if len(got) != 1 || got[kept] != 0 {
+		t.Errorf("after backend %s went, connections went to %v, want one other backend", kept, got)
+	}
+
+	// Without affinity, the same client spreads over the backends.
+	web.Spec.SessionAffinity, web.Spec.SessionAffinityConfig = corev1.ServiceAffinityNone, nil
+	n.applyServices([]*corev1.Service{web}, slicesFor(ports...)...)
+	if got := seen(40); len(got) < 2 {
+		t.Errorf("40 connections without affinity all went to %v, want several backends", got)
+	}
+	if m, err := n.dp.MapEntries("affinity_members", 0); err != nil || m != 0 {
+		t.Errorf("affinity members left after affinity was turned off: %d (%v)", m, err)
+	}
+}
