@@ -13,6 +13,9 @@
  *   sendmsg4     unconnected UDP: the same, per datagram
  *   recvmsg4     unconnected UDP replies: show the ClusterIP as the source
  *   getpeername4 show the ClusterIP as the peer
+ *   connect6, sendmsg6, recvmsg6, getpeername6
+ *                the same for AF_INET6 sockets naming a ClusterIP as an
+ *                IPv4-mapped address (::ffff:10.96.0.10), as the JVM does
  *
  * The programs run for every socket on the machine and act only in the
  * network namespaces of weir_sock_netns: this node's pods and, when no
@@ -43,10 +46,29 @@ __always_inline_fn __be16 sock_port(const struct bpf_sock_addr *ctx)
 	return (__be16)port;
 }
 
-/* sock4_translate points a socket that names a Service at one of its
- * backends. It returns SOCK_REJECT, with the error the caller sees set,
- * for a Service that has none. */
-__always_inline_fn int sock4_translate(struct bpf_sock_addr *ctx)
+/* sock6_mapped_v4 reads the IPv4 address an AF_INET6 socket names as
+ * ::ffff:a.b.c.d (the JVM's and many dual-stack programs' way to reach
+ * IPv4). It returns 0 for any other IPv6 address. */
+__always_inline_fn int sock6_mapped_v4(const struct bpf_sock_addr *ctx, __be32 *v4)
+{
+	if (ctx->user_ip6[0] != 0 || ctx->user_ip6[1] != 0 ||
+	    ctx->user_ip6[2] != bpf_htonl(0x0000ffff))
+		return 0;
+	*v4 = ctx->user_ip6[3];
+	return 1;
+}
+
+enum sock_lb_result {
+	SOCK_LB_UNTOUCHED,  /* no Service, not translated here, or a slot mid-rewrite */
+	SOCK_LB_TRANSLATED, /* *to is the backend */
+	SOCK_LB_REFUSED,    /* a Service without backends: the error is set */
+};
+
+/* sock_lb picks the backend a socket naming the IPv4 Service address vip
+ * and the port the application named goes to, and remembers it for
+ * replies and getpeername. */
+__always_inline_fn enum sock_lb_result sock_lb(struct bpf_sock_addr *ctx, __be32 vip,
+					       struct lb4_backend *to)
 {
 	struct lb4_key key = {};
 	struct lb4_revnat_key rkey = {};
@@ -57,53 +79,114 @@ __always_inline_fn int sock4_translate(struct bpf_sock_addr *ctx)
 	int affine;
 
 	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
-		return SOCK_PROCEED;
-	key.vip = ctx->user_ip4;
+		return SOCK_LB_UNTOUCHED;
+	key.vip = vip;
 	key.port = sock_port(ctx);
 	key.proto = ctx->protocol;
 	/* The map lookup is cheaper than the netns one: most connects on a
 	 * node are not to a Service at all. */
 	svc = bpf_map_lookup_elem(&weir_lb4_services, &key);
 	if (!svc)
-		return SOCK_PROCEED;
+		return SOCK_LB_UNTOUCHED;
 	client = bpf_get_netns_cookie(ctx);
 	if (!bpf_map_lookup_elem(&weir_sock_netns, &client))
-		return SOCK_PROCEED;
+		return SOCK_LB_UNTOUCHED;
 	if (svc->count == 0) {
 		metric_inc(METRIC_SOCK_LB_REJECT);
 		bpf_set_retval(-ECONNREFUSED);
-		return SOCK_REJECT;
+		return SOCK_LB_REFUSED;
 	}
 	be = lb4_pick(&key, svc, client, &affine);
 	if (!be) {
 		metric_inc(METRIC_SOCK_LB_MISS);
-		return SOCK_PROCEED;
+		return SOCK_LB_UNTOUCHED;
 	}
+	*to = *be;
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = be->addr;
 	rkey.port = be->port;
 	rval.vip = key.vip;
 	rval.port = key.port;
 	bpf_map_update_elem(&weir_lb4_revnat, &rkey, &rval, BPF_ANY);
-
-	ctx->user_ip4 = be->addr;
-	ctx->user_port = be->port;
 	metric_inc(affine ? METRIC_SOCK_LB_AFFINITY : METRIC_SOCK_LB);
+	return SOCK_LB_TRANSLATED;
+}
+
+/* sock_revnat finds the Service address a socket's peer addr:port stands
+ * for, if the socket was translated to it. */
+__always_inline_fn const struct lb4_revnat *sock_revnat(struct bpf_sock_addr *ctx, __be32 addr)
+{
+	struct lb4_revnat_key rkey = {};
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.addr = addr;
+	rkey.port = sock_port(ctx);
+	return bpf_map_lookup_elem(&weir_lb4_revnat, &rkey);
+}
+
+/* sock4_translate points an AF_INET socket that names a Service at one of
+ * its backends; SOCK_REJECT, with the caller's error set, for a Service
+ * that has none. */
+__always_inline_fn int sock4_translate(struct bpf_sock_addr *ctx)
+{
+	struct lb4_backend be;
+
+	switch (sock_lb(ctx, ctx->user_ip4, &be)) {
+	case SOCK_LB_REFUSED:
+		return SOCK_REJECT;
+	case SOCK_LB_TRANSLATED:
+		ctx->user_ip4 = be.addr;
+		ctx->user_port = be.port;
+		break;
+	default:
+		break;
+	}
+	return SOCK_PROCEED;
+}
+
+/* sock6_translate is sock4_translate for an AF_INET6 socket naming an
+ * IPv4-mapped address: the backend is written back mapped. */
+__always_inline_fn int sock6_translate(struct bpf_sock_addr *ctx)
+{
+	struct lb4_backend be;
+	__be32 vip;
+
+	if (!sock6_mapped_v4(ctx, &vip))
+		return SOCK_PROCEED;
+	switch (sock_lb(ctx, vip, &be)) {
+	case SOCK_LB_REFUSED:
+		return SOCK_REJECT;
+	case SOCK_LB_TRANSLATED:
+		ctx->user_ip6[3] = be.addr;
+		ctx->user_port = be.port;
+		break;
+	default:
+		break;
+	}
 	return SOCK_PROCEED;
 }
 
 __always_inline_fn void sock4_reverse(struct bpf_sock_addr *ctx)
 {
-	struct lb4_revnat_key rkey = {};
-	const struct lb4_revnat *rval;
+	const struct lb4_revnat *rval = sock_revnat(ctx, ctx->user_ip4);
 
-	rkey.cookie = bpf_get_socket_cookie(ctx);
-	rkey.addr = ctx->user_ip4;
-	rkey.port = sock_port(ctx);
-	rval = bpf_map_lookup_elem(&weir_lb4_revnat, &rkey);
 	if (!rval)
 		return;
 	ctx->user_ip4 = rval->vip;
+	ctx->user_port = rval->port;
+}
+
+__always_inline_fn void sock6_reverse(struct bpf_sock_addr *ctx)
+{
+	const struct lb4_revnat *rval;
+	__be32 addr;
+
+	if (!sock6_mapped_v4(ctx, &addr))
+		return;
+	rval = sock_revnat(ctx, addr);
+	if (!rval)
+		return;
+	ctx->user_ip6[3] = rval->vip;
 	ctx->user_port = rval->port;
 }
 
@@ -130,5 +213,31 @@ SEC("cgroup/getpeername4")
 int sock4_getpeername(struct bpf_sock_addr *ctx)
 {
 	sock4_reverse(ctx);
+	return SOCK_PROCEED;
+}
+
+SEC("cgroup/connect6")
+int sock6_connect(struct bpf_sock_addr *ctx)
+{
+	return sock6_translate(ctx);
+}
+
+SEC("cgroup/sendmsg6")
+int sock6_sendmsg(struct bpf_sock_addr *ctx)
+{
+	return sock6_translate(ctx);
+}
+
+SEC("cgroup/recvmsg6")
+int sock6_recvmsg(struct bpf_sock_addr *ctx)
+{
+	sock6_reverse(ctx);
+	return SOCK_PROCEED;
+}
+
+SEC("cgroup/getpeername6")
+int sock6_getpeername(struct bpf_sock_addr *ctx)
+{
+	sock6_reverse(ctx);
 	return SOCK_PROCEED;
 }

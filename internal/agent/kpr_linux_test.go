@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -316,4 +317,101 @@ func TestSessionAffinityKeepsClientOnBackend(t *testing.T) {
 	if m, err := n.dp.MapEntries("affinity_members", 0); err != nil || m != 0 {
 		t.Errorf("affinity members left after affinity was turned off: %d (%v)", m, err)
 	}
+}
+
+// mapped is the IPv4-mapped IPv6 form of a (::ffff:a.b.c.d).
+func mapped(a netip.Addr) [16]byte { return netip.AddrFrom16(a.As16()).As16() }
+
+// TestMappedIPv6SocketsAreTranslated: an AF_INET6 socket that names a
+// ClusterIP as ::ffff:a.b.c.d (the JVM's default) is translated like an
+// AF_INET one: its TCP connect reaches the backend with getpeername
+// showing the mapped ClusterIP, an unconnected UDP reply comes from the
+// mapped ClusterIP, and a Service without backends is refused at once.
+func TestMappedIPv6SocketsAreTranslated(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	client, server := n.newPod(), n.newPod()
+	if _, err := n.agent.Add(addReq("client", client)); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		ln net.Listener
+		pc net.PacketConn
+	)
+	in(t, server, func() (err error) {
+		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", ":5353")
+		return err
+	})
+	defer ln.Close()
+	defer pc.Close()
+	go serveNamed(ln, "server")
+	go serveUDP(pc)
+	n.applyServices([]*corev1.Service{clusterIPService("web", "10.96.0.50"), clusterIPService("empty", "10.96.0.51")},
+		readyEndpoints("web", 8080, 5353, sr.Address.Addr()), readyEndpoints("empty", 80, 53))
+	vip := mapped(netip.MustParseAddr("10.96.0.50"))
+
+	in(t, client, func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.Connect(fd, &unix.SockaddrInet6{Port: 80, Addr: vip}); err != nil {
+			return fmt.Errorf("connect to [::ffff:10.96.0.50]:80: %w", err)
+		}
+		peer, err := unix.Getpeername(fd)
+		if err != nil {
+			return err
+		}
+		if p, ok := peer.(*unix.SockaddrInet6); !ok || p.Addr != vip || p.Port != 80 {
+			t.Errorf("getpeername = %+v, want [::ffff:10.96.0.50]:80", peer)
+		}
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
+		buf := make([]byte, 16)
+		k, err := unix.Read(fd, buf)
+		if err != nil || string(buf[:max(k, 0)]) != "server" {
+			t.Errorf("read %q (%v), want the backend's answer", buf[:max(k, 0)], err)
+		}
+		return nil
+	})
+
+	in(t, client, func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.Sendto(fd, []byte("ping"), 0, &unix.SockaddrInet6{Port: 53, Addr: vip}); err != nil {
+			return fmt.Errorf("sendto [::ffff:10.96.0.50]:53: %w", err)
+		}
+		_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
+		buf := make([]byte, 16)
+		k, from, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return fmt.Errorf("no reply: %w", err)
+		}
+		if f, ok := from.(*unix.SockaddrInet6); string(buf[:k]) != "pong" || !ok || f.Addr != vip || f.Port != 53 {
+			t.Errorf("reply %q from %+v, want pong from [::ffff:10.96.0.50]:53", buf[:k], from)
+		}
+		return nil
+	})
+
+	in(t, client, func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		err = unix.Connect(fd, &unix.SockaddrInet6{Port: 80, Addr: mapped(netip.MustParseAddr("10.96.0.51"))})
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			t.Errorf("connect to a mapped Service without backends: %v, want ECONNREFUSED", err)
+		}
+		return nil
+	})
 }

@@ -32,6 +32,10 @@ func (p *Programs) sockPrograms() map[string]struct {
 		"sendmsg4":     {p.SockSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
 		"recvmsg4":     {p.SockRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
 		"getpeername4": {p.SockGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+		"connect6":     {p.SockConnect6, ebpf.AttachCGroupInet6Connect},
+		"sendmsg6":     {p.SockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+		"recvmsg6":     {p.SockRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+		"getpeername6": {p.SockGetpeername6, ebpf.AttachCgroupInet6GetPeername},
 	}
 }
 

@@ -124,6 +124,10 @@ type Programs struct {
 	SockSendmsg4     *ebpf.Program
 	SockRecvmsg4     *ebpf.Program
 	SockGetpeername4 *ebpf.Program
+	SockConnect6     *ebpf.Program
+	SockSendmsg6     *ebpf.Program
+	SockRecvmsg6     *ebpf.Program
+	SockGetpeername6 *ebpf.Program
 	LB4Services      *ebpf.Map
 	LB4Backends      *ebpf.Map
 	LB4RevNAT        *ebpf.Map
@@ -187,6 +191,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		return nil, fmt.Errorf("load socket programs: %w", err)
 	}
 	p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4 = sock.Sock4Connect, sock.Sock4Sendmsg, sock.Sock4Recvmsg, sock.Sock4Getpeername
+	p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6 = sock.Sock6Connect, sock.Sock6Sendmsg, sock.Sock6Recvmsg, sock.Sock6Getpeername
 	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
 	p.LB4Affinity, p.LB4Members = sock.WeirLb4Affinity, sock.WeirLb4Members
 	closeMaps(sock.WeirMetrics)
@@ -224,7 +229,7 @@ func (p *Programs) Close() {
 	p.policySeq.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
-		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS} {
+		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

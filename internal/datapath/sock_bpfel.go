@@ -88,6 +88,10 @@ const (
 	sockProgSock4Getpeername    = "sock4_getpeername"
 	sockProgSock4Recvmsg        = "sock4_recvmsg"
 	sockProgSock4Sendmsg        = "sock4_sendmsg"
+	sockProgSock6Connect        = "sock6_connect"
+	sockProgSock6Getpeername    = "sock6_getpeername"
+	sockProgSock6Recvmsg        = "sock6_recvmsg"
+	sockProgSock6Sendmsg        = "sock6_sendmsg"
 	sockVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
 	sockVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
 	sockVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
@@ -144,6 +148,10 @@ type sockProgramSpecs struct {
 	Sock4Getpeername *ebpf.ProgramSpec `ebpf:"sock4_getpeername"`
 	Sock4Recvmsg     *ebpf.ProgramSpec `ebpf:"sock4_recvmsg"`
 	Sock4Sendmsg     *ebpf.ProgramSpec `ebpf:"sock4_sendmsg"`
+	Sock6Connect     *ebpf.ProgramSpec `ebpf:"sock6_connect"`
+	Sock6Getpeername *ebpf.ProgramSpec `ebpf:"sock6_getpeername"`
+	Sock6Recvmsg     *ebpf.ProgramSpec `ebpf:"sock6_recvmsg"`
+	Sock6Sendmsg     *ebpf.ProgramSpec `ebpf:"sock6_sendmsg"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -236,6 +244,10 @@ type sockPrograms struct {
 	Sock4Getpeername *ebpf.Program `ebpf:"sock4_getpeername"`
 	Sock4Recvmsg     *ebpf.Program `ebpf:"sock4_recvmsg"`
 	Sock4Sendmsg     *ebpf.Program `ebpf:"sock4_sendmsg"`
+	Sock6Connect     *ebpf.Program `ebpf:"sock6_connect"`
+	Sock6Getpeername *ebpf.Program `ebpf:"sock6_getpeername"`
+	Sock6Recvmsg     *ebpf.Program `ebpf:"sock6_recvmsg"`
+	Sock6Sendmsg     *ebpf.Program `ebpf:"sock6_sendmsg"`
 }
 
 func (p *sockPrograms) Close() error {
@@ -244,6 +256,10 @@ func (p *sockPrograms) Close() error {
 		p.Sock4Getpeername,
 		p.Sock4Recvmsg,
 		p.Sock4Sendmsg,
+		p.Sock6Connect,
+		p.Sock6Getpeername,
+		p.Sock6Recvmsg,
+		p.Sock6Sendmsg,
 	)
 }
 
