@@ -45,6 +45,7 @@ enum weir_metric {
 	METRIC_DROP_IDENTITY_OPTION, /* an identity option a pod forged, or one that could not be added or stripped */
 	METRIC_SOCK_LB_REJECT,     /* a socket refused: the Service it named has no backend (sock.c) */
 	METRIC_SOCK_LB_AFFINITY,   /* a socket sent to the backend its client had (session affinity, sock.c) */
+	METRIC_SOCK_LB_CLOSED,     /* a socket closed: its Service no longer has the backend it was sent to (sock_iter.c) */
 	METRIC_MAX,
 };
 

@@ -325,6 +325,7 @@ func (a *Agent) Status() (*api.Status, error) {
 	}
 	a.flows.addCounters(s.Counters)
 	s.Policy = a.policyStatusLocked()
+	s.Services = a.servicesSummaryLocked()
 	return s, nil
 }
 

@@ -30,6 +30,8 @@ type Datapath interface {
 	GCRevokedFlows(idle time.Duration) (int, error)
 	MapCapacity(name string) (int, error)
 	SetServices(service.Table) error
+	Services() (service.Table, error)
+	CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) error
 	Endpoints() ([]datapath.EndpointEntry, error)
 	Metrics() (map[string]uint64, error)
 	PodMTU() int

@@ -3,8 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"syscall"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/k8s"
 )
 
@@ -148,6 +151,16 @@ func TestServiceWithoutBackendsRefusesAtOnce(t *testing.T) {
 			return nil
 		}
 	}
+	st, err := n.agent.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sv := st.Services; sv == nil || sv.Frontends != 2 || sv.Refusing != 2 || sv.Backends != 0 || !sv.KubeProxyReplacement {
+		t.Errorf("status services %+v, want 2 frontends, both refusing", st.Services)
+	}
+	if l, err := n.agent.ServiceList(); err != nil || len(l.Frontends) != 2 || l.Frontends[0].State != "refusing" || l.Frontends[0].Service != "default/empty" {
+		t.Errorf("service list %+v (%v), want both frontends of default/empty refusing", l, err)
+	}
 	before := n.metric("sock_lb_reject")
 	in(t, client, refused("pod"))
 	in(t, n.nodeNS, refused("node"))
@@ -198,6 +211,19 @@ func TestNodeOwnSocketsReachServices(t *testing.T) {
 		}
 		return nil
 	})
+	l, err := n.agent.ServiceList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []api.ServiceFrontend{
+		{Addr: netip.MustParseAddr("10.96.0.30"), Port: 53, Protocol: "UDP", Service: "default/web", State: "serving",
+			Backends: []api.ServiceBackend{{Addr: sr.Address.Addr(), Port: 5353}}},
+		{Addr: netip.MustParseAddr("10.96.0.30"), Port: 80, Protocol: "TCP", Service: "default/web", State: "serving",
+			Backends: []api.ServiceBackend{{Addr: sr.Address.Addr(), Port: 8080}}},
+	}
+	if !l.InSync || !l.KubeProxyReplacement || !reflect.DeepEqual(l.Frontends, want) {
+		t.Errorf("service list %+v, want in sync, no kube-proxy, frontends %+v", l, want)
+	}
 	nss, err := n.dp.TranslatedNetNS()
 	if err != nil {
 		t.Fatal(err)
@@ -411,6 +437,132 @@ func TestMappedIPv6SocketsAreTranslated(t *testing.T) {
 		err = unix.Connect(fd, &unix.SockaddrInet6{Port: 80, Addr: mapped(netip.MustParseAddr("10.96.0.51"))})
 		if !errors.Is(err, unix.ECONNREFUSED) {
 			t.Errorf("connect to a mapped Service without backends: %v, want ECONNREFUSED", err)
+		}
+		return nil
+	})
+}
+
+// serveEcho echoes each client's bytes back until it closes.
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// echoes writes msg on c and reads it back.
+func echoes(c net.Conn, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, 64)
+	k, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if got := string(buf[:k]); got != msg && got != "pong" {
+		return fmt.Errorf("read %q, want %q", got, msg)
+	}
+	return nil
+}
+
+// TestRemovedBackendClosesItsSockets: when a Service's backend is taken
+// away, the sockets its clients connected through the Service to it, TCP
+// and connected UDP, fail with ECONNABORTED at once instead of talking to
+// an address the Service no longer sends anyone to, and the client's next
+// connect reaches the backend that replaced it. A connection made to the
+// pod address directly is not the Service's and stays.
+func TestRemovedBackendClosesItsSockets(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24") // beside kube-proxy: pods' sockets are translated all the same
+	client, server := n.newPod(), n.newPod()
+	if _, err := n.agent.Add(addReq("client", client)); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverIP := sr.Address.Addr()
+	for _, port := range []int{8080, 8081} {
+		var (
+			ln net.Listener
+			pc net.PacketConn
+		)
+		in(t, server, func() (err error) {
+			if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); err != nil {
+				return err
+			}
+			pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+			return err
+		})
+		defer ln.Close()
+		defer pc.Close()
+		go serveEcho(ln)
+		go serveUDP(pc)
+	}
+	web := clusterIPService("web", "10.96.0.60")
+	n.applyServices([]*corev1.Service{web}, readyEndpoints("web", 8080, 8080, serverIP))
+
+	var viaService, viaUDP, direct net.Conn
+	in(t, client, func() (err error) {
+		if viaService, err = net.DialTimeout("tcp4", "10.96.0.60:80", 3*time.Second); err != nil {
+			return err
+		}
+		if viaUDP, err = net.Dial("udp4", "10.96.0.60:53"); err != nil {
+			return err
+		}
+		direct, err = net.DialTimeout("tcp4", net.JoinHostPort(serverIP.String(), "8080"), 3*time.Second)
+		return err
+	})
+	defer viaService.Close()
+	defer viaUDP.Close()
+	defer direct.Close()
+	for name, c := range map[string]net.Conn{"tcp via the Service": viaService, "udp via the Service": viaUDP, "tcp to the pod": direct} {
+		if err := echoes(c, "before"); err != nil {
+			t.Fatalf("%s before the change: %v", name, err)
+		}
+	}
+
+	closed := n.metric("sock_lb_closed")
+	// The endpoint now serves on 8081: the 8080 backend is gone.
+	n.applyServices([]*corev1.Service{web}, readyEndpoints("web", 8081, 8081, serverIP))
+	start := time.Now()
+	if err := echoes(viaService, "after"); !errors.Is(err, syscall.ECONNABORTED) {
+		t.Errorf("tcp via the Service after its backend went: %v, want ECONNABORTED", err)
+	}
+	// A UDP client waits in recv: it is woken with the error. The socket
+	// is disconnected too, so a send says it has no destination.
+	_ = viaUDP.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := viaUDP.Read(make([]byte, 64)); !errors.Is(err, syscall.ECONNABORTED) {
+		t.Errorf("udp via the Service after its backend went: recv %v, want ECONNABORTED", err)
+	}
+	if _, err := viaUDP.Write([]byte("after")); !errors.Is(err, syscall.EDESTADDRREQ) {
+		t.Errorf("udp via the Service after its backend went: send %v, want EDESTADDRREQ (disconnected)", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the sockets failed after %v, want at once", took)
+	}
+	if err := echoes(direct, "after"); err != nil {
+		t.Errorf("the connection made to the pod address was touched: %v", err)
+	}
+	if got := n.metric("sock_lb_closed") - closed; got != 2 {
+		t.Errorf("sock_lb_closed rose by %d, want 2", got)
+	}
+	in(t, client, func() error {
+		c, err := net.DialTimeout("tcp4", "10.96.0.60:80", 3*time.Second)
+		if err != nil {
+			return fmt.Errorf("reconnect: %w", err)
+		}
+		defer c.Close()
+		if err := echoes(c, "again"); err != nil {
+			return fmt.Errorf("reconnect: %w", err)
 		}
 		return nil
 	})

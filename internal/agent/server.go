@@ -26,6 +26,14 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET "+api.PathTrace, a.serveTrace)
 	mux.HandleFunc("GET "+api.PathHealth, serveHealth)
 	mux.Handle("GET "+PathMetrics, a.metrics.handler())
+	mux.HandleFunc("GET "+api.PathServices, func(w http.ResponseWriter, _ *http.Request) {
+		l, err := a.ServiceList()
+		if err != nil {
+			writeError(w, api.Errorf(api.CodeDatapath, "read service maps", err))
+			return
+		}
+		writeJSON(w, http.StatusOK, l)
+	})
 	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
 		s, err := a.Status()
 		if err != nil {

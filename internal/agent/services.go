@@ -1,8 +1,12 @@
 package agent
 
 import (
+	"cmp"
+	"fmt"
 	"maps"
+	"slices"
 
+	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/service"
 )
@@ -11,22 +15,112 @@ import (
 type serviceState struct {
 	applied bool
 	table   service.Table
+	// owners names each frontend's Service; lastErr is why the last
+	// write failed.
+	owners  map[service.Frontend]string
+	lastErr string
 }
 
 // applyServicesLocked programs the Services of s for translation at the
 // socket. The maps are rewritten only when the table changed; a failed
 // write is retried on the next snapshot, and meanwhile kube-proxy, where
-// it runs, serves the frontends the maps lack.
+// it runs, serves the frontends the maps lack. Sockets sent to a backend
+// a frontend no longer has are closed once the maps stop picking it.
 func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 	t := service.Build(s.Services, s.EndpointSlices, service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement})
 	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
 		return
 	}
+	old := a.services.table
+	if !a.services.applied {
+		// After a restart or a failed write the maps are the truth.
+		if cur, err := a.dp.Services(); err == nil {
+			old = cur
+		}
+	}
+	a.services.owners = service.Owners(s.Services)
 	if err := a.dp.SetServices(t); err != nil {
-		a.services.applied = false
+		a.services.applied, a.services.lastErr = false, err.Error()
 		a.log.Error("program services", "frontends", len(t), "err", err)
 		return
 	}
-	a.services = serviceState{applied: true, table: t}
+	a.services = serviceState{applied: true, table: t, owners: a.services.owners}
 	a.log.Info("services programmed", "frontends", len(t))
+	if removed := service.Removed(old, t); len(removed) > 0 {
+		if err := a.dp.CloseServiceSockets(removed, a.podNetNSLocked()); err != nil {
+			a.log.Error("close sockets of removed backends", "frontends", len(removed), "err", err)
+		}
+	}
+}
+
+// podNetNSLocked lists the network namespaces of this node's pods.
+func (a *Agent) podNetNSLocked() []string {
+	var out []string
+	for _, l := range a.ipam.List() {
+		if l.NetNS != "" {
+			out = append(out, l.NetNS)
+		}
+	}
+	return out
+}
+
+// servicesSummaryLocked counts the programmed Services for `weir status`;
+// nil before the agent has seen any (it is not a Kubernetes node agent).
+func (a *Agent) servicesSummaryLocked() *api.ServicesSummary {
+	st := &a.services
+	if !st.applied && st.lastErr == "" {
+		return nil
+	}
+	out := &api.ServicesSummary{KubeProxyReplacement: a.cfg.KubeProxyReplacement, Frontends: len(st.table), Error: st.lastErr}
+	for _, e := range st.table {
+		out.Backends += len(e.Backends)
+		if len(e.Backends) == 0 {
+			out.Refusing++
+		}
+	}
+	return out
+}
+
+// ServiceList reads the service maps back: what each Service address is
+// translated to on this node right now, sorted by address, port and
+// protocol.
+func (a *Agent) ServiceList() (*api.ServiceList, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, err := a.dp.Services()
+	if err != nil {
+		return nil, err
+	}
+	l := &api.ServiceList{
+		Node: a.cfg.NodeName, KubeProxyReplacement: a.cfg.KubeProxyReplacement,
+		InSync:    a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal),
+		Frontends: []api.ServiceFrontend{},
+	}
+	for f, e := range t {
+		fe := api.ServiceFrontend{
+			Addr: f.Addr, Port: f.Port, Protocol: protocolName(f.Proto), Service: a.services.owners[f],
+			Backends: []api.ServiceBackend{}, AffinitySeconds: int(e.AffinityTimeout.Seconds()), State: "serving",
+		}
+		for _, b := range e.Backends {
+			fe.Backends = append(fe.Backends, api.ServiceBackend{Addr: b.Addr, Port: b.Port})
+		}
+		if len(e.Backends) == 0 {
+			fe.State = "refusing"
+		}
+		l.Frontends = append(l.Frontends, fe)
+	}
+	slices.SortFunc(l.Frontends, func(x, y api.ServiceFrontend) int {
+		return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Port, y.Port), cmp.Compare(x.Protocol, y.Protocol))
+	})
+	return l, nil
+}
+
+func protocolName(p uint8) string {
+	switch p {
+	case service.ProtoTCP:
+		return "TCP"
+	case service.ProtoUDP:
+		return "UDP"
+	}
+	return fmt.Sprintf("proto-%d", p)
 }

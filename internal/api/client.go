@@ -66,6 +66,12 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 	return &s, c.do(ctx, http.MethodGet, PathStatus, nil, &s)
 }
 
+// Services returns what the node translates each Service address to.
+func (c *Client) Services(ctx context.Context) (*ServiceList, error) {
+	var l ServiceList
+	return &l, c.do(ctx, http.MethodGet, PathServices, nil, &l)
+}
+
 // SetPeers replaces the agent's peers.
 func (c *Client) SetPeers(ctx context.Context, peers []Peer) error {
 	return c.do(ctx, http.MethodPut, PathPeers, PeersRequest{Peers: peers}, nil)

@@ -14,6 +14,7 @@ const (
 	PathStatus    = "/v1/status"
 	PathPeers     = "/v1/peers"
 	PathFlows     = "/v1/flows"
+	PathServices  = "/v1/services"
 )
 
 // Attachment names one interface of one container.
@@ -139,6 +140,52 @@ type Status struct {
 	Counters   map[string]uint64 `json:"counters"`
 	Kubernetes *KubeStatus       `json:"kubernetes,omitempty"`
 	Policy     *PolicyStatus     `json:"policy,omitempty"`
+	Services   *ServicesSummary  `json:"services,omitempty"`
+}
+
+// ServicesSummary counts what the node translates Service addresses to
+// (Kubernetes mode).
+type ServicesSummary struct {
+	// KubeProxyReplacement: no kube-proxy beside the agent (see
+	// weir-agent --kube-proxy-replacement).
+	KubeProxyReplacement bool `json:"kubeProxyReplacement"`
+	Frontends            int  `json:"frontends"`
+	Backends             int  `json:"backends"`
+	// Refusing counts frontends without a backend, refused at once.
+	Refusing int `json:"refusing"`
+	// Error is why the last write of the service maps failed.
+	Error string `json:"error,omitempty"`
+}
+
+// ServiceList is what one node translates each Service address to, read
+// from its service maps.
+type ServiceList struct {
+	Node                 string `json:"node"`
+	KubeProxyReplacement bool   `json:"kubeProxyReplacement"`
+	// InSync says the maps hold exactly the table the agent last built;
+	// false after a failed write (retried on the next change).
+	InSync    bool              `json:"inSync"`
+	Frontends []ServiceFrontend `json:"frontends"`
+}
+
+// ServiceFrontend is one Service address and where its connections go.
+type ServiceFrontend struct {
+	Addr     netip.Addr `json:"addr"`
+	Port     uint16     `json:"port"`
+	Protocol string     `json:"protocol"`
+	// Service is "namespace/name"; empty if the agent no longer knows it.
+	Service  string           `json:"service,omitempty"`
+	Backends []ServiceBackend `json:"backends"`
+	// AffinitySeconds is the sessionAffinity: ClientIP timeout; 0: none.
+	AffinitySeconds int `json:"affinitySeconds,omitempty"`
+	// State is "serving", or "refusing" for a frontend without backends.
+	State string `json:"state"`
+}
+
+// ServiceBackend is one address a frontend's connections go to.
+type ServiceBackend struct {
+	Addr netip.Addr `json:"addr"`
+	Port uint16     `json:"port"`
 }
 
 // PolicyStatus is what the agent last loaded into its datapath.

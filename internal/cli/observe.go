@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirnet/weir/internal/api"
-	"github.com/weirnet/weir/internal/lab"
 )
 
 type observeFlags struct {
@@ -50,16 +49,9 @@ func NewObserveCommand() *cobra.Command {
 			"  weir observe --lab weir-lab -l app=frontend -o yaml",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sockets := map[string]string{"": f.socket}
-			if f.labName != "" {
-				st, err := lab.Load(f.labName)
-				if err != nil {
-					return err
-				}
-				sockets = map[string]string{}
-				for _, n := range st.Nodes {
-					sockets[n.Name] = n.Socket
-				}
+			sockets, err := agentSockets(f.socket, f.labName)
+			if err != nil {
+				return err
 			}
 			return runObserve(cmd.Context(), &f, sockets, cmd.OutOrStdout())
 		},

@@ -15,7 +15,7 @@ func NewRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand())
+	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand(), NewServiceCommand())
 	return root
 }
 

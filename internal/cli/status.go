@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/weirnet/weir/internal/api"
-	"github.com/weirnet/weir/internal/lab"
 )
 
 // NewStatusCommand is `weir status`: each node agent's view of its node.
@@ -32,21 +31,14 @@ func NewStatusCommand() *cobra.Command {
 			if output != "" && output != "json" {
 				return fmt.Errorf("--output %q: want json or empty", output)
 			}
-			sockets := []string{socket}
-			if labName != "" {
-				st, err := lab.Load(labName)
-				if err != nil {
-					return err
-				}
-				sockets = sockets[:0]
-				for _, n := range st.Nodes {
-					sockets = append(sockets, n.Socket)
-				}
+			sockets, err := agentSockets(socket, labName)
+			if err != nil {
+				return err
 			}
 			var errs []error
-			for _, sock := range sockets {
-				if err := runStatus(cmd.Context(), api.NewClient(sock), output, cmd.OutOrStdout()); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", sock, err))
+			for _, node := range sortedNodes(sockets) {
+				if err := runStatus(cmd.Context(), api.NewClient(sockets[node]), output, cmd.OutOrStdout()); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", sockets[node], err))
 				}
 			}
 			return errors.Join(errs...)
@@ -90,6 +82,22 @@ func printStatus(s *api.Status, out io.Writer) {
 		fmt.Fprintf(out, "  counter %-16s %d\n", k, s.Counters[k])
 	}
 	printPolicyStatus(s.Policy, out)
+	printServicesSummary(s.Services, out)
+}
+
+func printServicesSummary(sv *api.ServicesSummary, out io.Writer) {
+	if sv == nil {
+		return
+	}
+	kpr := "kube-proxy answers the rest"
+	if sv.KubeProxyReplacement {
+		kpr = "no kube-proxy"
+	}
+	fmt.Fprintf(out, "  services %d addresses, %d backends, %d refusing (no backend); %s (weir service list)\n",
+		sv.Frontends, sv.Backends, sv.Refusing, kpr)
+	if sv.Error != "" {
+		fmt.Fprintf(out, "  services last write FAILED (retried on the next change): %s\n", sv.Error)
+	}
 }
 
 func printPolicyStatus(p *api.PolicyStatus, out io.Writer) {

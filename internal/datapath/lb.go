@@ -153,25 +153,60 @@ func be32(a netip.Addr) uint32 {
 // htons is a port as the __be16 a map stores, read back natively.
 func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
+// lbMaps is the content of the service, backend and affinity member maps.
+type lbMaps struct {
+	services map[sockLb4Key]sockLb4Service
+	slots    map[sockLb4BackendKey]sockLb4Backend
+	members  map[sockLb4MemberKey]uint32
+}
+
+// readLBMaps reads the service maps whole.
+func (n *Node) readLBMaps() (*lbMaps, error) {
+	svcs, err := readMap[sockLb4Key, sockLb4Service](n.progs.LB4Services)
+	if err != nil {
+		return nil, fmt.Errorf("read service map: %w", err)
+	}
+	slots, err := readMap[sockLb4BackendKey, sockLb4Backend](n.progs.LB4Backends)
+	if err != nil {
+		return nil, fmt.Errorf("read backend map: %w", err)
+	}
+	members, err := readMap[sockLb4MemberKey, uint32](n.progs.LB4Members)
+	if err != nil {
+		return nil, fmt.Errorf("read affinity member map: %w", err)
+	}
+	return &lbMaps{services: svcs, slots: slots, members: members}, nil
+}
+
+// lbMapsOf is what the service maps hold once want is written.
+func lbMapsOf(want map[sockLb4Key]service.Entry) *lbMaps {
+	m := &lbMaps{services: map[sockLb4Key]sockLb4Service{}, slots: map[sockLb4BackendKey]sockLb4Backend{}, members: affinityMembers(want)}
+	for key, e := range want {
+		m.services[key] = lb4Service(e)
+		for i, b := range e.Backends {
+			m.slots[sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}] = lb4Backend(b)
+		}
+	}
+	return m
+}
+
 // SetServices makes the service maps translate exactly t's IPv4 frontends.
+// Only what differs from the maps is written: the maps are read once, and
+// after a write that succeeded whole the node remembers what they hold,
+// so a change to one Service costs a few syscalls at any Service count.
 // Each frontend is rewritten so a concurrent connect always finds a
 // consistent service: new slots before a larger count, a smaller count
 // before slots are removed, the service before its slots on deletion. The
 // members of affinity Services change around that: a backend that goes
 // stops being remembered before its slot goes, and one that comes is a
 // member before a client can pick it.
-func (n *Node) SetServices(t service.Table) error {
-	have, err := readMap[sockLb4Key, sockLb4Service](n.progs.LB4Services)
-	if err != nil {
-		return fmt.Errorf("read service map: %w", err)
-	}
-	haveSlots, err := readMap[sockLb4BackendKey, sockLb4Backend](n.progs.LB4Backends)
-	if err != nil {
-		return fmt.Errorf("read backend map: %w", err)
-	}
-	haveMembers, err := readMap[sockLb4MemberKey, uint32](n.progs.LB4Members)
-	if err != nil {
-		return fmt.Errorf("read affinity member map: %w", err)
+func (n *Node) SetServices(t service.Table) (retErr error) {
+	have := n.lbWritten
+	n.lbWritten = nil // until this write has succeeded whole
+	if have == nil {
+		var err error
+		if have, err = n.readLBMaps(); err != nil {
+			return err
+		}
 	}
 	want := map[sockLb4Key]service.Entry{}
 	for f, e := range t {
@@ -180,9 +215,14 @@ func (n *Node) SetServices(t service.Table) error {
 		}
 	}
 	wantMembers := affinityMembers(want)
+	defer func() {
+		if retErr == nil {
+			n.lbWritten = lbMapsOf(want)
+		}
+	}()
 
 	var errs []error
-	for mk := range haveMembers {
+	for mk := range have.members {
 		if _, ok := wantMembers[mk]; ok {
 			continue
 		}
@@ -191,7 +231,7 @@ func (n *Node) SetServices(t service.Table) error {
 		}
 	}
 	for mk, slot := range wantMembers {
-		if cur, ok := haveMembers[mk]; ok && cur == slot {
+		if cur, ok := have.members[mk]; ok && cur == slot {
 			continue
 		}
 		if err := n.progs.LB4Members.Put(mk, slot); err != nil {
@@ -199,13 +239,13 @@ func (n *Node) SetServices(t service.Table) error {
 		}
 	}
 	for key, e := range want {
-		cur, present := have[key]
-		if err := n.setService(key, e, cur, present, haveSlots); err != nil {
+		cur, present := have.services[key]
+		if err := n.setService(key, e, cur, present, have.slots); err != nil {
 			f := frontendOf(key)
 			errs = append(errs, fmt.Errorf("service %v:%d/%d: %w", f.Addr, f.Port, f.Proto, err))
 		}
 	}
-	for key := range have {
+	for key := range have.services {
 		if _, ok := want[key]; ok {
 			continue
 		}
@@ -214,7 +254,7 @@ func (n *Node) SetServices(t service.Table) error {
 		}
 	}
 	// Slots of deleted services, and any a crash left behind.
-	for bk := range haveSlots {
+	for bk := range have.slots {
 		if e, ok := want[bk.Svc]; ok && bk.Slot >= 1 && int(bk.Slot) <= len(e.Backends) {
 			continue
 		}

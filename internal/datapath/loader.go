@@ -134,6 +134,10 @@ type Programs struct {
 	LB4Affinity      *ebpf.Map
 	LB4Members       *ebpf.Map
 	SockNetNS        *ebpf.Map
+	// Closing sockets sent to removed backends (bpf/sock_iter.c).
+	SockDestroyTCP *ebpf.Program
+	SockDestroyUDP *ebpf.Program
+	LB4Gone        *ebpf.Map
 
 	// cfg is what the programs were loaded with (Trace loads alike).
 	cfg ProgramConfig
@@ -195,6 +199,18 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
 	p.LB4Affinity, p.LB4Members = sock.WeirLb4Affinity, sock.WeirLb4Members
 	closeMaps(sock.WeirMetrics)
+
+	// Only what the agent drives: the pinned maps the iterators read are
+	// loaded for them and closed after.
+	var iter struct {
+		TCP  *ebpf.Program `ebpf:"sock_destroy_tcp"`
+		UDP  *ebpf.Program `ebpf:"sock_destroy_udp"`
+		Gone *ebpf.Map     `ebpf:"weir_lb4_gone"`
+	}
+	if err := loadWithConsts(loadSockiter, consts, &iter, opts); err != nil {
+		return nil, fmt.Errorf("load socket iterators: %w", err)
+	}
+	p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone = iter.TCP, iter.UDP, iter.Gone
 	return p, nil
 }
 
@@ -229,7 +245,8 @@ func (p *Programs) Close() {
 	p.policySeq.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
-		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS} {
+		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS,
+		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

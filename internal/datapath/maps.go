@@ -281,6 +281,7 @@ var MetricNames = []string{
 	"drop_identity_option",
 	"sock_lb_reject",
 	"sock_lb_affinity",
+	"sock_lb_closed",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -92,6 +92,9 @@ type Node struct {
 	// afterWrite, if set, runs after each map write of a policy apply
 	// (tests judge packets against every intermediate state).
 	afterWrite func()
+	// lbWritten is what the service maps hold after the last SetServices
+	// that wrote everything it meant to; nil: read them first.
+	lbWritten *lbMaps
 }
 
 // SetupNode prepares the node (sysctls, overlay device, programs, masquerade)

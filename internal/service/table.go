@@ -202,3 +202,36 @@ func slicePort(s *discoveryv1.EndpointSlice, sp corev1.ServicePort) (uint16, boo
 	}
 	return 0, false
 }
+
+// Removed lists, for each frontend of old, the backends it had that new no
+// longer gives it: a frontend new lacks lost them all. Connections a
+// client made through such a frontend to such a backend lead where the
+// Service no longer sends anyone, and are to be closed.
+func Removed(old, new Table) map[Frontend][]Backend {
+	out := map[Frontend][]Backend{}
+	for f, e := range old {
+		keep := new[f].Backends
+		for _, b := range e.Backends {
+			if !slices.Contains(keep, b) {
+				out[f] = append(out[f], b)
+			}
+		}
+	}
+	return out
+}
+
+// Owners names the Service ("namespace/name") each ClusterIP frontend of
+// svcs belongs to, for showing a table to people.
+func Owners(svcs []*corev1.Service) map[Frontend]string {
+	out := map[Frontend]string{}
+	for _, svc := range svcs {
+		for _, ip := range clusterIPv4s(svc) {
+			for _, sp := range svc.Spec.Ports {
+				if proto, ok := protoNumber(sp.Protocol); ok {
+					out[Frontend{Addr: ip, Port: uint16(sp.Port), Proto: proto}] = svc.Namespace + "/" + svc.Name
+				}
+			}
+		}
+	}
+	return out
+}

@@ -215,3 +215,43 @@ func TestEntryEqual(t *testing.T) {
 		t.Error("a backend port makes no difference")
 	}
 }
+
+func TestRemoved(t *testing.T) {
+	old := Table{
+		fe("10.96.0.1", 80): {Backends: []Backend{be("10.0.0.1", 80), be("10.0.0.2", 80)}},
+		fe("10.96.0.2", 80): {Backends: []Backend{be("10.0.0.3", 80)}},
+		fe("10.96.0.3", 80): {Backends: []Backend{be("10.0.0.4", 80)}},
+		fe("10.96.0.4", 80): {Backends: []Backend{be("10.0.0.5", 80)}},
+	}
+	new := Table{
+		fe("10.96.0.1", 80): {Backends: []Backend{be("10.0.0.2", 80), be("10.0.0.9", 80)}},
+		fe("10.96.0.3", 80): {},                                          // no backend left: refuses
+		fe("10.96.0.4", 80): {Backends: []Backend{be("10.0.0.5", 8080)}}, // the target port changed
+	}
+	want := map[Frontend][]Backend{
+		fe("10.96.0.1", 80): {be("10.0.0.1", 80)},
+		fe("10.96.0.2", 80): {be("10.0.0.3", 80)},
+		fe("10.96.0.3", 80): {be("10.0.0.4", 80)},
+		fe("10.96.0.4", 80): {be("10.0.0.5", 80)},
+	}
+	if got := Removed(old, new); !reflect.DeepEqual(got, want) {
+		t.Errorf("Removed:\n got %v\nwant %v", got, want)
+	}
+	if got := Removed(new, new); len(got) != 0 {
+		t.Errorf("Removed of an unchanged table: %v, want nothing", got)
+	}
+}
+
+func TestOwners(t *testing.T) {
+	dns := svc("dns", "10.96.0.10",
+		corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+		corev1.ServicePort{Name: "dns-tcp", Port: 53})
+	got := Owners([]*corev1.Service{dns, svc("headless", "None", corev1.ServicePort{Port: 80})})
+	want := map[Frontend]string{
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoUDP}: "ns/dns",
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoTCP}: "ns/dns",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Owners:\n got %v\nwant %v", got, want)
+	}
+}

@@ -1,0 +1,98 @@
+package datapath
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/weirnet/weir/internal/service"
+)
+
+// emptyTwin is a new, empty map shaped like m.
+func emptyTwin(t *testing.T, m *ebpf.Map) *ebpf.Map {
+	t.Helper()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := ebpf.NewMap(&ebpf.MapSpec{Type: info.Type, KeySize: info.KeySize, ValueSize: info.ValueSize,
+		MaxEntries: info.MaxEntries, Flags: info.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// manyServices is a table of count frontends with two backends each.
+func manyServices(count int) service.Table {
+	t := service.Table{}
+	for i := range count {
+		f := service.Frontend{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: service.ProtoTCP}
+		t[f] = service.Entry{Backends: []service.Backend{{Addr: podA, Port: 8080}, {Addr: podB, Port: 8080}}}
+	}
+	return t
+}
+
+// TestSetServicesWritesOnlyWhatChanged: with 2,000 frontends in the maps,
+// a change to one Service writes that Service's entries and nothing else
+// (the maps are swapped for empty twins to see every write), and after a
+// failed write the maps are read again, so nothing is left out.
+func TestSetServicesWritesOnlyWhatChanged(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	before := manyServices(2000)
+	if err := n.SetServices(before); err != nil {
+		t.Fatal(err)
+	}
+	after := manyServices(2000)
+	changed := service.Frontend{Addr: netip.MustParseAddr("10.96.3.7"), Port: 80, Proto: service.ProtoTCP}
+	after[changed] = service.Entry{Backends: []service.Backend{{Addr: podA, Port: 8080}, {Addr: podB, Port: 8080}, {Addr: podB, Port: 9090}}}
+
+	realServices, realBackends := p.LB4Services, p.LB4Backends
+	p.LB4Services, p.LB4Backends = emptyTwin(t, realServices), emptyTwin(t, realBackends)
+	if err := n.SetServices(after); err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := readMap[sockLb4Key, sockLb4Service](p.LB4Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := readMap[sockLb4BackendKey, sockLb4Backend](p.LB4Backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSvcs := map[sockLb4Key]sockLb4Service{lb4Key(changed): {Count: 3}}
+	wantSlots := map[sockLb4BackendKey]sockLb4Backend{{Svc: lb4Key(changed), Slot: 3}: lb4Backend(service.Backend{Addr: podB, Port: 9090})}
+	if !reflect.DeepEqual(svcs, wantSvcs) || !reflect.DeepEqual(slots, wantSlots) {
+		t.Errorf("one Service changed: wrote services %v and slots %v, want %v and %v", svcs, slots, wantSvcs, wantSlots)
+	}
+
+	// The real maps missed that write: a failed write makes the next one
+	// read the maps instead of trusting what it remembers.
+	p.LB4Services, p.LB4Backends = realServices, fullDecoy(t, realBackends, sockLb4BackendKey{Slot: 99}, sockLb4Backend{})
+	broken := manyServices(2000)
+	broken[service.Frontend{Addr: netip.MustParseAddr("10.97.0.1"), Port: 80, Proto: service.ProtoTCP}] = service.Entry{Backends: []service.Backend{{Addr: podA, Port: 1}}}
+	if err := n.SetServices(broken); err == nil {
+		t.Fatal("SetServices with a full backend map succeeded")
+	}
+	p.LB4Backends = realBackends
+	if err := n.SetServices(after); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(after) || !got[changed].Equal(after[changed]) {
+		t.Errorf("after a failed write the maps hold %d frontends, %v for the changed one; want %d and %v",
+			len(got), got[changed], len(after), after[changed])
+	}
+	for f, e := range after {
+		if !got[f].Equal(e) {
+			t.Fatalf("frontend %v: maps hold %v, want %v", f, got[f], e)
+		}
+	}
+}
