@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -566,4 +567,61 @@ func TestRemovedBackendClosesItsSockets(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestNodePortAtTheSocket: with no kube-proxy, a NodePort Service is
+// reached from a pod and from the node itself at this node's address and
+// at another node's, each connect sent straight to a backend, with
+// getpeername showing the address the client named.
+func TestNodePortAtTheSocket(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	client, server := n.newPod(), n.newPod()
+	if _, err := n.agent.Add(addReq("client", client)); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ln net.Listener
+	in(t, server, func() (err error) {
+		ln, err = net.Listen("tcp4", ":8080")
+		return err
+	})
+	defer ln.Close()
+	go serveNamed(ln, "server")
+	web := clusterIPService("web", "10.96.0.70")
+	web.Spec.Type = corev1.ServiceTypeNodePort
+	web.Spec.Ports[0].NodePort = 30080
+	other := k8s.Node{Name: "n2", InternalIP: netip.MustParseAddr("10.99.0.12")}
+	n.agent.mu.Lock()
+	n.agent.applyServicesLocked(k8s.Snapshot{Nodes: []k8s.Node{other}, Services: []*corev1.Service{web},
+		EndpointSlices: []*discoveryv1.EndpointSlice{readyEndpoints("web", 8080, 5353, sr.Address.Addr())}})
+	n.agent.mu.Unlock()
+
+	for _, where := range []struct {
+		name string
+		ns   ns.NetNS
+	}{{"pod", client}, {"node", n.nodeNS}} {
+		for _, addr := range []string{"10.99.0.11:30080", "10.99.0.12:30080"} {
+			in(t, where.ns, func() error {
+				c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+				if err != nil {
+					return fmt.Errorf("%s to NodePort %s: %w", where.name, addr, err)
+				}
+				defer c.Close()
+				if c.RemoteAddr().String() != addr {
+					t.Errorf("%s to %s: getpeername %v, want the NodePort", where.name, addr, c.RemoteAddr())
+				}
+				return nil
+			})
+		}
+	}
+	l, err := n.agent.ServiceList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Frontends) != 4 { // ClusterIP TCP and UDP, NodePort TCP on two node addresses
+		t.Errorf("service list: %+v, want 4 frontends", l.Frontends)
+	}
 }

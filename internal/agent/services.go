@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 
 	"github.com/weirnet/weir/internal/api"
@@ -27,7 +28,8 @@ type serviceState struct {
 // it runs, serves the frontends the maps lack. Sockets sent to a backend
 // a frontend no longer has are closed once the maps stop picking it.
 func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
-	t := service.Build(s.Services, s.EndpointSlices, service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement})
+	opts := a.serviceOptions(s)
+	t := service.Build(s.Services, s.EndpointSlices, opts)
 	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
 		return
 	}
@@ -38,7 +40,7 @@ func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 			old = cur
 		}
 	}
-	a.services.owners = service.Owners(s.Services)
+	a.services.owners = service.Owners(s.Services, opts)
 	if err := a.dp.SetServices(t); err != nil {
 		a.services.applied, a.services.lastErr = false, err.Error()
 		a.log.Error("program services", "frontends", len(t), "err", err)
@@ -51,6 +53,31 @@ func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 			a.log.Error("close sockets of removed backends", "frontends", len(removed), "err", err)
 		}
 	}
+}
+
+// serviceOptions is whose view the Service table is built for: this node,
+// and with no kube-proxy beside it, every node's address for NodePorts.
+func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
+	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement}
+	if !opts.ReplaceKubeProxy {
+		return opts
+	}
+	seen := map[netip.Addr]bool{}
+	for _, addr := range append([]netip.Addr{a.cfg.NodeIP}, nodeAddrs(s.Nodes)...) {
+		if addr.Is4() && !seen[addr] {
+			seen[addr] = true
+			opts.NodeAddrs = append(opts.NodeAddrs, addr)
+		}
+	}
+	return opts
+}
+
+func nodeAddrs(nodes []k8s.Node) []netip.Addr {
+	out := make([]netip.Addr, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, n.InternalIP)
+	}
+	return out
 }
 
 // podNetNSLocked lists the network namespaces of this node's pods.

@@ -56,8 +56,60 @@ type Options struct {
 	// ReplaceKubeProxy says no kube-proxy runs beside Weir, so the table
 	// must answer every ClusterIP itself: frontends without backends
 	// reject, and Services with session affinity are translated too.
-	// Without it, both are left to kube-proxy.
+	// Without it, both are left to kube-proxy, and so are NodePorts,
+	// externalIPs and load balancer addresses.
 	ReplaceKubeProxy bool
+	// NodeAddrs are the addresses of every node, where NodePorts are
+	// served: a socket on this node that names any node's NodePort is
+	// sent straight to a backend (with ReplaceKubeProxy).
+	NodeAddrs []netip.Addr
+}
+
+// serviceFrontend is one address of a Service and the port it serves.
+type serviceFrontend struct {
+	Frontend
+	port corev1.ServicePort
+	// internal: a ClusterIP, where internalTrafficPolicy applies. A
+	// NodePort, external IP or load balancer address reached from inside
+	// the cluster is served by every endpoint, as kube-proxy serves
+	// traffic from its own node.
+	internal bool
+}
+
+// frontendsOf lists the addresses svc is reached at: its ClusterIPs and,
+// when Weir replaces kube-proxy, its NodePort on every node address, its
+// externalIPs and its load balancer ingress IPs.
+func frontendsOf(svc *corev1.Service, opts Options) []serviceFrontend {
+	var out []serviceFrontend
+	add := func(addrs []netip.Addr, internal bool, port func(corev1.ServicePort) int32) {
+		for _, a := range addrs {
+			for _, sp := range svc.Spec.Ports {
+				proto, ok := protoNumber(sp.Protocol)
+				p := port(sp)
+				if !ok || p <= 0 || p > 65535 {
+					continue
+				}
+				out = append(out, serviceFrontend{Frontend: Frontend{Addr: a, Port: uint16(p), Proto: proto}, port: sp, internal: internal})
+			}
+		}
+	}
+	servicePort := func(sp corev1.ServicePort) int32 { return sp.Port }
+	add(clusterIPv4s(svc), true, servicePort)
+	if !opts.ReplaceKubeProxy {
+		return out
+	}
+	if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		add(opts.NodeAddrs, false, func(sp corev1.ServicePort) int32 { return sp.NodePort })
+	}
+	add(parseIPv4s(svc.Spec.ExternalIPs), false, servicePort)
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		var ips []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			ips = append(ips, in.IP)
+		}
+		add(parseIPv4s(ips), false, servicePort)
+	}
+	return out
 }
 
 // Build computes the table of svcs, with backends from slices, as seen from
@@ -79,18 +131,13 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 		}
 		local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 		affinity := affinityTimeout(svc)
-		for _, ip := range clusterIPv4s(svc) {
-			for _, sp := range svc.Spec.Ports {
-				proto, ok := protoNumber(sp.Protocol)
-				if !ok {
-					continue
-				}
-				bes := backends(bySvc[svc.Namespace+"/"+svc.Name], sp, opts.Node, local)
-				if len(bes) == 0 && !opts.ReplaceKubeProxy {
-					continue // kube-proxy rejects it
-				}
-				t[Frontend{Addr: ip, Port: uint16(sp.Port), Proto: proto}] = Entry{Backends: bes, AffinityTimeout: affinity}
+		eps := bySvc[svc.Namespace+"/"+svc.Name]
+		for _, fe := range frontendsOf(svc, opts) {
+			bes := backends(eps, fe.port, opts.Node, local && fe.internal)
+			if len(bes) == 0 && !opts.ReplaceKubeProxy {
+				continue // kube-proxy rejects it
 			}
+			t[fe.Frontend] = Entry{Backends: bes, AffinityTimeout: affinity}
 		}
 	}
 	return t
@@ -124,10 +171,15 @@ func clusterIPv4s(svc *corev1.Service) []netip.Addr {
 	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
 		ips = []string{svc.Spec.ClusterIP}
 	}
+	return parseIPv4s(ips) // "None" (headless) does not parse
+}
+
+// parseIPv4s keeps the IPv4 addresses of ips.
+func parseIPv4s(ips []string) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range ips {
 		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
-			out = append(out, a) // "None" (headless) does not parse
+			out = append(out, a)
 		}
 	}
 	return out
@@ -220,17 +272,13 @@ func Removed(old, new Table) map[Frontend][]Backend {
 	return out
 }
 
-// Owners names the Service ("namespace/name") each ClusterIP frontend of
-// svcs belongs to, for showing a table to people.
-func Owners(svcs []*corev1.Service) map[Frontend]string {
+// Owners names the Service ("namespace/name") each frontend Build gives
+// svcs with opts belongs to, for showing a table to people.
+func Owners(svcs []*corev1.Service, opts Options) map[Frontend]string {
 	out := map[Frontend]string{}
 	for _, svc := range svcs {
-		for _, ip := range clusterIPv4s(svc) {
-			for _, sp := range svc.Spec.Ports {
-				if proto, ok := protoNumber(sp.Protocol); ok {
-					out[Frontend{Addr: ip, Port: uint16(sp.Port), Proto: proto}] = svc.Namespace + "/" + svc.Name
-				}
-			}
+		for _, fe := range frontendsOf(svc, opts) {
+			out[fe.Frontend] = svc.Namespace + "/" + svc.Name
 		}
 	}
 	return out

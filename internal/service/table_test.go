@@ -246,12 +246,62 @@ func TestOwners(t *testing.T) {
 	dns := svc("dns", "10.96.0.10",
 		corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
 		corev1.ServicePort{Name: "dns-tcp", Port: 53})
-	got := Owners([]*corev1.Service{dns, svc("headless", "None", corev1.ServicePort{Port: 80})})
+	got := Owners([]*corev1.Service{dns, svc("headless", "None", corev1.ServicePort{Port: 80})}, Options{})
 	want := map[Frontend]string{
 		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoUDP}: "ns/dns",
 		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoTCP}: "ns/dns",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Owners:\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	np := svc("np", "10.96.0.7", corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP})
+	np.Spec.Type = corev1.ServiceTypeNodePort
+	np.Spec.InternalTrafficPolicy = &local // the ClusterIP's alone
+	np.Spec.ExternalIPs = []string{"192.0.2.10", "2001:db8::1"}
+	lb := svc("lb", "10.96.0.8", corev1.ServicePort{Name: "http", Port: 443, NodePort: 30443, Protocol: corev1.ProtocolTCP})
+	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.5"}, {Hostname: "lb.example"}}
+	noNodePort := svc("lb2", "10.96.0.9", corev1.ServicePort{Name: "http", Port: 8443, Protocol: corev1.ProtocolTCP})
+	noNodePort.Spec.Type = corev1.ServiceTypeLoadBalancer // allocateLoadBalancerNodePorts: false
+	svcs := []*corev1.Service{np, lb, noNodePort}
+	slices := []*discoveryv1.EndpointSlice{
+		slice("np", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true, node: "n1"}, ep{addr: "10.0.1.2", ready: true, node: "n2"}),
+		slice("lb", map[string]int32{"http": 8443}, ep{addr: "10.0.1.3", ready: true, node: "n2"}),
+	}
+	opts := Options{Node: "n1", ReplaceKubeProxy: true, NodeAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11"), netip.MustParseAddr("10.99.0.12")}}
+	both := []Backend{be("10.0.0.2", 8080), be("10.0.1.2", 8080)}
+	lbBackends := []Backend{be("10.0.1.3", 8443)}
+	want := Table{
+		fe("10.96.0.7", 80):     {Backends: []Backend{be("10.0.0.2", 8080)}}, // internalTrafficPolicy: Local
+		fe("10.99.0.11", 30080): {Backends: both},
+		fe("10.99.0.12", 30080): {Backends: both},
+		fe("192.0.2.10", 80):    {Backends: both},
+		fe("10.96.0.8", 443):    {Backends: lbBackends},
+		fe("10.99.0.11", 30443): {Backends: lbBackends},
+		fe("10.99.0.12", 30443): {Backends: lbBackends},
+		fe("198.51.100.5", 443): {Backends: lbBackends},
+		fe("10.96.0.9", 8443):   {}, // no endpoints: refuses
+	}
+	got := Build(svcs, slices, opts)
+	if len(got) != len(want) {
+		t.Fatalf("Build: %d frontends, want %d:\n got %v\nwant %v", len(got), len(want), got, want)
+	}
+	for f, w := range want {
+		if g, ok := got[f]; !ok || !g.Equal(w) {
+			t.Errorf("frontend %v: got %+v (present %v), want %+v", f, g, ok, w)
+		}
+	}
+	owners := Owners(svcs, opts)
+	if owners[fe("10.99.0.12", 30080)] != "ns/np" || owners[fe("198.51.100.5", 443)] != "ns/lb" || len(owners) != len(want) {
+		t.Errorf("Owners: %v", owners)
+	}
+	// Beside kube-proxy only the ClusterIPs with backends are Weir's.
+	opts.ReplaceKubeProxy = false
+	if got := Build(svcs, slices, opts); len(got) != 2 {
+		t.Errorf("beside kube-proxy: %v, want the two ClusterIPs with backends", got)
 	}
 }
