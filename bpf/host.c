@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * host.c: from_netdev, attached to tcx ingress of the node's underlay
- * device in both routing modes.
+ * host.c: from_netdev and to_netdev, attached to tcx ingress and egress
+ * of the node's underlay device in both routing modes.
  *
  * Every IPv4 packet from the underlay is refused when its source could not
  * have sent it from where it came: this node's own pod addresses and its
@@ -21,12 +21,18 @@
  * the pod from its first packet. Without one, pods are judged by the
  * ipcache, and a pod address it does not know yet is unidentified
  * (identity.h).
+ *
+ * With no kube-proxy beside Weir, a packet from outside to a NodePort,
+ * external IP or load balancer IP is translated to its backend before the
+ * stack routes it, and to_netdev gives the replies the Service address
+ * back (nodeport.h).
  */
 #include "lib/common.h"
 #include "lib/conntrack.h"
 #include "lib/endpoint.h"
 #include "lib/nativeid.h"
 #include "lib/nfct.h"
+#include "lib/nodeport.h"
 #include "lib/reject.h"
 #include "lib/tunnel.h"
 
@@ -135,13 +141,22 @@ int from_netdev(struct __sk_buff *skb)
 		metric_inc(METRIC_DROP_TUNNEL_SOURCE);
 		return TC_ACT_SHOT;
 	}
-	if (TUNNEL_MODE != WEIR_MODE_NATIVE)
-		return TC_ACT_OK;
-	if (sender == SENDER_PEER_POD) {
+	if (TUNNEL_MODE == WEIR_MODE_NATIVE && sender == SENDER_PEER_POD) {
 		ip = netdev_take_identity(skb, ip, &hint);
 		if (!ip)
 			return TC_ACT_SHOT;
 	}
+	switch (nodeport_v4(skb, ip, sizeof(struct ethhdr))) {
+	case NODEPORT_TRANSLATED:
+		return TC_ACT_OK; /* the stack routes it, and sees the flow */
+	case NODEPORT_DROP:
+		metric_inc(METRIC_DROP_NODEPORT);
+		return TC_ACT_SHOT;
+	default:
+		break;
+	}
+	if (TUNNEL_MODE != WEIR_MODE_NATIVE)
+		return TC_ACT_OK;
 	ep = endpoint_lookup_v4(ip->daddr);
 	if (!ep || nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
@@ -151,4 +166,21 @@ int from_netdev(struct __sk_buff *skb)
 	if (verdict != TC_ACT_OK)
 		return TC_ACT_SHOT;
 	return endpoint_deliver(skb, ep);
+}
+
+SEC("tcx/egress")
+int to_netdev(struct __sk_buff *skb)
+{
+	struct iphdr *ip;
+
+	if (eth_proto(skb) != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	ip = ipv4_hdr(skb);
+	if (!ip)
+		return TC_ACT_OK;
+	if (nodeport_reverse_v4(skb, ip, sizeof(struct ethhdr)) < 0) {
+		metric_inc(METRIC_DROP_NODEPORT);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
 }

@@ -27,7 +27,10 @@ type AgentParams struct {
 	// Prometheus scrapes the agent's /metrics; the pod's annotations
 	// say so. 0: the agent serves metrics on its socket alone.
 	MetricsPort int
-	Mounts      []Mount
+	// KubeProxyReplacement runs the agents with --kube-proxy-replacement:
+	// for clusters without kube-proxy.
+	KubeProxyReplacement bool
+	Mounts               []Mount
 }
 
 // Mount is a host directory the agent needs.

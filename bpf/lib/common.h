@@ -49,6 +49,10 @@ volatile const __u32 SENDER_FROM_CB = 0;
  * each flow (nativeid.h); 0 for underlays that drop IPv4 options. */
 volatile const __u32 SEND_IDENTITY_OPTION = 0;
 
+/* No kube-proxy beside Weir: translate packets from outside the cluster to
+ * Services' external addresses (nodeport.h). */
+volatile const __u32 SERVE_EXTERNAL_SERVICES = 0;
+
 volatile const __u32 CLUSTER_CIDR_V4 = 0;      /* every pod address of the cluster */
 volatile const __u32 CLUSTER_CIDR_V4_MASK = 0;
 

@@ -2,10 +2,13 @@
 /*
  * lb.h: Service frontends and their backends, for socket-level translation.
  *
- * weir_lb4_services: hash, key struct lb4_key {vip, port, proto}, value
- * struct lb4_service {count, affinity_s}. One entry per ClusterIP port. A
- * count of zero is a Service without backends that Weir answers itself
- * (no kube-proxy beside it): new sockets to it are refused.
+ * weir_lb4_services: hash, key struct lb4_key {vip, port, proto, scope},
+ * value struct lb4_service {count, flags, affinity_s}. One entry per
+ * Service address and port for sockets (scope LB_SCOPE_SOCKET), and, with
+ * no kube-proxy beside Weir, one per NodePort, external IP and load
+ * balancer IP for packets from outside (LB_SCOPE_EXTERNAL, nodeport.h). A
+ * count of zero is a Service without backends that Weir answers itself:
+ * new sockets to it are refused.
  *
  * weir_lb4_backends: hash, key struct lb4_backend_key {service, slot},
  * value struct lb4_backend {addr, port}. Slots 1..count of a service.
@@ -44,15 +47,24 @@
 
 #include "common.h"
 
+/* lb4_key.scope: who a frontend entry serves. */
+#define LB_SCOPE_SOCKET 0   /* sockets of this node (sock.c) */
+#define LB_SCOPE_EXTERNAL 1 /* packets from outside the cluster (nodeport.h) */
+
 struct lb4_key {
 	__be32 vip;
 	__be16 port;
 	__u8 proto;
-	__u8 pad;
+	__u8 scope;
 };
 
+/* lb4_service.flags */
+#define LB_FLAG_DROP 1 /* no backend: drop rather than refuse (nodeport.h) */
+
 struct lb4_service {
-	__u32 count;
+	__u16 count;
+	__u8 flags;
+	__u8 pad;
 	__u32 affinity_s; /* sessionAffinity timeout in seconds; 0: none */
 };
 

@@ -46,6 +46,10 @@ enum weir_metric {
 	METRIC_SOCK_LB_REJECT,     /* a socket refused: the Service it named has no backend (sock.c) */
 	METRIC_SOCK_LB_AFFINITY,   /* a socket sent to the backend its client had (session affinity, sock.c) */
 	METRIC_SOCK_LB_CLOSED,     /* a socket closed: its Service no longer has the backend it was sent to (sock_iter.c) */
+	METRIC_NODEPORT_NEW,       /* a flow from outside to a Service's external address given a backend (nodeport.h) */
+	METRIC_NODEPORT,           /* a packet from outside translated to its Service backend (nodeport.h) */
+	METRIC_NODEPORT_REPLY,     /* a reply leaving with the Service address its client asked for (nodeport.h) */
+	METRIC_DROP_NODEPORT,      /* a packet from outside to a Service address with no backend here, or not rewritable */
 	METRIC_MAX,
 };
 

@@ -75,7 +75,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 		Name: c.NodeName, Mode: c.Mode, UnderlayDev: c.UnderlayDev,
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
 		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
-		NodeSockets: c.KubeProxyReplacement,
+		KubeProxyReplacement: c.KubeProxyReplacement,
 	}
 }
 

@@ -279,7 +279,8 @@ func TestSessionAffinityKeepsClientOnBackend(t *testing.T) {
 	}
 	web := clusterIPService("web", "10.96.0.40")
 	web.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
-	timeout := int32(1)
+	// Long enough that no pause of a loaded machine ends it.
+	timeout := int32(60)
 	web.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
 	n.applyServices([]*corev1.Service{web}, slicesFor(ports...)...)
 
@@ -310,19 +311,7 @@ func TestSessionAffinityKeepsClientOnBackend(t *testing.T) {
 		kept = k
 	}
 
-	// Past the timeout the next connection picks afresh.
-	time.Sleep(1500 * time.Millisecond)
-	fresh = n.metric("sock_lb")
-	seen(1)
-	if f := n.metric("sock_lb") - fresh; f != 1 {
-		t.Errorf("after the timeout: %d fresh picks, want 1", f)
-	}
-
 	// The client's backend goes: it moves to one that serves, and stays.
-	got = seen(1)
-	for k := range got {
-		kept = k
-	}
 	var rest []int32
 	for _, p := range ports {
 		if strconv.Itoa(int(p)) != kept {
@@ -333,6 +322,18 @@ func TestSessionAffinityKeepsClientOnBackend(t *testing.T) {
 	got = seen(10)
 	if len(got) != 1 || got[kept] != 0 {
 		t.Errorf("after backend %s went, connections went to %v, want one other backend", kept, got)
+	}
+
+	// With a timeout of one second, a client that comes back later than
+	// that picks afresh.
+	timeout = 1
+	n.applyServices([]*corev1.Service{web}, slicesFor(rest...)...)
+	seen(1)
+	time.Sleep(1500 * time.Millisecond)
+	fresh = n.metric("sock_lb")
+	seen(1)
+	if f := n.metric("sock_lb") - fresh; f != 1 {
+		t.Errorf("after the timeout: %d fresh picks, want 1", f)
 	}
 
 	// Without affinity, the same client spreads over the backends.
@@ -621,7 +622,101 @@ func TestNodePortAtTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(l.Frontends) != 4 { // ClusterIP TCP and UDP, NodePort TCP on two node addresses
-		t.Errorf("service list: %+v, want 4 frontends", l.Frontends)
+	// ClusterIP TCP and UDP, NodePort TCP at two node addresses for
+	// sockets, and at this node's for packets from outside.
+	if len(l.Frontends) != 5 {
+		t.Errorf("service list: %+v, want 5 frontends", l.Frontends)
+	}
+}
+
+// TestNodePortFromOutsideHost: with no kube-proxy, a host outside the
+// cluster reaches a NodePort at the node's address: over TCP the backend
+// pod sees the client's own address (its backend is local) and the client
+// sees the NodePort answer; over UDP the reply comes from the NodePort; an
+// externalTrafficPolicy: Local NodePort with no endpoint on this node
+// drops (the connect times out); one with no endpoint at all is refused at
+// once.
+func TestNodePortFromOutsideHost(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	outsideAddr := netip.MustParseAddr("10.99.0.50")
+	far, _ := underlayPeer(t, n, outsideAddr)
+	server := n.newPod()
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		ln net.Listener
+		pc net.PacketConn
+	)
+	in(t, server, func() (err error) {
+		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", ":5353")
+		return err
+	})
+	defer ln.Close()
+	defer pc.Close()
+	go serveTCP(ln)
+	go serveUDP(pc)
+
+	web := clusterIPService("web", "10.96.0.80")
+	web.Spec.Type = corev1.ServiceTypeNodePort
+	web.Spec.Ports[0].NodePort, web.Spec.Ports[1].NodePort = 30080, 30053
+	local := clusterIPService("local", "10.96.0.81")
+	local.Spec.Type = corev1.ServiceTypeNodePort
+	local.Spec.Ports[0].NodePort, local.Spec.Ports[1].NodePort = 30081, 30054
+	local.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	empty := clusterIPService("empty", "10.96.0.82")
+	empty.Spec.Type = corev1.ServiceTypeNodePort
+	empty.Spec.Ports[0].NodePort, empty.Spec.Ports[1].NodePort = 30082, 30055
+	elsewhere := readyEndpoints("local", 8080, 5353, netip.MustParseAddr("10.244.2.9"))
+	node2 := "n2"
+	elsewhere.Endpoints[0].NodeName = &node2
+	n.applyServices([]*corev1.Service{web, local, empty}, readyEndpoints("web", 8080, 5353, sr.Address.Addr()), elsewhere, readyEndpoints("empty", 80, 53))
+
+	in(t, far, func() error {
+		got, err := dialRead("10.99.0.11:30080")
+		if err != nil {
+			return fmt.Errorf("outside host to the NodePort: %w", err)
+		}
+		if from, _, _ := net.SplitHostPort(got); from != outsideAddr.String() {
+			t.Errorf("the backend saw the client as %q, want its own address %v", got, outsideAddr)
+		}
+		u, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return err
+		}
+		defer u.Close()
+		if _, err := u.WriteTo([]byte("ping"), &net.UDPAddr{IP: net.IPv4(10, 99, 0, 11), Port: 30053}); err != nil {
+			return err
+		}
+		_ = u.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 16)
+		k, from, err := u.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("udp NodePort: no reply: %w", err)
+		}
+		if string(buf[:k]) != "pong" || from.String() != "10.99.0.11:30053" {
+			t.Errorf("udp reply %q from %v, want pong from the NodePort", buf[:k], from)
+		}
+
+		start := time.Now()
+		if _, err := net.DialTimeout("tcp4", "10.99.0.11:30081", time.Second); err == nil || errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("externalTrafficPolicy: Local, no endpoint here: %v, want a timeout (dropped)", err)
+		}
+		if _, err := net.DialTimeout("tcp4", "10.99.0.11:30082", 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("NodePort without endpoints: %v, want ECONNREFUSED", err)
+		}
+		if took := time.Since(start); took > 2500*time.Millisecond {
+			t.Errorf("the refusal took %v", took)
+		}
+		return nil
+	})
+	for _, m := range []string{"nodeport_new", "nodeport_reply", "drop_nodeport"} {
+		if n.metric(m) == 0 {
+			t.Errorf("metric %s is 0", m)
+		}
 	}
 }

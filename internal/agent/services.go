@@ -62,6 +62,9 @@ func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
 	if !opts.ReplaceKubeProxy {
 		return opts
 	}
+	if a.cfg.NodeIP.Is4() {
+		opts.OwnAddrs = []netip.Addr{a.cfg.NodeIP}
+	}
 	seen := map[netip.Addr]bool{}
 	for _, addr := range append([]netip.Addr{a.cfg.NodeIP}, nodeAddrs(s.Nodes)...) {
 		if addr.Is4() && !seen[addr] {
@@ -125,21 +128,35 @@ func (a *Agent) ServiceList() (*api.ServiceList, error) {
 	}
 	for f, e := range t {
 		fe := api.ServiceFrontend{
-			Addr: f.Addr, Port: f.Port, Protocol: protocolName(f.Proto), Service: a.services.owners[f],
+			Addr: f.Addr, Port: f.Port, Protocol: protocolName(f.Proto), Service: a.services.owners[f], External: f.External,
 			Backends: []api.ServiceBackend{}, AffinitySeconds: int(e.AffinityTimeout.Seconds()), State: "serving",
 		}
 		for _, b := range e.Backends {
 			fe.Backends = append(fe.Backends, api.ServiceBackend{Addr: b.Addr, Port: b.Port})
 		}
-		if len(e.Backends) == 0 {
+		switch {
+		case len(e.Backends) > 0:
+		case e.DropWhenEmpty:
+			fe.State = "dropping"
+		default:
 			fe.State = "refusing"
 		}
 		l.Frontends = append(l.Frontends, fe)
 	}
 	slices.SortFunc(l.Frontends, func(x, y api.ServiceFrontend) int {
-		return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Port, y.Port), cmp.Compare(x.Protocol, y.Protocol))
+		return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Port, y.Port), cmp.Compare(x.Protocol, y.Protocol), boolCompare(x.External, y.External))
 	})
 	return l, nil
+}
+
+func boolCompare(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 func protocolName(p uint8) string {

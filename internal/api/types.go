@@ -174,11 +174,15 @@ type ServiceFrontend struct {
 	Port     uint16     `json:"port"`
 	Protocol string     `json:"protocol"`
 	// Service is "namespace/name"; empty if the agent no longer knows it.
-	Service  string           `json:"service,omitempty"`
+	Service string `json:"service,omitempty"`
+	// External: the entry packets from outside the cluster are translated
+	// with (externalTrafficPolicy applies); otherwise sockets on the node.
+	External bool             `json:"external,omitempty"`
 	Backends []ServiceBackend `json:"backends"`
 	// AffinitySeconds is the sessionAffinity: ClientIP timeout; 0: none.
 	AffinitySeconds int `json:"affinitySeconds,omitempty"`
-	// State is "serving", or "refusing" for a frontend without backends.
+	// State is "serving", "refusing" for a frontend without backends, or
+	// "dropping" for an external one whose policy keeps traffic local.
 	State string `json:"state"`
 }
 

@@ -111,7 +111,7 @@ func printServiceList(l *api.ServiceList, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "node %s: %d Service addresses, %s, %s\n", l.Node, len(l.Frontends), kpr, sync)
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "FRONTEND\tSERVICE\tSTATE\tAFFINITY\tBACKENDS")
+	fmt.Fprintln(w, "FRONTEND\tFROM\tSERVICE\tSTATE\tAFFINITY\tBACKENDS")
 	for _, f := range l.Frontends {
 		affinity := "-"
 		if f.AffinitySeconds > 0 {
@@ -126,10 +126,18 @@ func printServiceList(l *api.ServiceList, out io.Writer) error {
 			bes = append(bes, netip.AddrPortFrom(b.Addr, b.Port).String())
 		}
 		backends := strings.Join(bes, ", ")
-		if backends == "" {
+		switch {
+		case backends != "":
+		case f.State == "dropping":
+			backends = "(none here: dropped)"
+		default:
 			backends = "(none: new connections refused)"
 		}
-		fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\t%s\n", netip.AddrPortFrom(f.Addr, f.Port), f.Protocol, name, f.State, affinity, backends)
+		from := "cluster"
+		if f.External {
+			from = "outside"
+		}
+		fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\t%s\t%s\n", netip.AddrPortFrom(f.Addr, f.Port), f.Protocol, from, name, f.State, affinity, backends)
 	}
 	return w.Flush()
 }

@@ -25,7 +25,7 @@ func TestPrintServiceList(t *testing.T) {
 	}
 	for i, want := range [][]string{
 		{"node n1", "2 Service addresses", "no kube-proxy", "NOT in sync"},
-		{"FRONTEND", "SERVICE", "STATE", "AFFINITY", "BACKENDS"},
+		{"FRONTEND", "FROM", "SERVICE", "STATE", "AFFINITY", "BACKENDS"},
 		{"10.96.0.10:53/UDP", "kube-system/kube-dns", "serving", "10.244.1.3:53, 10.244.2.4:53"},
 		{"10.96.0.20:80/TCP", "default/web", "refusing", "ClientIP 30s", "(none: new connections refused)"},
 	} {

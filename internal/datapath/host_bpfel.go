@@ -73,6 +73,85 @@ type hostFragPorts struct {
 	Pad   [3]uint8
 }
 
+type hostLb4Affinity struct {
+	_       structs.HostLayout
+	Backend hostLb4Backend
+	LastNs  uint64
+}
+
+type hostLb4AffinityKey struct {
+	_      structs.HostLayout
+	Svc    hostLb4Key
+	Client uint64
+}
+
+type hostLb4Backend struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type hostLb4BackendKey struct {
+	_    structs.HostLayout
+	Svc  hostLb4Key
+	Slot uint32
+}
+
+type hostLb4Key struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
+type hostLb4MemberKey struct {
+	_       structs.HostLayout
+	Svc     hostLb4Key
+	Backend hostLb4Backend
+}
+
+type hostLb4Nat struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type hostLb4Revnat struct {
+	_    structs.HostLayout
+	Vip  uint32
+	Port uint16
+	Pad  uint16
+}
+
+type hostLb4RevnatKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   uint32
+	Port   uint16
+	Pad    uint16
+}
+
+type hostLb4Service struct {
+	_         structs.HostLayout
+	Count     uint16
+	Flags     uint8
+	Pad       uint8
+	AffinityS uint32
+}
+
+type hostLb4Tuple struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type hostPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -138,33 +217,43 @@ type hostWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	hostMapWeirCidrIds          = "weir_cidr_ids"
-	hostMapWeirCt               = "weir_ct"
-	hostMapWeirCtAny            = "weir_ct_any"
-	hostMapWeirCtRevoked        = "weir_ct_revoked"
-	hostMapWeirEndpoints        = "weir_endpoints"
-	hostMapWeirEpPolicy         = "weir_ep_policy"
-	hostMapWeirEvents           = "weir_events"
-	hostMapWeirFlowConfig       = "weir_flow_config"
-	hostMapWeirFrags            = "weir_frags"
-	hostMapWeirIpcache          = "weir_ipcache"
-	hostMapWeirMetrics          = "weir_metrics"
-	hostMapWeirPeerNodes        = "weir_peer_nodes"
-	hostMapWeirPolicy           = "weir_policy"
-	hostMapWeirPolicyRev        = "weir_policy_rev"
-	hostMapWeirPolicySeq        = "weir_policy_seq"
-	hostMapWeirTunnels          = "weir_tunnels"
-	hostMapWeirVerdicts         = "weir_verdicts"
-	hostProgFromNetdev          = "from_netdev"
-	hostVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
-	hostVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
-	hostVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
-	hostVarPOD_CIDR_V4          = "POD_CIDR_V4"
-	hostVarPOD_CIDR_V4MASK      = "POD_CIDR_V4_MASK"
-	hostVarSENDER_FROM_CB       = "SENDER_FROM_CB"
-	hostVarSEND_IDENTITY_OPTION = "SEND_IDENTITY_OPTION"
-	hostVarTUNNEL_MODE          = "TUNNEL_MODE"
-	hostVarUnusedVerdictEvent   = "unused_verdict_event"
+	hostMapWeirCidrIds             = "weir_cidr_ids"
+	hostMapWeirCt                  = "weir_ct"
+	hostMapWeirCtAny               = "weir_ct_any"
+	hostMapWeirCtRevoked           = "weir_ct_revoked"
+	hostMapWeirEndpoints           = "weir_endpoints"
+	hostMapWeirEpPolicy            = "weir_ep_policy"
+	hostMapWeirEvents              = "weir_events"
+	hostMapWeirFlowConfig          = "weir_flow_config"
+	hostMapWeirFrags               = "weir_frags"
+	hostMapWeirIpcache             = "weir_ipcache"
+	hostMapWeirLb4Affinity         = "weir_lb4_affinity"
+	hostMapWeirLb4Backends         = "weir_lb4_backends"
+	hostMapWeirLb4Members          = "weir_lb4_members"
+	hostMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
+	hostMapWeirLb4NatRev           = "weir_lb4_nat_rev"
+	hostMapWeirLb4Revnat           = "weir_lb4_revnat"
+	hostMapWeirLb4Services         = "weir_lb4_services"
+	hostMapWeirMetrics             = "weir_metrics"
+	hostMapWeirPeerNodes           = "weir_peer_nodes"
+	hostMapWeirPolicy              = "weir_policy"
+	hostMapWeirPolicyRev           = "weir_policy_rev"
+	hostMapWeirPolicySeq           = "weir_policy_seq"
+	hostMapWeirSockNetns           = "weir_sock_netns"
+	hostMapWeirTunnels             = "weir_tunnels"
+	hostMapWeirVerdicts            = "weir_verdicts"
+	hostProgFromNetdev             = "from_netdev"
+	hostProgToNetdev               = "to_netdev"
+	hostVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
+	hostVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	hostVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
+	hostVarPOD_CIDR_V4             = "POD_CIDR_V4"
+	hostVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
+	hostVarSENDER_FROM_CB          = "SENDER_FROM_CB"
+	hostVarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
+	hostVarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
+	hostVarTUNNEL_MODE             = "TUNNEL_MODE"
+	hostVarUnusedVerdictEvent      = "unused_verdict_event"
 )
 
 // loadHost returns the embedded CollectionSpec for host.
@@ -210,44 +299,54 @@ type hostSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostProgramSpecs struct {
 	FromNetdev *ebpf.ProgramSpec `ebpf:"from_netdev"`
+	ToNetdev   *ebpf.ProgramSpec `ebpf:"to_netdev"`
 }
 
 // hostMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostMapSpecs struct {
-	WeirCidrIds    *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
-	WeirCt         *ebpf.MapSpec `ebpf:"weir_ct"`
-	WeirCtAny      *ebpf.MapSpec `ebpf:"weir_ct_any"`
-	WeirCtRevoked  *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
-	WeirEndpoints  *ebpf.MapSpec `ebpf:"weir_endpoints"`
-	WeirEpPolicy   *ebpf.MapSpec `ebpf:"weir_ep_policy"`
-	WeirEvents     *ebpf.MapSpec `ebpf:"weir_events"`
-	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
-	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
-	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
-	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
-	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
-	WeirPolicyRev  *ebpf.MapSpec `ebpf:"weir_policy_rev"`
-	WeirPolicySeq  *ebpf.MapSpec `ebpf:"weir_policy_seq"`
-	WeirTunnels    *ebpf.MapSpec `ebpf:"weir_tunnels"`
-	WeirVerdicts   *ebpf.MapSpec `ebpf:"weir_verdicts"`
+	WeirCidrIds     *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt          *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtAny       *ebpf.MapSpec `ebpf:"weir_ct_any"`
+	WeirCtRevoked   *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
+	WeirEndpoints   *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy    *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents      *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirFlowConfig  *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirFrags       *ebpf.MapSpec `ebpf:"weir_frags"`
+	WeirIpcache     *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
+	WeirLb4NatFwd   *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev   *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
+	WeirLb4Revnat   *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services *ebpf.MapSpec `ebpf:"weir_lb4_services"`
+	WeirMetrics     *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPeerNodes   *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
+	WeirPolicy      *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev   *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirPolicySeq   *ebpf.MapSpec `ebpf:"weir_policy_seq"`
+	WeirSockNetns   *ebpf.MapSpec `ebpf:"weir_sock_netns"`
+	WeirTunnels     *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirVerdicts    *ebpf.MapSpec `ebpf:"weir_verdicts"`
 }
 
 // hostVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostVariableSpecs struct {
-	CLUSTER_CIDR_V4      *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent   *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent      *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // hostObjects contains all objects after they have been loaded into the kernel.
@@ -270,23 +369,31 @@ func (o *hostObjects) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostMaps struct {
-	WeirCidrIds    *ebpf.Map `ebpf:"weir_cidr_ids"`
-	WeirCt         *ebpf.Map `ebpf:"weir_ct"`
-	WeirCtAny      *ebpf.Map `ebpf:"weir_ct_any"`
-	WeirCtRevoked  *ebpf.Map `ebpf:"weir_ct_revoked"`
-	WeirEndpoints  *ebpf.Map `ebpf:"weir_endpoints"`
-	WeirEpPolicy   *ebpf.Map `ebpf:"weir_ep_policy"`
-	WeirEvents     *ebpf.Map `ebpf:"weir_events"`
-	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
-	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
-	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
-	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
-	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
-	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
-	WeirPolicyRev  *ebpf.Map `ebpf:"weir_policy_rev"`
-	WeirPolicySeq  *ebpf.Map `ebpf:"weir_policy_seq"`
-	WeirTunnels    *ebpf.Map `ebpf:"weir_tunnels"`
-	WeirVerdicts   *ebpf.Map `ebpf:"weir_verdicts"`
+	WeirCidrIds     *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt          *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtAny       *ebpf.Map `ebpf:"weir_ct_any"`
+	WeirCtRevoked   *ebpf.Map `ebpf:"weir_ct_revoked"`
+	WeirEndpoints   *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy    *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents      *ebpf.Map `ebpf:"weir_events"`
+	WeirFlowConfig  *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirFrags       *ebpf.Map `ebpf:"weir_frags"`
+	WeirIpcache     *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
+	WeirLb4NatFwd   *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev   *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
+	WeirLb4Revnat   *ebpf.Map `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services *ebpf.Map `ebpf:"weir_lb4_services"`
+	WeirMetrics     *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPeerNodes   *ebpf.Map `ebpf:"weir_peer_nodes"`
+	WeirPolicy      *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev   *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirPolicySeq   *ebpf.Map `ebpf:"weir_policy_seq"`
+	WeirSockNetns   *ebpf.Map `ebpf:"weir_sock_netns"`
+	WeirTunnels     *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirVerdicts    *ebpf.Map `ebpf:"weir_verdicts"`
 }
 
 func (m *hostMaps) Close() error {
@@ -301,11 +408,19 @@ func (m *hostMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirFrags,
 		m.WeirIpcache,
+		m.WeirLb4Affinity,
+		m.WeirLb4Backends,
+		m.WeirLb4Members,
+		m.WeirLb4NatFwd,
+		m.WeirLb4NatRev,
+		m.WeirLb4Revnat,
+		m.WeirLb4Services,
 		m.WeirMetrics,
 		m.WeirPeerNodes,
 		m.WeirPolicy,
 		m.WeirPolicyRev,
 		m.WeirPolicySeq,
+		m.WeirSockNetns,
 		m.WeirTunnels,
 		m.WeirVerdicts,
 	)
@@ -315,15 +430,16 @@ func (m *hostMaps) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostVariables struct {
-	CLUSTER_CIDR_V4      *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.Variable `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent   *ebpf.Variable `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent      *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // hostPrograms contains all programs after they have been loaded into the kernel.
@@ -331,11 +447,13 @@ type hostVariables struct {
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostPrograms struct {
 	FromNetdev *ebpf.Program `ebpf:"from_netdev"`
+	ToNetdev   *ebpf.Program `ebpf:"to_netdev"`
 }
 
 func (p *hostPrograms) Close() error {
 	return _HostClose(
 		p.FromNetdev,
+		p.ToNetdev,
 	)
 }
 

@@ -136,8 +136,21 @@ func (n *Node) forgetNetNS(match func(ifindex int) bool) error {
 	return errors.Join(errs...)
 }
 
+// Scopes of a service map entry (lb4_key.scope, bpf/lib/lb.h).
+const (
+	lbScopeSocket   = 0
+	lbScopeExternal = 1
+)
+
+// lbFlagDrop is LB_FLAG_DROP (bpf/lib/lb.h).
+const lbFlagDrop = 1
+
 func lb4Key(f service.Frontend) sockLb4Key {
-	return sockLb4Key{Vip: be32(f.Addr), Port: htons(f.Port), Proto: f.Proto}
+	k := sockLb4Key{Vip: be32(f.Addr), Port: htons(f.Port), Proto: f.Proto, Scope: lbScopeSocket}
+	if f.External {
+		k.Scope = lbScopeExternal
+	}
+	return k
 }
 
 func lb4Backend(b service.Backend) sockLb4Backend {
@@ -286,10 +299,21 @@ func lb4Service(e service.Entry) sockLb4Service {
 	if e.AffinityTimeout > 0 && secs == 0 {
 		secs = 1 // shorter than the map can say: keep affinity, briefly
 	}
-	return sockLb4Service{Count: uint32(len(e.Backends)), AffinityS: secs}
+	v := sockLb4Service{Count: uint16(len(e.Backends)), AffinityS: secs}
+	if e.DropWhenEmpty {
+		v.Flags |= lbFlagDrop
+	}
+	return v
 }
 
+// ErrTooManyBackends is returned for a frontend with more backends than a
+// service entry counts (65,535); it is not written.
+var ErrTooManyBackends = errors.New("more backends than a service entry holds")
+
 func (n *Node) setService(key sockLb4Key, e service.Entry, cur sockLb4Service, present bool, haveSlots map[sockLb4BackendKey]sockLb4Backend) error {
+	if len(e.Backends) > math.MaxUint16 {
+		return fmt.Errorf("%d backends: %w", len(e.Backends), ErrTooManyBackends)
+	}
 	val := lb4Service(e)
 	if present && val.Count < cur.Count {
 		if err := n.progs.LB4Services.Put(key, val); err != nil {
@@ -330,7 +354,7 @@ func readMap[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
 }
 
 func frontendOf(k sockLb4Key) service.Frontend {
-	return service.Frontend{Addr: addrOfBE32(k.Vip), Port: htons(k.Port), Proto: k.Proto}
+	return service.Frontend{Addr: addrOfBE32(k.Vip), Port: htons(k.Port), Proto: k.Proto, External: k.Scope == lbScopeExternal}
 }
 
 // addrOfBE32 is the inverse of be32.
@@ -355,8 +379,8 @@ func (n *Node) Services() (service.Table, error) {
 	}
 	t := service.Table{}
 	for key, v := range svcs {
-		e := service.Entry{AffinityTimeout: time.Duration(v.AffinityS) * time.Second}
-		for slot := uint32(1); slot <= v.Count; slot++ {
+		e := service.Entry{AffinityTimeout: time.Duration(v.AffinityS) * time.Second, DropWhenEmpty: v.Flags&lbFlagDrop != 0}
+		for slot := uint32(1); slot <= uint32(v.Count); slot++ {
 			var b sockLb4Backend
 			if err := n.progs.LB4Backends.Lookup(sockLb4BackendKey{Svc: key, Slot: slot}, &b); err != nil {
 				continue

@@ -58,6 +58,11 @@ type ProgramConfig struct {
 	// identity into flows' first packets as an IPv4 option
 	// (bpf/lib/nativeid.h), for underlays that drop IPv4 options.
 	NoIdentityOption bool
+	// ExternalServices makes from_netdev translate packets from outside
+	// the cluster to NodePorts, external IPs and load balancer IPs
+	// (bpf/lib/nodeport.h): with no kube-proxy beside Weir. Off, the
+	// branch is pruned at load and to_netdev is not attached.
+	ExternalServices bool
 
 	// senderFromCB loads copies that read the sending node and its VNI
 	// from skb->cb, for BPF_PROG_RUN (trace and tests): no tunnel
@@ -85,6 +90,9 @@ func (cfg ProgramConfig) constants() map[string]uint32 {
 	}
 	if !cfg.NoIdentityOption {
 		c["SEND_IDENTITY_OPTION"] = 1
+	}
+	if cfg.ExternalServices {
+		c["SERVE_EXTERNAL_SERVICES"] = 1
 	}
 	return c
 }
@@ -138,6 +146,10 @@ type Programs struct {
 	SockDestroyTCP *ebpf.Program
 	SockDestroyUDP *ebpf.Program
 	LB4Gone        *ebpf.Map
+	// Services from outside the cluster (bpf/lib/nodeport.h).
+	ToNetdev  *ebpf.Program
+	LB4NatFwd *ebpf.Map
+	LB4NatRev *ebpf.Map
 
 	// cfg is what the programs were loaded with (Trace loads alike).
 	cfg ProgramConfig
@@ -186,9 +198,11 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
 		return nil, fmt.Errorf("load from_netdev: %w", err)
 	}
-	p.FromNetdev = host.FromNetdev
+	p.FromNetdev, p.ToNetdev = host.FromNetdev, host.ToNetdev
+	p.LB4NatFwd, p.LB4NatRev = host.WeirLb4NatFwd, host.WeirLb4NatRev
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
-		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts)
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts,
+		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirSockNetns)
 
 	var sock sockObjects
 	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
@@ -246,7 +260,7 @@ func (p *Programs) Close() {
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS,
-		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone} {
+		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

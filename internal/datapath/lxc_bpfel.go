@@ -157,34 +157,35 @@ type lxcWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	lxcMapWeirCidrIds          = "weir_cidr_ids"
-	lxcMapWeirCt               = "weir_ct"
-	lxcMapWeirCtAny            = "weir_ct_any"
-	lxcMapWeirCtRevoked        = "weir_ct_revoked"
-	lxcMapWeirEndpoints        = "weir_endpoints"
-	lxcMapWeirEpPolicy         = "weir_ep_policy"
-	lxcMapWeirEvents           = "weir_events"
-	lxcMapWeirFlowConfig       = "weir_flow_config"
-	lxcMapWeirFrags            = "weir_frags"
-	lxcMapWeirIpcache          = "weir_ipcache"
-	lxcMapWeirMetrics          = "weir_metrics"
-	lxcMapWeirPeerNodes        = "weir_peer_nodes"
-	lxcMapWeirPolicy           = "weir_policy"
-	lxcMapWeirPolicyRev        = "weir_policy_rev"
-	lxcMapWeirPolicySeq        = "weir_policy_seq"
-	lxcMapWeirTunnels          = "weir_tunnels"
-	lxcMapWeirVerdicts         = "weir_verdicts"
-	lxcProgFromContainer       = "from_container"
-	lxcProgToContainer         = "to_container"
-	lxcVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
-	lxcVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
-	lxcVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
-	lxcVarPOD_CIDR_V4          = "POD_CIDR_V4"
-	lxcVarPOD_CIDR_V4MASK      = "POD_CIDR_V4_MASK"
-	lxcVarSENDER_FROM_CB       = "SENDER_FROM_CB"
-	lxcVarSEND_IDENTITY_OPTION = "SEND_IDENTITY_OPTION"
-	lxcVarTUNNEL_MODE          = "TUNNEL_MODE"
-	lxcVarUnusedVerdictEvent   = "unused_verdict_event"
+	lxcMapWeirCidrIds             = "weir_cidr_ids"
+	lxcMapWeirCt                  = "weir_ct"
+	lxcMapWeirCtAny               = "weir_ct_any"
+	lxcMapWeirCtRevoked           = "weir_ct_revoked"
+	lxcMapWeirEndpoints           = "weir_endpoints"
+	lxcMapWeirEpPolicy            = "weir_ep_policy"
+	lxcMapWeirEvents              = "weir_events"
+	lxcMapWeirFlowConfig          = "weir_flow_config"
+	lxcMapWeirFrags               = "weir_frags"
+	lxcMapWeirIpcache             = "weir_ipcache"
+	lxcMapWeirMetrics             = "weir_metrics"
+	lxcMapWeirPeerNodes           = "weir_peer_nodes"
+	lxcMapWeirPolicy              = "weir_policy"
+	lxcMapWeirPolicyRev           = "weir_policy_rev"
+	lxcMapWeirPolicySeq           = "weir_policy_seq"
+	lxcMapWeirTunnels             = "weir_tunnels"
+	lxcMapWeirVerdicts            = "weir_verdicts"
+	lxcProgFromContainer          = "from_container"
+	lxcProgToContainer            = "to_container"
+	lxcVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
+	lxcVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	lxcVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
+	lxcVarPOD_CIDR_V4             = "POD_CIDR_V4"
+	lxcVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
+	lxcVarSENDER_FROM_CB          = "SENDER_FROM_CB"
+	lxcVarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
+	lxcVarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
+	lxcVarTUNNEL_MODE             = "TUNNEL_MODE"
+	lxcVarUnusedVerdictEvent      = "unused_verdict_event"
 )
 
 // loadLxc returns the embedded CollectionSpec for lxc.
@@ -260,15 +261,16 @@ type lxcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lxcVariableSpecs struct {
-	CLUSTER_CIDR_V4      *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent   *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent      *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // lxcObjects contains all objects after they have been loaded into the kernel.
@@ -336,15 +338,16 @@ func (m *lxcMaps) Close() error {
 //
 // It can be passed to loadLxcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lxcVariables struct {
-	CLUSTER_CIDR_V4      *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.Variable `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent   *ebpf.Variable `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent      *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // lxcPrograms contains all programs after they have been loaded into the kernel.

@@ -282,6 +282,10 @@ var MetricNames = []string{
 	"sock_lb_reject",
 	"sock_lb_affinity",
 	"sock_lb_closed",
+	"nodeport_new",
+	"nodeport",
+	"nodeport_reply",
+	"drop_nodeport",
 }
 
 // readMetrics sums the per-CPU counters.

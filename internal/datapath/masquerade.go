@@ -1,12 +1,14 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 )
 
 // masqTable is the nftables table that holds Weir's masquerade rule.
@@ -18,20 +20,27 @@ const (
 	ipv4DstOffset = 16
 )
 
-// installMasquerade (re)creates, in one netlink batch, the rule that
-// rewrites pod traffic leaving the cluster to the node's address:
+// nodePortSNATMark is WEIR_MARK_NODEPORT_SNAT (bpf/lib/nodeport.h): a
+// packet from outside that from_netdev sent to a backend on another node.
+const nodePortSNATMark = 0x00e80000
+
+// installMasquerade (re)creates, in one netlink batch, the rules that
+// rewrite pod traffic leaving the cluster to the node's address, and give
+// Service traffic from outside that goes on to another node this node's
+// address, so the reply comes back through it:
 //
 //	table ip weir {
 //	  set nodes { type ipv4_addr; elements = { NODE_IPS } }
 //	  chain postrouting { type nat hook postrouting priority srcnat
-//	    ip saddr POD_CIDR ip daddr != CLUSTER_CIDR ip daddr != @nodes masquerade } }
+//	    ip saddr POD_CIDR ip daddr != CLUSTER_CIDR ip daddr != @nodes masquerade
+//	    meta mark & MARK == MARK snat to NODE_IP } }
 //
 // Pod-to-pod traffic never reaches it: the datapath delivers or tunnels
 // those packets before the stack sees them. Other nodes are inside the
 // cluster too: they see pods by their own addresses, and their replies to
 // connections they opened (which bypass this node's conntrack on the way
 // in) must not be rewritten on the way out.
-func installMasquerade(podCIDR, clusterCIDR netip.Prefix, nodes []netip.Addr) error {
+func installMasquerade(podCIDR, clusterCIDR netip.Prefix, nodeIP netip.Addr, nodes []netip.Addr) error {
 	if !podCIDR.Addr().Is4() {
 		return fmt.Errorf("masquerade for %v: %w", podCIDR, ErrUnsupportedFamily)
 	}
@@ -74,10 +83,26 @@ func installMasquerade(podCIDR, clusterCIDR netip.Prefix, nodes []netip.Addr) er
 	)
 	exprs = append(exprs, &expr.Masq{})
 	c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: exprs})
+	if nodeIP.Is4() {
+		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: snatMarked(nodeIP)})
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("install masquerade rule: %w", err)
 	}
 	return nil
+}
+
+// snatMarked gives packets carrying nodePortSNATMark the source nodeIP.
+func snatMarked(nodeIP netip.Addr) []expr.Any {
+	mark := binary.NativeEndian.AppendUint32(nil, nodePortSNATMark)
+	addr := nodeIP.As4()
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mark, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mark},
+		&expr.Immediate{Register: 1, Data: addr[:]},
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
+	}
 }
 
 // matchPrefix compares the IPv4 address at offset, masked to p's length, with p.

@@ -50,10 +50,12 @@ type NodeConfig struct {
 	NoFlowEvents bool
 	// NoIdentityOption: see ProgramConfig.
 	NoIdentityOption bool
-	// NodeSockets translates Service addresses for the node's own
-	// processes and hostNetwork pods too, not only for its pods: for
-	// nodes where no kube-proxy runs beside Weir.
-	NodeSockets bool
+	// KubeProxyReplacement is for nodes where no kube-proxy runs beside
+	// Weir: Service addresses are translated for the node's own processes
+	// and hostNetwork pods too, not only for its pods, and packets from
+	// outside the cluster to NodePorts, external IPs and load balancer IPs
+	// are translated in from_netdev (ProgramConfig.ExternalServices).
+	KubeProxyReplacement bool
 }
 
 // Validate reports the first thing that is wrong with the config.
@@ -161,7 +163,8 @@ func (n *Node) setupDevices() error {
 		overlayIfindex = vx.Attrs().Index
 	}
 	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, OverlayIfindex: overlayIfindex,
-		PodCIDR: n.cfg.PodCIDR, ClusterCIDR: n.cfg.ClusterCIDR, PinDir: n.cfg.PinDir, NoIdentityOption: n.cfg.NoIdentityOption})
+		PodCIDR: n.cfg.PodCIDR, ClusterCIDR: n.cfg.ClusterCIDR, PinDir: n.cfg.PinDir, NoIdentityOption: n.cfg.NoIdentityOption,
+		ExternalServices: n.cfg.KubeProxyReplacement})
 	if err != nil {
 		return err
 	}
@@ -186,13 +189,23 @@ func (n *Node) setupDevices() error {
 	if err := attachPinned(n.progs.FromNetdev, under.Attrs().Index, ebpf.AttachTCXIngress, filepath.Join(links, n.cfg.UnderlayDev+"_ingress")); err != nil {
 		return err
 	}
+	// Replies of Services reached from outside leave through it
+	// (nodeport.h); without them, every packet the node sends is spared.
+	egress := filepath.Join(links, n.cfg.UnderlayDev+"_egress")
+	if n.cfg.KubeProxyReplacement {
+		if err := attachPinned(n.progs.ToNetdev, under.Attrs().Index, ebpf.AttachTCXEgress, egress); err != nil {
+			return err
+		}
+	} else if err := detachPinned(egress); err != nil {
+		return err
+	}
 	if err := n.attachSockets(); err != nil {
 		return err
 	}
-	if err := n.setNodeSockets(n.cfg.NodeSockets); err != nil {
+	if err := n.setNodeSockets(n.cfg.KubeProxyReplacement); err != nil {
 		return err
 	}
-	return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, nil)
+	return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, n.cfg.NodeIP, nil)
 }
 
 func (n *Node) ensureVXLAN(mtu int) (netlink.Link, error) {

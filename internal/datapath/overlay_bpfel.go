@@ -138,34 +138,35 @@ type overlayWeirAddr struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	overlayMapWeirCidrIds          = "weir_cidr_ids"
-	overlayMapWeirCt               = "weir_ct"
-	overlayMapWeirCtAny            = "weir_ct_any"
-	overlayMapWeirCtRevoked        = "weir_ct_revoked"
-	overlayMapWeirEndpoints        = "weir_endpoints"
-	overlayMapWeirEpPolicy         = "weir_ep_policy"
-	overlayMapWeirEvents           = "weir_events"
-	overlayMapWeirFlowConfig       = "weir_flow_config"
-	overlayMapWeirFrags            = "weir_frags"
-	overlayMapWeirIpcache          = "weir_ipcache"
-	overlayMapWeirMetrics          = "weir_metrics"
-	overlayMapWeirPeerNodes        = "weir_peer_nodes"
-	overlayMapWeirPolicy           = "weir_policy"
-	overlayMapWeirPolicyRev        = "weir_policy_rev"
-	overlayMapWeirPolicySeq        = "weir_policy_seq"
-	overlayMapWeirTunnels          = "weir_tunnels"
-	overlayMapWeirVerdicts         = "weir_verdicts"
-	overlayProgFromOverlay         = "from_overlay"
-	overlayProgToOverlay           = "to_overlay"
-	overlayVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
-	overlayVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
-	overlayVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
-	overlayVarPOD_CIDR_V4          = "POD_CIDR_V4"
-	overlayVarPOD_CIDR_V4MASK      = "POD_CIDR_V4_MASK"
-	overlayVarSENDER_FROM_CB       = "SENDER_FROM_CB"
-	overlayVarSEND_IDENTITY_OPTION = "SEND_IDENTITY_OPTION"
-	overlayVarTUNNEL_MODE          = "TUNNEL_MODE"
-	overlayVarUnusedVerdictEvent   = "unused_verdict_event"
+	overlayMapWeirCidrIds             = "weir_cidr_ids"
+	overlayMapWeirCt                  = "weir_ct"
+	overlayMapWeirCtAny               = "weir_ct_any"
+	overlayMapWeirCtRevoked           = "weir_ct_revoked"
+	overlayMapWeirEndpoints           = "weir_endpoints"
+	overlayMapWeirEpPolicy            = "weir_ep_policy"
+	overlayMapWeirEvents              = "weir_events"
+	overlayMapWeirFlowConfig          = "weir_flow_config"
+	overlayMapWeirFrags               = "weir_frags"
+	overlayMapWeirIpcache             = "weir_ipcache"
+	overlayMapWeirMetrics             = "weir_metrics"
+	overlayMapWeirPeerNodes           = "weir_peer_nodes"
+	overlayMapWeirPolicy              = "weir_policy"
+	overlayMapWeirPolicyRev           = "weir_policy_rev"
+	overlayMapWeirPolicySeq           = "weir_policy_seq"
+	overlayMapWeirTunnels             = "weir_tunnels"
+	overlayMapWeirVerdicts            = "weir_verdicts"
+	overlayProgFromOverlay            = "from_overlay"
+	overlayProgToOverlay              = "to_overlay"
+	overlayVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
+	overlayVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	overlayVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
+	overlayVarPOD_CIDR_V4             = "POD_CIDR_V4"
+	overlayVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
+	overlayVarSENDER_FROM_CB          = "SENDER_FROM_CB"
+	overlayVarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
+	overlayVarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
+	overlayVarTUNNEL_MODE             = "TUNNEL_MODE"
+	overlayVarUnusedVerdictEvent      = "unused_verdict_event"
 )
 
 // loadOverlay returns the embedded CollectionSpec for overlay.
@@ -241,15 +242,16 @@ type overlayMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type overlayVariableSpecs struct {
-	CLUSTER_CIDR_V4      *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent   *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent      *ebpf.VariableSpec `ebpf:"unused_verdict_event"`
 }
 
 // overlayObjects contains all objects after they have been loaded into the kernel.
@@ -317,15 +319,16 @@ func (m *overlayMaps) Close() error {
 //
 // It can be passed to loadOverlayObjects or ebpf.CollectionSpec.LoadAndAssign.
 type overlayVariables struct {
-	CLUSTER_CIDR_V4      *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.Variable `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.Variable `ebpf:"TUNNEL_MODE"`
-	UnusedVerdictEvent   *ebpf.Variable `ebpf:"unused_verdict_event"`
+	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	UnusedVerdictEvent      *ebpf.Variable `ebpf:"unused_verdict_event"`
 }
 
 // overlayPrograms contains all programs after they have been loaded into the kernel.

@@ -61,7 +61,7 @@ func (n *Node) SetPeers(peers []Peer) error {
 	for _, ip := range want {
 		nodes = append(nodes, ip)
 	}
-	errs = append(errs, n.do(func() error { return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, nodes) }))
+	errs = append(errs, n.do(func() error { return installMasquerade(n.cfg.PodCIDR, n.cfg.ClusterCIDR, n.cfg.NodeIP, nodes) }))
 	return errors.Join(errs...)
 }
 

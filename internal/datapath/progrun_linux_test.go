@@ -34,12 +34,22 @@ const (
 // of remote owned by node 10.99.0.12.
 func loadTest(t *testing.T, mode Mode) *Programs {
 	t.Helper()
+	return loadTestWith(t, mode, nil)
+}
+
+// loadTestWith is loadTest with the config changed by change first.
+func loadTestWith(t *testing.T, mode Mode, change func(*ProgramConfig)) *Programs {
+	t.Helper()
 	testutil.RequireRoot(t)
 	dir := testutil.BPFDir(t)
 	if _, err := bpffs.Ensure(dir); err != nil {
 		t.Fatal(err)
 	}
-	p, err := LoadPrograms(ProgramConfig{Mode: mode, OverlayIfindex: 99, PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), PinDir: dir, senderFromCB: true})
+	cfg := ProgramConfig{Mode: mode, OverlayIfindex: 99, PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), PinDir: dir, senderFromCB: true}
+	if change != nil {
+		change(&cfg)
+	}
+	p, err := LoadPrograms(cfg)
 	if err != nil {
 		t.Fatalf("load programs: %v", err)
 	}

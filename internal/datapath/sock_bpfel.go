@@ -43,7 +43,7 @@ type sockLb4Key struct {
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 }
 
 type sockLb4MemberKey struct {
@@ -69,7 +69,9 @@ type sockLb4RevnatKey struct {
 
 type sockLb4Service struct {
 	_         structs.HostLayout
-	Count     uint32
+	Count     uint16
+	Flags     uint8
+	Pad       uint8
 	AffinityS uint32
 }
 
@@ -77,29 +79,30 @@ type sockLb4Service struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapWeirLb4Affinity      = "weir_lb4_affinity"
-	sockMapWeirLb4Backends      = "weir_lb4_backends"
-	sockMapWeirLb4Members       = "weir_lb4_members"
-	sockMapWeirLb4Revnat        = "weir_lb4_revnat"
-	sockMapWeirLb4Services      = "weir_lb4_services"
-	sockMapWeirMetrics          = "weir_metrics"
-	sockMapWeirSockNetns        = "weir_sock_netns"
-	sockProgSock4Connect        = "sock4_connect"
-	sockProgSock4Getpeername    = "sock4_getpeername"
-	sockProgSock4Recvmsg        = "sock4_recvmsg"
-	sockProgSock4Sendmsg        = "sock4_sendmsg"
-	sockProgSock6Connect        = "sock6_connect"
-	sockProgSock6Getpeername    = "sock6_getpeername"
-	sockProgSock6Recvmsg        = "sock6_recvmsg"
-	sockProgSock6Sendmsg        = "sock6_sendmsg"
-	sockVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
-	sockVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
-	sockVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
-	sockVarPOD_CIDR_V4          = "POD_CIDR_V4"
-	sockVarPOD_CIDR_V4MASK      = "POD_CIDR_V4_MASK"
-	sockVarSENDER_FROM_CB       = "SENDER_FROM_CB"
-	sockVarSEND_IDENTITY_OPTION = "SEND_IDENTITY_OPTION"
-	sockVarTUNNEL_MODE          = "TUNNEL_MODE"
+	sockMapWeirLb4Affinity         = "weir_lb4_affinity"
+	sockMapWeirLb4Backends         = "weir_lb4_backends"
+	sockMapWeirLb4Members          = "weir_lb4_members"
+	sockMapWeirLb4Revnat           = "weir_lb4_revnat"
+	sockMapWeirLb4Services         = "weir_lb4_services"
+	sockMapWeirMetrics             = "weir_metrics"
+	sockMapWeirSockNetns           = "weir_sock_netns"
+	sockProgSock4Connect           = "sock4_connect"
+	sockProgSock4Getpeername       = "sock4_getpeername"
+	sockProgSock4Recvmsg           = "sock4_recvmsg"
+	sockProgSock4Sendmsg           = "sock4_sendmsg"
+	sockProgSock6Connect           = "sock6_connect"
+	sockProgSock6Getpeername       = "sock6_getpeername"
+	sockProgSock6Recvmsg           = "sock6_recvmsg"
+	sockProgSock6Sendmsg           = "sock6_sendmsg"
+	sockVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
+	sockVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	sockVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
+	sockVarPOD_CIDR_V4             = "POD_CIDR_V4"
+	sockVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
+	sockVarSENDER_FROM_CB          = "SENDER_FROM_CB"
+	sockVarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
+	sockVarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
+	sockVarTUNNEL_MODE             = "TUNNEL_MODE"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -171,14 +174,15 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
-	CLUSTER_CIDR_V4      *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -226,14 +230,15 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
-	CLUSTER_CIDR_V4      *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.Variable `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

@@ -45,7 +45,7 @@ func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backen
 		}
 	}
 	paths := netnsPaths
-	if n.cfg.NodeSockets {
+	if n.cfg.KubeProxyReplacement {
 		own := n.cfg.NetNS
 		if own == "" {
 			own = "/proc/self/ns/net"

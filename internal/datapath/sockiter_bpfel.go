@@ -43,7 +43,7 @@ type sockiterLb4Key struct {
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 }
 
 type sockiterLb4MemberKey struct {
@@ -69,7 +69,9 @@ type sockiterLb4RevnatKey struct {
 
 type sockiterLb4Service struct {
 	_         structs.HostLayout
-	Count     uint32
+	Count     uint16
+	Flags     uint8
+	Pad       uint8
 	AffinityS uint32
 }
 
@@ -77,24 +79,25 @@ type sockiterLb4Service struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockiterMapWeirLb4Affinity      = "weir_lb4_affinity"
-	sockiterMapWeirLb4Backends      = "weir_lb4_backends"
-	sockiterMapWeirLb4Gone          = "weir_lb4_gone"
-	sockiterMapWeirLb4Members       = "weir_lb4_members"
-	sockiterMapWeirLb4Revnat        = "weir_lb4_revnat"
-	sockiterMapWeirLb4Services      = "weir_lb4_services"
-	sockiterMapWeirMetrics          = "weir_metrics"
-	sockiterMapWeirSockNetns        = "weir_sock_netns"
-	sockiterProgSockDestroyTcp      = "sock_destroy_tcp"
-	sockiterProgSockDestroyUdp      = "sock_destroy_udp"
-	sockiterVarCLUSTER_CIDR_V4      = "CLUSTER_CIDR_V4"
-	sockiterVarCLUSTER_CIDR_V4MASK  = "CLUSTER_CIDR_V4_MASK"
-	sockiterVarOVERLAY_IFINDEX      = "OVERLAY_IFINDEX"
-	sockiterVarPOD_CIDR_V4          = "POD_CIDR_V4"
-	sockiterVarPOD_CIDR_V4MASK      = "POD_CIDR_V4_MASK"
-	sockiterVarSENDER_FROM_CB       = "SENDER_FROM_CB"
-	sockiterVarSEND_IDENTITY_OPTION = "SEND_IDENTITY_OPTION"
-	sockiterVarTUNNEL_MODE          = "TUNNEL_MODE"
+	sockiterMapWeirLb4Affinity         = "weir_lb4_affinity"
+	sockiterMapWeirLb4Backends         = "weir_lb4_backends"
+	sockiterMapWeirLb4Gone             = "weir_lb4_gone"
+	sockiterMapWeirLb4Members          = "weir_lb4_members"
+	sockiterMapWeirLb4Revnat           = "weir_lb4_revnat"
+	sockiterMapWeirLb4Services         = "weir_lb4_services"
+	sockiterMapWeirMetrics             = "weir_metrics"
+	sockiterMapWeirSockNetns           = "weir_sock_netns"
+	sockiterProgSockDestroyTcp         = "sock_destroy_tcp"
+	sockiterProgSockDestroyUdp         = "sock_destroy_udp"
+	sockiterVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
+	sockiterVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	sockiterVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
+	sockiterVarPOD_CIDR_V4             = "POD_CIDR_V4"
+	sockiterVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
+	sockiterVarSENDER_FROM_CB          = "SENDER_FROM_CB"
+	sockiterVarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
+	sockiterVarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
+	sockiterVarTUNNEL_MODE             = "TUNNEL_MODE"
 )
 
 // loadSockiter returns the embedded CollectionSpec for sockiter.
@@ -161,14 +164,15 @@ type sockiterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockiterVariableSpecs struct {
-	CLUSTER_CIDR_V4      *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 }
 
 // sockiterObjects contains all objects after they have been loaded into the kernel.
@@ -218,14 +222,15 @@ func (m *sockiterMaps) Close() error {
 //
 // It can be passed to loadSockiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockiterVariables struct {
-	CLUSTER_CIDR_V4      *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
-	CLUSTER_CIDR_V4MASK  *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
-	OVERLAY_IFINDEX      *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
-	POD_CIDR_V4          *ebpf.Variable `ebpf:"POD_CIDR_V4"`
-	POD_CIDR_V4MASK      *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
-	SENDER_FROM_CB       *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
-	SEND_IDENTITY_OPTION *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
-	TUNNEL_MODE          *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
+	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
+	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
+	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
+	SENDER_FROM_CB          *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
+	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
+	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 }
 
 // sockiterPrograms contains all programs after they have been loaded into the kernel.

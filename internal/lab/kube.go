@@ -111,7 +111,7 @@ func (st *State) deployAgents(ctx context.Context) error {
 		CNIConfDir: filepath.Join(node, "cni", "net.d"), CNIBinDir: filepath.Join(node, "cni", "bin"),
 		APIServerHost: controlPlaneIP.String(), APIServerPort: strconv.Itoa(apiPort),
 		// Each node is its own network namespace: one port serves all.
-		HealthPort: 9879, MetricsPort: 9880,
+		HealthPort: 9879, MetricsPort: 9880, KubeProxyReplacement: st.replacesKubeProxy(),
 		// Pod network namespaces appear under the run directory after the
 		// agent starts. The lab mounted bpffs already.
 		Mounts: []deploy.Mount{{Name: "lab", Path: st.RunDir, Propagation: "HostToContainer"}, {Name: "bpffs", Path: "/sys/fs/bpf"}},

@@ -93,7 +93,9 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 	); err != nil {
 		return err
 	}
-	if err := st.startKubeProxy(n, kp); err != nil {
+	if st.replacesKubeProxy() {
+		// Weir's agents answer Services: no kube-proxy on the node.
+	} else if err := st.startKubeProxy(n, kp); err != nil {
 		return err
 	}
 	if st.Config.AgentMode != AgentHost {
@@ -104,15 +106,19 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 		"--node-name", n.Name, "--mode", string(st.Config.Mode), "--underlay-dev", "eth0",
 		"--node-ip", n.IP.String(), "--cluster-cidr", st.Config.ClusterCIDR.String(),
 		"--state-dir", n.StateDir, "--bpf-pin-dir", n.PinDir, "--socket", n.Socket,
-		"--cni-conf-dir", kp.cniConfDir,
+		"--cni-conf-dir", kp.cniConfDir, "--kube-proxy-replacement="+strconv.FormatBool(st.replacesKubeProxy()),
 	)
 }
+
+// replacesKubeProxy says the lab runs no kube-proxy: Weir's agents do its
+// work.
+func (st *State) replacesKubeProxy() bool { return st.Config.KubeProxy == KubeProxyNone }
 
 func (st *State) startKubeProxy(n *Node, kp kubeNodePaths) error {
 	conf := filepath.Join(kp.dir, "kube-proxy.yaml")
 	content := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: nftables
+mode: %s
 clusterCIDR: %s
 hostnameOverride: %s
 bindAddress: %s
@@ -124,7 +130,7 @@ conntrack:
   # conntrack limits are global to the machine, not the node namespace.
   maxPerCore: 0
   min: 0
-`, st.Config.ClusterCIDR, n.Name, n.IP, st.kubeconfigPath("kube-proxy"))
+`, st.Config.KubeProxy, st.Config.ClusterCIDR, n.Name, n.IP, st.kubeconfigPath("kube-proxy"))
 	if err := os.WriteFile(conf, []byte(content), 0o644); err != nil {
 		return err
 	}

@@ -45,7 +45,19 @@ type Config struct {
 	// for CNI plugins in (host agent mode), e.g. a benchmark's timing
 	// wrappers.
 	CNIBinDir string `json:"cniBinDir,omitempty"`
+	// KubeProxy is the Service proxy of a Kubernetes lab: kube-proxy in
+	// KubeProxyNFTables (default) or KubeProxyIPTables mode, or
+	// KubeProxyNone, where Weir's agents replace it
+	// (--kube-proxy-replacement).
+	KubeProxy string `json:"kubeProxy,omitempty"`
 }
+
+// Service proxies of a Kubernetes lab.
+const (
+	KubeProxyNFTables = "nftables"
+	KubeProxyIPTables = "iptables"
+	KubeProxyNone     = "none"
+)
 
 // How a Kubernetes lab runs its agents.
 const (
@@ -82,6 +94,13 @@ func (c *Config) Validate() error {
 	}
 	if c.CNIBinDir != "" && c.AgentMode != AgentHost {
 		return fmt.Errorf("a CNI bin dir of its own needs agent mode %s (the DaemonSet installs weir-cni itself)", AgentHost)
+	}
+	switch c.KubeProxy {
+	case "":
+		c.KubeProxy = KubeProxyNFTables
+	case KubeProxyNFTables, KubeProxyIPTables, KubeProxyNone:
+	default:
+		return fmt.Errorf("kube-proxy %q: want %s, %s or %s (Weir replaces it)", c.KubeProxy, KubeProxyNFTables, KubeProxyIPTables, KubeProxyNone)
 	}
 	switch c.AgentMode {
 	case "":

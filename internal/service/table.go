@@ -21,6 +21,10 @@ type Frontend struct {
 	Addr  netip.Addr
 	Port  uint16
 	Proto uint8
+	// External marks the entry for packets from outside the cluster to
+	// a NodePort, external IP or load balancer IP (externalTrafficPolicy
+	// applies); otherwise it serves this node's sockets.
+	External bool
 }
 
 // Backend is an address a Frontend's connections go to.
@@ -39,11 +43,15 @@ type Entry struct {
 	// client on the backend it last used for as long as it keeps coming
 	// back within this time.
 	AffinityTimeout time.Duration
+	// DropWhenEmpty: an external entry of an externalTrafficPolicy: Local
+	// Service without an endpoint on this node drops what arrives, as
+	// kube-proxy does, rather than refusing it.
+	DropWhenEmpty bool
 }
 
 // Equal reports whether e and o translate alike.
 func (e Entry) Equal(o Entry) bool {
-	return e.AffinityTimeout == o.AffinityTimeout && slices.Equal(e.Backends, o.Backends)
+	return e.AffinityTimeout == o.AffinityTimeout && e.DropWhenEmpty == o.DropWhenEmpty && slices.Equal(e.Backends, o.Backends)
 }
 
 // Table maps each frontend to how it is translated.
@@ -63,6 +71,9 @@ type Options struct {
 	// served: a socket on this node that names any node's NodePort is
 	// sent straight to a backend (with ReplaceKubeProxy).
 	NodeAddrs []netip.Addr
+	// OwnAddrs are this node's addresses: packets from outside reach a
+	// NodePort there (with ReplaceKubeProxy).
+	OwnAddrs []netip.Addr
 }
 
 // serviceFrontend is one address of a Service and the port it serves.
@@ -72,7 +83,8 @@ type serviceFrontend struct {
 	// internal: a ClusterIP, where internalTrafficPolicy applies. A
 	// NodePort, external IP or load balancer address reached from inside
 	// the cluster is served by every endpoint, as kube-proxy serves
-	// traffic from its own node.
+	// traffic from its own node; reached from outside (External), by
+	// the endpoints externalTrafficPolicy allows.
 	internal bool
 }
 
@@ -98,16 +110,28 @@ func frontendsOf(svc *corev1.Service, opts Options) []serviceFrontend {
 	if !opts.ReplaceKubeProxy {
 		return out
 	}
-	if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		add(opts.NodeAddrs, false, func(sp corev1.ServicePort) int32 { return sp.NodePort })
+	nodePort := func(sp corev1.ServicePort) int32 { return sp.NodePort }
+	var lbIPs []string
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			lbIPs = append(lbIPs, in.IP)
+		}
+	}
+	hasNodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	if hasNodePorts {
+		add(opts.NodeAddrs, false, nodePort)
 	}
 	add(parseIPv4s(svc.Spec.ExternalIPs), false, servicePort)
-	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		var ips []string
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			ips = append(ips, in.IP)
-		}
-		add(parseIPv4s(ips), false, servicePort)
+	add(parseIPv4s(lbIPs), false, servicePort)
+	// The same addresses as packets from outside reach them here.
+	sockets := len(out)
+	if hasNodePorts {
+		add(opts.OwnAddrs, false, nodePort)
+	}
+	add(parseIPv4s(svc.Spec.ExternalIPs), false, servicePort)
+	add(parseIPv4s(lbIPs), false, servicePort)
+	for i := sockets; i < len(out); i++ {
+		out[i].External = true
 	}
 	return out
 }
@@ -132,12 +156,18 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 		local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 		affinity := affinityTimeout(svc)
 		eps := bySvc[svc.Namespace+"/"+svc.Name]
+		externalLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 		for _, fe := range frontendsOf(svc, opts) {
-			bes := backends(eps, fe.port, opts.Node, local && fe.internal)
+			onlyLocal := (fe.internal && local) || (fe.External && externalLocal)
+			bes := backends(eps, fe.port, opts.Node, onlyLocal)
 			if len(bes) == 0 && !opts.ReplaceKubeProxy {
 				continue // kube-proxy rejects it
 			}
-			t[fe.Frontend] = Entry{Backends: bes, AffinityTimeout: affinity}
+			e := Entry{Backends: bes, AffinityTimeout: affinity}
+			if fe.External && externalLocal && len(bes) == 0 {
+				e.DropWhenEmpty = true
+			}
+			t[fe.Frontend] = e
 		}
 	}
 	return t

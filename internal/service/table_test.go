@@ -261,18 +261,25 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 	np := svc("np", "10.96.0.7", corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP})
 	np.Spec.Type = corev1.ServiceTypeNodePort
 	np.Spec.InternalTrafficPolicy = &local // the ClusterIP's alone
+	np.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	np.Spec.ExternalIPs = []string{"192.0.2.10", "2001:db8::1"}
 	lb := svc("lb", "10.96.0.8", corev1.ServicePort{Name: "http", Port: 443, NodePort: 30443, Protocol: corev1.ProtocolTCP})
 	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
 	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.5"}, {Hostname: "lb.example"}}
 	noNodePort := svc("lb2", "10.96.0.9", corev1.ServicePort{Name: "http", Port: 8443, Protocol: corev1.ProtocolTCP})
 	noNodePort.Spec.Type = corev1.ServiceTypeLoadBalancer // allocateLoadBalancerNodePorts: false
-	svcs := []*corev1.Service{np, lb, noNodePort}
+	elsewhere := svc("elsewhere", "10.96.0.6", corev1.ServicePort{Name: "http", Port: 80, NodePort: 30081, Protocol: corev1.ProtocolTCP})
+	elsewhere.Spec.Type = corev1.ServiceTypeNodePort
+	elsewhere.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svcs := []*corev1.Service{np, lb, noNodePort, elsewhere}
 	slices := []*discoveryv1.EndpointSlice{
 		slice("np", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true, node: "n1"}, ep{addr: "10.0.1.2", ready: true, node: "n2"}),
 		slice("lb", map[string]int32{"http": 8443}, ep{addr: "10.0.1.3", ready: true, node: "n2"}),
+		slice("elsewhere", map[string]int32{"http": 80}, ep{addr: "10.0.1.4", ready: true, node: "n2"}),
 	}
-	opts := Options{Node: "n1", ReplaceKubeProxy: true, NodeAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11"), netip.MustParseAddr("10.99.0.12")}}
+	opts := Options{Node: "n1", ReplaceKubeProxy: true, NodeAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11"), netip.MustParseAddr("10.99.0.12")},
+		OwnAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11")}}
+	ext := func(ip string, port uint16) Frontend { f := fe(ip, port); f.External = true; return f }
 	both := []Backend{be("10.0.0.2", 8080), be("10.0.1.2", 8080)}
 	lbBackends := []Backend{be("10.0.1.3", 8443)}
 	want := Table{
@@ -285,6 +292,16 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		fe("10.99.0.12", 30443): {Backends: lbBackends},
 		fe("198.51.100.5", 443): {Backends: lbBackends},
 		fe("10.96.0.9", 8443):   {}, // no endpoints: refuses
+		// From outside, to this node: externalTrafficPolicy: Local keeps
+		// this node's endpoints, and drops where there are none.
+		ext("10.99.0.11", 30080): {Backends: []Backend{be("10.0.0.2", 8080)}},
+		ext("192.0.2.10", 80):    {Backends: []Backend{be("10.0.0.2", 8080)}},
+		ext("10.99.0.11", 30443): {Backends: lbBackends},
+		ext("198.51.100.5", 443): {Backends: lbBackends},
+		fe("10.96.0.6", 80):      {Backends: []Backend{be("10.0.1.4", 80)}},
+		fe("10.99.0.11", 30081):  {Backends: []Backend{be("10.0.1.4", 80)}},
+		fe("10.99.0.12", 30081):  {Backends: []Backend{be("10.0.1.4", 80)}},
+		ext("10.99.0.11", 30081): {DropWhenEmpty: true},
 	}
 	got := Build(svcs, slices, opts)
 	if len(got) != len(want) {
@@ -301,7 +318,7 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 	}
 	// Beside kube-proxy only the ClusterIPs with backends are Weir's.
 	opts.ReplaceKubeProxy = false
-	if got := Build(svcs, slices, opts); len(got) != 2 {
-		t.Errorf("beside kube-proxy: %v, want the two ClusterIPs with backends", got)
+	if got := Build(svcs, slices, opts); len(got) != 3 {
+		t.Errorf("beside kube-proxy: %v, want the three ClusterIPs with backends", got)
 	}
 }
