@@ -8,8 +8,13 @@
  * node's stack sees it:
  *
  *   new flow   the frontend's external entry (lb4_key.scope
- *              LB_SCOPE_EXTERNAL) picks a backend; the flow's translation
- *              is kept both ways (weir_lb4_nat_fwd, weir_lb4_nat_rev)
+ *              LB_SCOPE_EXTERNAL) picks a backend by Maglev consistent
+ *              hashing of the flow's addresses and ports (weir_lb4_maglev,
+ *              computed by the agent: internal/service/maglev.go), so a
+ *              backend set that changes moves few flows, and every node
+ *              picks alike; with session affinity, the client's backend.
+ *              The flow's translation is kept both ways
+ *              (weir_lb4_nat_fwd, weir_lb4_nat_rev)
  *   every packet of it
  *              destination rewritten to the backend, then handed to the
  *              stack, which routes it: to a local pod (the client's
@@ -84,6 +89,60 @@ struct {
 	__type(value, struct lb4_nat);	/* the frontend */
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_lb4_nat_rev SEC(".maps");
+
+/* LB_MAGLEV_SIZE is service.MaglevSize: entries of a Maglev table. */
+#define LB_MAGLEV_SIZE 16381
+
+/* struct lb4_maglev: a frontend's Maglev table, each entry a backend slot. */
+struct lb4_maglev {
+	__u16 slot[LB_MAGLEV_SIZE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct lb4_key);	/* external scope */
+	__type(value, struct lb4_maglev);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_lb4_maglev SEC(".maps");
+
+/* nodeport_hash mixes a flow's tuple (a 64-bit finalizer), the same on
+ * every node, so every node's Maglev table sends the flow alike. */
+__always_inline_fn __u32 nodeport_hash(const struct lb4_tuple *t)
+{
+	__u64 h = ((__u64)t->saddr << 32 | t->daddr) ^
+		  ((__u64)t->sport << 48 | (__u64)t->dport << 32 | t->proto);
+
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ULL;
+	h ^= h >> 33;
+	return (__u32)h;
+}
+
+/* nodeport_maglev returns the backend the frontend's Maglev table gives
+ * the flow, or NULL if it has no table (yet). */
+__always_inline_fn const struct lb4_backend *nodeport_maglev(const struct lb4_key *key,
+							     const struct lb4_tuple *fwd)
+{
+	struct lb4_backend_key bkey = { .svc = *key };
+	const struct lb4_maglev *table;
+	__u64 i;
+
+	table = bpf_map_lookup_elem(&weir_lb4_maglev, key);
+	if (!table)
+		return NULL;
+	i = (__u64)nodeport_hash(fwd) % LB_MAGLEV_SIZE;
+	/* Keep the bound check on the register that indexes: the verifier
+	 * must see i < LB_MAGLEV_SIZE where it is added to the pointer. */
+	asm volatile("" : "+r"(i));
+	if (i >= LB_MAGLEV_SIZE)
+		return NULL;
+	bkey.slot = table->slot[i];
+	return bpf_map_lookup_elem(&weir_lb4_backends, &bkey);
+}
 
 /* nodeport_ports reads a TCP or UDP packet's ports; -1 for any other
  * packet, a fragment, or one too short. *syn says a TCP SYN without ACK. */
@@ -172,7 +231,9 @@ __always_inline_fn enum nodeport_result nodeport_pick(const struct lb4_tuple *fw
 	}
 	if (svc->count == 0) /* the stack answers, or nothing does */
 		return (svc->flags & LB_FLAG_DROP) ? NODEPORT_DROP : NODEPORT_NOT_OURS;
-	be = lb4_pick(&key, svc, fwd->saddr, &affine);
+	be = svc->affinity_s ? NULL : nodeport_maglev(&key, fwd);
+	if (!be)
+		be = lb4_pick(&key, svc, fwd->saddr, &affine);
 	if (!be)
 		return NODEPORT_DROP; /* a slot mid-rewrite: the client retries */
 	to->addr = be->addr;

@@ -106,6 +106,11 @@ type hostLb4Key struct {
 	Scope uint8
 }
 
+type hostLb4Maglev struct {
+	_    structs.HostLayout
+	Slot [16381]uint16
+}
+
 type hostLb4MemberKey struct {
 	_       structs.HostLayout
 	Svc     hostLb4Key
@@ -229,6 +234,7 @@ const (
 	hostMapWeirIpcache             = "weir_ipcache"
 	hostMapWeirLb4Affinity         = "weir_lb4_affinity"
 	hostMapWeirLb4Backends         = "weir_lb4_backends"
+	hostMapWeirLb4Maglev           = "weir_lb4_maglev"
 	hostMapWeirLb4Members          = "weir_lb4_members"
 	hostMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
 	hostMapWeirLb4NatRev           = "weir_lb4_nat_rev"
@@ -318,6 +324,7 @@ type hostMapSpecs struct {
 	WeirIpcache     *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Maglev   *ebpf.MapSpec `ebpf:"weir_lb4_maglev"`
 	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
 	WeirLb4NatFwd   *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev   *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
@@ -381,6 +388,7 @@ type hostMaps struct {
 	WeirIpcache     *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Maglev   *ebpf.Map `ebpf:"weir_lb4_maglev"`
 	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
 	WeirLb4NatFwd   *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev   *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
@@ -410,6 +418,7 @@ func (m *hostMaps) Close() error {
 		m.WeirIpcache,
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
+		m.WeirLb4Maglev,
 		m.WeirLb4Members,
 		m.WeirLb4NatFwd,
 		m.WeirLb4NatRev,

@@ -166,11 +166,13 @@ func be32(a netip.Addr) uint32 {
 // htons is a port as the __be16 a map stores, read back natively.
 func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
-// lbMaps is the content of the service, backend and affinity member maps.
+// lbMaps is the content of the service, backend and affinity member maps,
+// and which frontends have a Maglev table.
 type lbMaps struct {
 	services map[sockLb4Key]sockLb4Service
 	slots    map[sockLb4BackendKey]sockLb4Backend
 	members  map[sockLb4MemberKey]uint32
+	maglev   map[sockLb4Key]bool
 }
 
 // readLBMaps reads the service maps whole.
@@ -187,14 +189,26 @@ func (n *Node) readLBMaps() (*lbMaps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read affinity member map: %w", err)
 	}
-	return &lbMaps{services: svcs, slots: slots, members: members}, nil
+	maglev := map[sockLb4Key]bool{}
+	var k sockLb4Key
+	it := n.progs.LB4Maglev.Iterate()
+	for v := new(hostLb4Maglev); it.Next(&k, v); {
+		maglev[k] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read maglev map: %w", err)
+	}
+	return &lbMaps{services: svcs, slots: slots, members: members, maglev: maglev}, nil
 }
 
 // lbMapsOf is what the service maps hold once want is written.
 func lbMapsOf(want map[sockLb4Key]service.Entry) *lbMaps {
-	m := &lbMaps{services: map[sockLb4Key]sockLb4Service{}, slots: map[sockLb4BackendKey]sockLb4Backend{}, members: affinityMembers(want)}
+	m := &lbMaps{services: map[sockLb4Key]sockLb4Service{}, slots: map[sockLb4BackendKey]sockLb4Backend{}, members: affinityMembers(want), maglev: map[sockLb4Key]bool{}}
 	for key, e := range want {
 		m.services[key] = lb4Service(e)
+		if key.Scope == lbScopeExternal && len(e.Backends) > 0 {
+			m.maglev[key] = true
+		}
 		for i, b := range e.Backends {
 			m.slots[sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}] = lb4Backend(b)
 		}
@@ -253,7 +267,7 @@ func (n *Node) SetServices(t service.Table) (retErr error) {
 	}
 	for key, e := range want {
 		cur, present := have.services[key]
-		if err := n.setService(key, e, cur, present, have.slots); err != nil {
+		if err := n.setService(key, e, cur, present, have); err != nil {
 			f := frontendOf(key)
 			errs = append(errs, fmt.Errorf("service %v:%d/%d: %w", f.Addr, f.Port, f.Proto, err))
 		}
@@ -264,6 +278,14 @@ func (n *Node) SetServices(t service.Table) (retErr error) {
 		}
 		if err := n.progs.LB4Services.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete service: %w", err))
+		}
+	}
+	for key := range have.maglev {
+		if e, ok := want[key]; ok && len(e.Backends) > 0 {
+			continue
+		}
+		if err := n.progs.LB4Maglev.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete maglev table: %w", err))
 		}
 	}
 	// Slots of deleted services, and any a crash left behind.
@@ -310,7 +332,7 @@ func lb4Service(e service.Entry) sockLb4Service {
 // service entry counts (65,535); it is not written.
 var ErrTooManyBackends = errors.New("more backends than a service entry holds")
 
-func (n *Node) setService(key sockLb4Key, e service.Entry, cur sockLb4Service, present bool, haveSlots map[sockLb4BackendKey]sockLb4Backend) error {
+func (n *Node) setService(key sockLb4Key, e service.Entry, cur sockLb4Service, present bool, have *lbMaps) error {
 	if len(e.Backends) > math.MaxUint16 {
 		return fmt.Errorf("%d backends: %w", len(e.Backends), ErrTooManyBackends)
 	}
@@ -321,20 +343,47 @@ func (n *Node) setService(key sockLb4Key, e service.Entry, cur sockLb4Service, p
 		}
 		cur = val
 	}
+	changed := !present || val.Count != cur.Count
 	for i, b := range e.Backends {
 		bk := sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}
 		bv := lb4Backend(b)
-		if have, ok := haveSlots[bk]; ok && have == bv {
+		if slot, ok := have.slots[bk]; ok && slot == bv {
 			continue
 		}
+		changed = true
 		if err := n.progs.LB4Backends.Put(bk, bv); err != nil {
 			return mapWriteErr(err)
+		}
+	}
+	if key.Scope == lbScopeExternal && (changed || !have.maglev[key]) {
+		if err := n.setMaglev(key, e.Backends); err != nil {
+			return err
 		}
 	}
 	if !present || cur != val {
 		if err := n.progs.LB4Services.Put(key, val); err != nil {
 			return mapWriteErr(err)
 		}
+	}
+	return nil
+}
+
+// setMaglev writes the Maglev table packets from outside pick key's
+// backends with (bpf/lib/nodeport.h); none without backends.
+func (n *Node) setMaglev(key sockLb4Key, backends []service.Backend) error {
+	table := service.Maglev(backends)
+	if len(table) == 0 {
+		if err := n.progs.LB4Maglev.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete maglev table: %w", err)
+		}
+		return nil
+	}
+	var v hostLb4Maglev
+	for i, b := range table {
+		v.Slot[i] = b + 1 // entries are slots, counted from 1
+	}
+	if err := n.progs.LB4Maglev.Put(key, &v); err != nil {
+		return fmt.Errorf("maglev table: %w", mapWriteErr(err))
 	}
 	return nil
 }

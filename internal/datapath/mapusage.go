@@ -31,11 +31,12 @@ const (
 	MapMembers        = "affinity_members"    // weir_lb4_members: the backends of affinity Services
 	MapNAT            = "service_nat"         // weir_lb4_nat_fwd, an LRU: flows from outside to a Service
 	MapNATReplies     = "service_nat_replies" // weir_lb4_nat_rev, an LRU: their replies
+	MapMaglev         = "service_maglev"      // weir_lb4_maglev: external frontends' Maglev tables
 )
 
 // FillMaps lists the maps MapEntries knows.
 var FillMaps = []string{MapConntrack, MapConntrackOther, MapRevokedFlows, MapFragments, MapPolicy, MapEndpointPolicy,
-	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapAffinity, MapMembers, MapNAT, MapNATReplies, MapSocketNetNS}
+	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapAffinity, MapMembers, MapNAT, MapNATReplies, MapMaglev, MapSocketNetNS}
 
 // ErrUnknownMap is returned for a name not in FillMaps.
 var ErrUnknownMap = errors.New("unknown map")
@@ -106,6 +107,8 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 		count, err = countEntries[hostLb4Tuple, hostLb4Nat](p.LB4NatFwd, limit)
 	case MapNATReplies:
 		count, err = countEntries[hostLb4Tuple, hostLb4Nat](p.LB4NatRev, limit)
+	case MapMaglev:
+		count, err = countKeys(p.LB4Maglev, limit) // values are 32 KiB: keys alone
 	}
 	if err != nil {
 		return 0, fmt.Errorf("count entries of map %s: %w", name, err)
@@ -119,7 +122,7 @@ func (n *Node) fillMap(name string) (*ebpf.Map, error) {
 		MapConntrack: p.CT, MapConntrackOther: p.CTAny, MapRevokedFlows: p.CTRevoked, MapPeerNodes: p.PeerNodes, MapPolicy: p.Policy, MapEndpointPolicy: p.EpPolicy,
 		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs, MapFragments: p.Frags, MapEndpoints: p.Endpoints, MapTunnels: p.Tunnels,
 		MapServices: p.LB4Services, MapBackends: p.LB4Backends, MapRevNAT: p.LB4RevNAT, MapSocketNetNS: p.SockNetNS,
-		MapAffinity: p.LB4Affinity, MapMembers: p.LB4Members, MapNAT: p.LB4NatFwd, MapNATReplies: p.LB4NatRev,
+		MapAffinity: p.LB4Affinity, MapMembers: p.LB4Members, MapNAT: p.LB4NatFwd, MapNATReplies: p.LB4NatRev, MapMaglev: p.LB4Maglev,
 	}[name]
 	if m == nil {
 		return nil, fmt.Errorf("map %q: %w", name, ErrUnknownMap)
