@@ -67,6 +67,9 @@ type Config struct {
 	// hostNetwork pods too, with session affinity, and refuses
 	// connections to Services without backends at once.
 	KubeProxyReplacement bool
+	// HealthCheckNodePortAddr is the host health check node ports are
+	// opened on (with KubeProxyReplacement); empty: every address.
+	HealthCheckNodePortAddr string
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -111,6 +114,9 @@ type Agent struct {
 	flows     *flowLog
 	flowNames atomic.Pointer[flowNames]
 	metrics   *metrics
+	// healthChecks answers health check node ports (with
+	// KubeProxyReplacement; nil otherwise).
+	healthChecks *healthCheckServers
 }
 
 // New builds an agent over an already set-up datapath, adopting the
@@ -130,6 +136,9 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (_ *Agent, retErr error) {
 		}
 	}()
 	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc, flows: flows}
+	if cfg.KubeProxyReplacement {
+		a.healthChecks = newHealthCheckServers(cfg.HealthCheckNodePortAddr, log)
+	}
 	a.metrics = newMetrics(dp, flows, log)
 	a.metrics.verdicts.names = a.flowNames.Load
 	a.mu.Lock()
@@ -148,6 +157,9 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (_ *Agent, retErr error) {
 // datapath is the caller's: it keeps forwarding.
 func (a *Agent) Close() error {
 	a.stopPolicyRetries()
+	if a.healthChecks != nil {
+		a.healthChecks.close()
+	}
 	err := a.flows.close()
 	if err != nil {
 		a.log.Warn("close flow store: flows lost", "err", err)

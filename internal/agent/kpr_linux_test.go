@@ -29,6 +29,7 @@ func newReplacingNode(t *testing.T, podCIDR string) *testNode {
 	n := newTestNode(t, podCIDR)
 	n.stop()
 	n.cfg.KubeProxyReplacement = true
+	n.cfg.HealthCheckNodePortAddr = "127.0.0.1" // the test process's namespace: loopback only
 	n.start(nil)
 	return n
 }
@@ -718,5 +719,28 @@ func TestNodePortFromOutsideHost(t *testing.T) {
 		if n.metric(m) == 0 {
 			t.Errorf("metric %s is 0", m)
 		}
+	}
+}
+
+// TestHealthCheckNodePortFollowsEndpoints: with no kube-proxy, the agent
+// answers an externalTrafficPolicy: Local LoadBalancer Service's health
+// check node port from the cluster's state: 200 with this node's ready
+// endpoint, 503 once it is gone.
+func TestHealthCheckNodePortFollowsEndpoints(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	lb := clusterIPService("lb", "10.96.0.90")
+	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
+	lb.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	lb.Spec.HealthCheckNodePort = int32(freePort(t))
+	here := readyEndpoints("lb", 8080, 5353, netip.MustParseAddr("10.244.1.9"))
+	node := "n1"
+	here.Endpoints[0].NodeName = &node
+	n.applyServices([]*corev1.Service{lb}, here)
+	if code, body := probe(t, uint16(lb.Spec.HealthCheckNodePort)); code != 200 || body["localEndpoints"] != float64(1) {
+		t.Errorf("with a local endpoint: %d %v, want 200 and 1", code, body)
+	}
+	n.applyServices([]*corev1.Service{lb}, readyEndpoints("lb", 8080, 5353))
+	if code, _ := probe(t, uint16(lb.Spec.HealthCheckNodePort)); code != 503 {
+		t.Errorf("without a local endpoint: %d, want 503", code)
 	}
 }

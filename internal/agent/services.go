@@ -30,6 +30,11 @@ type serviceState struct {
 func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 	opts := a.serviceOptions(s)
 	t := service.Build(s.Services, s.EndpointSlices, opts)
+	if a.healthChecks != nil {
+		if err := a.healthChecks.sync(service.HealthChecks(s.Services, s.EndpointSlices, a.cfg.NodeName)); err != nil {
+			a.log.Error("health check node ports", "err", err)
+		}
+	}
 	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
 		return
 	}

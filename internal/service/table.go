@@ -313,3 +313,42 @@ func Owners(svcs []*corev1.Service, opts Options) map[Frontend]string {
 	}
 	return out
 }
+
+// HealthCheck is what a Service's healthCheckNodePort answers on a node:
+// kube-proxy's contract, so a cloud load balancer sends traffic only to
+// nodes with an endpoint of an externalTrafficPolicy: Local Service.
+type HealthCheck struct {
+	Namespace, Name string
+	// LocalEndpoints counts the Service's ready endpoints on the node:
+	// the check answers 200 with some, 503 with none.
+	LocalEndpoints int
+}
+
+// HealthChecks lists the health check node ports node serves, by port:
+// one per LoadBalancer Service with externalTrafficPolicy: Local.
+func HealthChecks(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node string) map[uint16]HealthCheck {
+	out := map[uint16]HealthCheck{}
+	for _, svc := range svcs {
+		port := svc.Spec.HealthCheckNodePort
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || port <= 0 || port > 65535 {
+			continue
+		}
+		hc := HealthCheck{Namespace: svc.Namespace, Name: svc.Name}
+		seen := map[string]bool{}
+		for _, s := range endpointSlices {
+			if s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name {
+				continue
+			}
+			for _, ep := range s.Endpoints {
+				ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+				if !ready || ep.NodeName == nil || *ep.NodeName != node || len(ep.Addresses) == 0 || seen[ep.Addresses[0]] {
+					continue
+				}
+				seen[ep.Addresses[0]] = true
+				hc.LocalEndpoints++
+			}
+		}
+		out[uint16(port)] = hc
+	}
+	return out
+}

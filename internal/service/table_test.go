@@ -322,3 +322,30 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		t.Errorf("beside kube-proxy: %v, want the three ClusterIPs with backends", got)
 	}
 }
+
+func TestHealthChecks(t *testing.T) {
+	http := corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}
+	lb := func(name string, hc int32, policy corev1.ServiceExternalTrafficPolicy) *corev1.Service {
+		s := svc(name, "10.96.0.9", http)
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = policy
+		s.Spec.HealthCheckNodePort = hc
+		return s
+	}
+	local := corev1.ServiceExternalTrafficPolicyLocal
+	svcs := []*corev1.Service{
+		lb("here", 32001, local), lb("elsewhere", 32002, local), lb("cluster", 32003, corev1.ServiceExternalTrafficPolicyCluster),
+	}
+	slices := []*discoveryv1.EndpointSlice{
+		slice("here", map[string]int32{"http": 80}, ep{addr: "10.0.0.2", ready: true, node: "n1"}, ep{addr: "10.0.0.3", ready: true, node: "n1"},
+			ep{addr: "10.0.0.4", node: "n1"}, ep{addr: "10.0.1.2", ready: true, node: "n2"}),
+		slice("elsewhere", map[string]int32{"http": 80}, ep{addr: "10.0.1.3", ready: true, node: "n2"}),
+	}
+	want := map[uint16]HealthCheck{
+		32001: {Namespace: "ns", Name: "here", LocalEndpoints: 2},
+		32002: {Namespace: "ns", Name: "elsewhere"},
+	}
+	if got := HealthChecks(svcs, slices, "n1"); !reflect.DeepEqual(got, want) {
+		t.Errorf("HealthChecks:\n got %v\nwant %v", got, want)
+	}
+}
