@@ -9,6 +9,7 @@ import (
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/ipam"
+	"github.com/weirnet/weir/internal/service"
 )
 
 // addStep is one step of plumbing an endpoint.
@@ -50,7 +51,8 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 			fmt.Sprintf("container %s already has interface %s with address %v", req.ContainerID, req.IfName, l.Addr),
 			errors.New("the runtime must DEL an attachment before adding it again"))
 	}
-	lease, err := a.ipam.Allocate(ipam.Lease{Owner: owner, NetNS: req.NetNS, PodNamespace: req.PodNamespace, PodName: req.PodName})
+	lease, err := a.ipam.Allocate(ipam.Lease{Owner: owner, NetNS: req.NetNS, PodNamespace: req.PodNamespace, PodName: req.PodName,
+		HostPorts: hostPorts(req.PortMappings)})
 	if err != nil {
 		if errors.Is(err, ipam.ErrPoolExhausted) {
 			return nil, api.Errorf(api.CodePoolExhausted, "no free pod address on node "+a.cfg.NodeName, err)
@@ -105,6 +107,9 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 	if a.onEndpoint != nil {
 		a.onEndpoint() // compile again with the pod's address as the API server has it
 	}
+	if len(lease.HostPorts) > 0 {
+		a.writeServicesLocked() // the pod's hostPorts
+	}
 	a.log.Info("endpoint added", "attachment", owner, "addr", lease.Addr, "host", ep.Spec.HostIfName(), "pod", req.PodNamespace+"/"+req.PodName, "took", time.Since(start))
 	return &api.AddResponse{
 		IfName:     req.IfName,
@@ -148,10 +153,30 @@ func (a *Agent) teardown(spec datapath.EndpointSpec, owner ipam.Owner) error {
 	if err := a.dp.RemoveEndpoint(spec); err != nil {
 		return fmt.Errorf("remove endpoint %s: %w", owner, err)
 	}
-	if _, _, err := a.ipam.Release(owner); err != nil {
+	l, _, err := a.ipam.Release(owner)
+	if err != nil {
 		return fmt.Errorf("release address of %s: %w", owner, err)
 	}
+	if len(l.HostPorts) > 0 {
+		a.writeServicesLocked() // its hostPorts go with it
+	}
 	return nil
+}
+
+// hostPorts converts the runtime's port mappings (validated) for a lease.
+func hostPorts(ms []api.PortMapping) []ipam.HostPort {
+	var out []ipam.HostPort
+	for _, m := range ms {
+		hp := ipam.HostPort{Port: m.HostPort, ContainerPort: m.ContainerPort, Proto: service.ProtoTCP}
+		if m.Protocol == "udp" {
+			hp.Proto = service.ProtoUDP
+		}
+		if a, err := netip.ParseAddr(m.HostIP); err == nil && a.Is4() && !a.IsUnspecified() {
+			hp.HostIP = a
+		}
+		out = append(out, hp)
+	}
+	return out
 }
 
 // Del detaches a pod interface. Deleting an unknown attachment succeeds,

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"reflect"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -742,5 +743,80 @@ func TestHealthCheckNodePortFollowsEndpoints(t *testing.T) {
 	n.applyServices([]*corev1.Service{lb}, readyEndpoints("lb", 8080, 5353))
 	if code, _ := probe(t, uint16(lb.Spec.HealthCheckNodePort)); code != 503 {
 		t.Errorf("without a local endpoint: %d, want 503", code)
+	}
+}
+
+// TestHostPort: with no kube-proxy, a pod's hostPort (the runtime's
+// portMappings) is reached at the node's address from a host outside the
+// cluster (the client's address kept) and from the node itself; its DEL
+// takes the port away (refused, nothing left in the maps); a mapping the
+// agent cannot serve fails the ADD, naming it.
+func TestHostPort(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	far, _ := underlayPeer(t, n, netip.MustParseAddr("10.99.0.50"))
+	pod := n.newPod()
+	req := addReq("web", pod)
+	req.PortMappings = []api.PortMapping{{HostPort: 30900, ContainerPort: 8080, Protocol: "tcp"}, {HostPort: 30901, ContainerPort: 5353, Protocol: "udp"}}
+	if _, err := n.agent.Add(req); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		ln net.Listener
+		pc net.PacketConn
+	)
+	in(t, pod, func() (err error) {
+		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", ":5353")
+		return err
+	})
+	defer ln.Close()
+	defer pc.Close()
+	go serveTCP(ln)
+	go serveUDP(pc)
+
+	in(t, far, func() error {
+		got, err := dialRead("10.99.0.11:30900")
+		if err != nil {
+			return fmt.Errorf("outside host to the hostPort: %w", err)
+		}
+		if from, _, _ := net.SplitHostPort(got); from != "10.99.0.50" {
+			t.Errorf("the pod saw the client as %q, want 10.99.0.50", got)
+		}
+		c, err := net.Dial("udp4", "10.99.0.11:30901")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := echoes(c, "ping"); err != nil {
+			t.Errorf("udp hostPort from outside: %v", err)
+		}
+		return nil
+	})
+	in(t, n.nodeNS, func() error {
+		if _, err := dialRead("10.99.0.11:30900"); err != nil {
+			t.Errorf("the node to its own hostPort: %v", err)
+		}
+		return nil
+	})
+
+	if err := n.agent.Del(api.DelRequest{Attachment: req.Attachment}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := n.dp.Services(); err != nil || len(got) != 0 {
+		t.Errorf("after DEL the service maps hold %v (%v), want nothing", got, err)
+	}
+	in(t, far, func() error {
+		if _, err := net.DialTimeout("tcp4", "10.99.0.11:30900", 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("the hostPort after DEL: %v, want ECONNREFUSED", err)
+		}
+		return nil
+	})
+
+	bad := addReq("bad", n.newPod())
+	bad.PortMappings = []api.PortMapping{{HostPort: 30902, ContainerPort: 80, Protocol: "sctp"}}
+	if _, err := n.agent.Add(bad); err == nil || !strings.Contains(err.Error(), "sctp") {
+		t.Errorf("ADD with an SCTP hostPort: %v, want an error naming the protocol", err)
 	}
 }

@@ -118,7 +118,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { served <- a.ServeOn(ctx, ln) }()
 	if cfg.CNIConfDir != "" {
 		path := filepath.Join(cfg.CNIConfDir, cni.ConfListName)
-		if err := fsutil.WriteFileAtomic(path, cni.ConfList(cfg.Socket), 0o644); err != nil {
+		if err := fsutil.WriteFileAtomic(path, cni.ConfList(cfg.Socket, cfg.KubeProxyReplacement), 0o644); err != nil {
 			return fmt.Errorf("write CNI config: %w", err)
 		}
 		log.Info("CNI config written; the runtime may now create pods", "path", path)

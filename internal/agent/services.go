@@ -16,8 +16,13 @@ import (
 type serviceState struct {
 	applied bool
 	table   service.Table
-	// owners names each frontend's Service; lastErr is why the last
-	// write failed.
+	// built is the table of the cluster's Services (the last snapshot;
+	// nil before one) and builtOwners names its frontends' Services; the
+	// maps hold it together with this node's pods' hostPorts.
+	built       service.Table
+	builtOwners map[service.Frontend]string
+	// owners names each programmed frontend's Service or pod; lastErr is
+	// why the last write failed.
 	owners  map[service.Frontend]string
 	lastErr string
 }
@@ -29,13 +34,30 @@ type serviceState struct {
 // a frontend no longer has are closed once the maps stop picking it.
 func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 	opts := a.serviceOptions(s)
-	t := service.Build(s.Services, s.EndpointSlices, opts)
 	if a.healthChecks != nil {
 		if err := a.healthChecks.sync(service.HealthChecks(s.Services, s.EndpointSlices, a.cfg.NodeName)); err != nil {
 			a.log.Error("health check node ports", "err", err)
 		}
 	}
+	a.services.built = service.Build(s.Services, s.EndpointSlices, opts)
+	a.services.builtOwners = service.Owners(s.Services, opts)
+	a.writeServicesLocked()
+}
+
+// writeServicesLocked writes the cluster's Services and this node's
+// hostPorts into the service maps, if they changed.
+func (a *Agent) writeServicesLocked() {
+	t := maps.Clone(a.services.built)
+	if t == nil {
+		t = service.Table{}
+	}
+	owners := maps.Clone(a.services.builtOwners)
+	if owners == nil {
+		owners = map[service.Frontend]string{}
+	}
+	a.addHostPortsLocked(t, owners)
 	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
+		a.services.owners = owners
 		return
 	}
 	old := a.services.table
@@ -45,17 +67,46 @@ func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 			old = cur
 		}
 	}
-	a.services.owners = service.Owners(s.Services, opts)
+	a.services.owners = owners
 	if err := a.dp.SetServices(t); err != nil {
 		a.services.applied, a.services.lastErr = false, err.Error()
 		a.log.Error("program services", "frontends", len(t), "err", err)
 		return
 	}
-	a.services = serviceState{applied: true, table: t, owners: a.services.owners}
+	a.services.applied, a.services.table, a.services.lastErr = true, t, ""
 	a.log.Info("services programmed", "frontends", len(t))
 	if removed := service.Removed(old, t); len(removed) > 0 {
 		if err := a.dp.CloseServiceSockets(removed, a.podNetNSLocked()); err != nil {
 			a.log.Error("close sockets of removed backends", "frontends", len(removed), "err", err)
+		}
+	}
+}
+
+// addHostPortsLocked adds this node's pods' hostPorts to t (with no
+// kube-proxy beside the agent: they share the NodePort machinery). Each is
+// a frontend at the node's address (or the mapping's host IP) for sockets
+// on the node and for packets from outside, with the pod as its one
+// backend. Where two pods claim one port, which the scheduler prevents,
+// the first attachment in order keeps it.
+func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]string) {
+	if !a.cfg.KubeProxyReplacement {
+		return
+	}
+	for _, l := range a.ipam.List() {
+		for _, hp := range l.HostPorts {
+			addr := hp.HostIP
+			if !addr.Is4() || addr.IsUnspecified() {
+				addr = a.cfg.NodeIP
+			}
+			e := service.Entry{Backends: []service.Backend{{Addr: l.Addr, Port: hp.ContainerPort}}}
+			for _, external := range []bool{false, true} {
+				f := service.Frontend{Addr: addr, Port: hp.Port, Proto: hp.Proto, External: external}
+				if _, taken := t[f]; taken {
+					a.log.Warn("hostPort already in use on this node", "port", hp.Port, "pod", l.PodNamespace+"/"+l.PodName)
+					continue
+				}
+				t[f], owners[f] = e, l.PodNamespace+"/"+l.PodName+" (hostPort)"
+			}
 		}
 	}
 }

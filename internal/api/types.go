@@ -29,6 +29,34 @@ type AddRequest struct {
 	NetNS        string `json:"netns"`
 	PodNamespace string `json:"podNamespace,omitempty"`
 	PodName      string `json:"podName,omitempty"`
+	// PortMappings are the pod's hostPorts, from the runtime's
+	// portMappings capability.
+	PortMappings []PortMapping `json:"portMappings,omitempty"`
+}
+
+// PortMapping is one hostPort of a pod: connections to the node's address
+// (or HostIP) at HostPort go to the pod's ContainerPort.
+type PortMapping struct {
+	HostPort      uint16 `json:"hostPort"`
+	ContainerPort uint16 `json:"containerPort"`
+	Protocol      string `json:"protocol"` // tcp or udp
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+// Validate reports what is wrong with m.
+func (m PortMapping) Validate() error {
+	switch {
+	case m.HostPort == 0 || m.ContainerPort == 0:
+		return fmt.Errorf("port mapping %d->%d: both ports must be set", m.HostPort, m.ContainerPort)
+	case m.Protocol != "tcp" && m.Protocol != "udp":
+		return fmt.Errorf("port mapping %d->%d: protocol %q, want tcp or udp", m.HostPort, m.ContainerPort, m.Protocol)
+	}
+	if m.HostIP != "" && m.HostIP != "0.0.0.0" {
+		if a, err := netip.ParseAddr(m.HostIP); err != nil || !a.Is4() {
+			return fmt.Errorf("port mapping %d->%d: hostIP %q is not an IPv4 address", m.HostPort, m.ContainerPort, m.HostIP)
+		}
+	}
+	return nil
 }
 
 // Validate reports what is missing or malformed, naming the CNI variable.
@@ -38,6 +66,11 @@ func (r AddRequest) Validate() error {
 	}
 	if r.NetNS == "" {
 		return fmt.Errorf("CNI_NETNS is empty: the runtime must pass the pod's network namespace path")
+	}
+	for _, m := range r.PortMappings {
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("runtimeConfig.portMappings: %w", err)
+		}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -15,6 +16,11 @@ type NetConf struct {
 	types.PluginConf
 	// AgentSocket is the node agent's unix socket.
 	AgentSocket string `json:"agentSocket,omitempty"`
+	// RuntimeConfig holds what the runtime passes for the capabilities
+	// the conflist declares: the pod's hostPorts.
+	RuntimeConfig struct {
+		PortMappings []api.PortMapping `json:"portMappings,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
 }
 
 // parseConf decodes and validates stdin.
@@ -30,6 +36,16 @@ func parseConf(stdin []byte) (*NetConf, error) {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("\"agentSocket\" %q is not an absolute path", conf.AgentSocket),
 			"set it to the agent's socket, by default "+api.DefaultSocket)
+	}
+	for i, m := range conf.RuntimeConfig.PortMappings {
+		m.Protocol = strings.ToLower(m.Protocol)
+		if m.Protocol == "" {
+			m.Protocol = "tcp"
+		}
+		if err := m.Validate(); err != nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "runtimeConfig.portMappings: "+err.Error(), "the runtime passed a hostPort Weir cannot serve")
+		}
+		conf.RuntimeConfig.PortMappings[i] = m
 	}
 	if conf.IPAM.Type != "" {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig,

@@ -2,6 +2,8 @@ package cni
 
 import (
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -54,5 +56,37 @@ func TestCNIErrorKeepsAgentCode(t *testing.T) {
 	}
 	if cniError(nil) != nil {
 		t.Fatal("nil error converted to non-nil")
+	}
+}
+
+func TestParseConfPortMappings(t *testing.T) {
+	conf, err := parseConf([]byte(`{"cniVersion":"1.1.0","name":"weir","type":"weir-cni",
+		"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"TCP"},{"hostPort":30053,"containerPort":53,"protocol":"udp","hostIP":"10.99.0.11"}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []api.PortMapping{{HostPort: 30080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 30053, ContainerPort: 53, Protocol: "udp", HostIP: "10.99.0.11"}}
+	if !reflect.DeepEqual(conf.RuntimeConfig.PortMappings, want) {
+		t.Errorf("port mappings %+v, want %+v", conf.RuntimeConfig.PortMappings, want)
+	}
+	for _, bad := range []string{
+		`{"hostPort":30080,"containerPort":80,"protocol":"sctp"}`,
+		`{"hostPort":0,"containerPort":80,"protocol":"tcp"}`,
+		`{"hostPort":30080,"containerPort":80,"protocol":"tcp","hostIP":"fd00::1"}`,
+	} {
+		_, err := parseConf([]byte(`{"cniVersion":"1.1.0","name":"weir","type":"weir-cni","runtimeConfig":{"portMappings":[` + bad + `]}}`))
+		var e *types.Error
+		if !errors.As(err, &e) || e.Code != types.ErrInvalidNetworkConfig {
+			t.Errorf("mapping %s: %v, want an invalid-config error", bad, err)
+		}
+	}
+}
+
+func TestConfListDeclaresPortMappings(t *testing.T) {
+	if !strings.Contains(string(ConfList("/run/weir/agent.sock", true)), `"capabilities":{"portMappings":true}`) {
+		t.Error("with hostPorts the conflist does not declare the portMappings capability")
+	}
+	if strings.Contains(string(ConfList("/run/weir/agent.sock", false)), "capabilities") {
+		t.Error("without hostPorts the conflist declares a capability")
 	}
 }

@@ -54,6 +54,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		NetNS:        args.Netns,
 		PodNamespace: string(ka.K8S_POD_NAMESPACE),
 		PodName:      string(ka.K8S_POD_NAME),
+		PortMappings: conf.RuntimeConfig.PortMappings,
 	})
 	if err != nil {
 		return cniError(err)

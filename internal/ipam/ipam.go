@@ -41,6 +41,18 @@ type Lease struct {
 	PodName      string            `json:"podName,omitempty"`
 	Created      time.Time         `json:"created"`
 	Labels       map[string]string `json:"labels,omitempty"`
+	// HostPorts are the attachment's hostPort mappings, kept so a
+	// restarted agent serves them again.
+	HostPorts []HostPort `json:"hostPorts,omitempty"`
+}
+
+// HostPort maps Port on the node's address (or HostIP, when valid) to the
+// pod's ContainerPort over Proto (an IP protocol number).
+type HostPort struct {
+	HostIP        netip.Addr `json:"hostIP,omitzero"`
+	Port          uint16     `json:"port"`
+	ContainerPort uint16     `json:"containerPort"`
+	Proto         uint8      `json:"proto"`
 }
 
 // state is the on-disk format.

@@ -18,7 +18,7 @@ import (
 // cniConfList is the network config a runtime on the node would read from
 // /etc/cni/net.d; the lab points each node's config at its own agent.
 func (st *State) cniConfList(n *Node) (*libcni.NetworkConfigList, error) {
-	conf := string(cni.ConfList(n.Socket))
+	conf := string(cni.ConfList(n.Socket, false))
 	if st.Config.CNI == CNIBridge {
 		conf = bridgeConfList(st, n)
 	}
