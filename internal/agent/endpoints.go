@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/weirnet/weir/internal/api"
@@ -51,8 +52,16 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 			fmt.Sprintf("container %s already has interface %s with address %v", req.ContainerID, req.IfName, l.Addr),
 			errors.New("the runtime must DEL an attachment before adding it again"))
 	}
+	hps := hostPorts(req.PortMappings)
+	for _, hp := range hps {
+		if slices.Contains(reservedPorts, service.PortProto{Port: hp.Port, Proto: hp.Proto}) {
+			return nil, api.Errorf(api.CodeInvalidConfig,
+				fmt.Sprintf("hostPort %d/%s is the overlay's port on every node", hp.Port, protocolName(hp.Proto)),
+				errors.New("pick another hostPort: the cluster's tunnel traffic arrives there"))
+		}
+	}
 	lease, err := a.ipam.Allocate(ipam.Lease{Owner: owner, NetNS: req.NetNS, PodNamespace: req.PodNamespace, PodName: req.PodName,
-		HostPorts: hostPorts(req.PortMappings)})
+		HostPorts: hps})
 	if err != nil {
 		if errors.Is(err, ipam.ErrPoolExhausted) {
 			return nil, api.Errorf(api.CodePoolExhausted, "no free pod address on node "+a.cfg.NodeName, err)

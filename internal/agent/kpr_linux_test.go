@@ -819,4 +819,9 @@ func TestHostPort(t *testing.T) {
 	if _, err := n.agent.Add(bad); err == nil || !strings.Contains(err.Error(), "sctp") {
 		t.Errorf("ADD with an SCTP hostPort: %v, want an error naming the protocol", err)
 	}
+	tunnel := addReq("tunnel", n.newPod())
+	tunnel.PortMappings = []api.PortMapping{{HostPort: 4789, ContainerPort: 4789, Protocol: "udp"}}
+	if _, err := n.agent.Add(tunnel); err == nil || !strings.Contains(err.Error(), "overlay") {
+		t.Errorf("ADD with hostPort 4789/udp: %v, want an error: the overlay's port", err)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/service"
 )
@@ -82,6 +83,10 @@ func (a *Agent) writeServicesLocked() {
 	}
 }
 
+// reservedPorts are ports no Service address or hostPort may take on a
+// node: the overlay's, which every node's tunnel traffic arrives on.
+var reservedPorts = []service.PortProto{{Port: datapath.VXLANPort, Proto: service.ProtoUDP}}
+
 // addHostPortsLocked adds this node's pods' hostPorts to t (with no
 // kube-proxy beside the agent: they share the NodePort machinery). Each is
 // a frontend at the node's address (or the mapping's host IP) for sockets
@@ -114,7 +119,7 @@ func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]
 // serviceOptions is whose view the Service table is built for: this node,
 // and with no kube-proxy beside it, every node's address for NodePorts.
 func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
-	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement}
+	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement, Reserved: reservedPorts}
 	if !opts.ReplaceKubeProxy {
 		return opts
 	}

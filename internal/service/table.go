@@ -36,8 +36,10 @@ type Backend struct {
 // Entry is how a frontend's connections are translated.
 type Entry struct {
 	// Backends are sorted and without duplicates. Empty only when Weir
-	// replaces kube-proxy: the frontend then rejects new connections at
-	// once (kube-proxy's REJECT), rather than leaving them to time out.
+	// replaces kube-proxy: a socket to the frontend is then refused at
+	// once (kube-proxy's REJECT), rather than left to time out; a packet
+	// from outside is left to the node's stack, which refuses it, or
+	// dropped (DropWhenEmpty).
 	Backends []Backend
 	// AffinityTimeout, when set (sessionAffinity: ClientIP), keeps a
 	// client on the backend it last used for as long as it keeps coming
@@ -74,6 +76,17 @@ type Options struct {
 	// OwnAddrs are this node's addresses: packets from outside reach a
 	// NodePort there (with ReplaceKubeProxy).
 	OwnAddrs []netip.Addr
+	// Reserved are ports the node's own traffic arrives on (the overlay's
+	// UDP port): an external IP or load balancer IP frontend on one of
+	// them is left out, so no Service (CVE-2020-8554's externalIPs) can
+	// capture the cluster's tunnel traffic.
+	Reserved []PortProto
+}
+
+// PortProto is a port and an IP protocol number.
+type PortProto struct {
+	Port  uint16
+	Proto uint8
 }
 
 // serviceFrontend is one address of a Service and the port it serves.
@@ -98,7 +111,7 @@ func frontendsOf(svc *corev1.Service, opts Options) []serviceFrontend {
 			for _, sp := range svc.Spec.Ports {
 				proto, ok := protoNumber(sp.Protocol)
 				p := port(sp)
-				if !ok || p <= 0 || p > 65535 {
+				if !ok || p <= 0 || p > 65535 || (!internal && slices.Contains(opts.Reserved, PortProto{Port: uint16(p), Proto: proto})) {
 					continue
 				}
 				out = append(out, serviceFrontend{Frontend: Frontend{Addr: a, Port: uint16(p), Proto: proto}, port: sp, internal: internal})

@@ -349,3 +349,20 @@ func TestHealthChecks(t *testing.T) {
 		t.Errorf("HealthChecks:\n got %v\nwant %v", got, want)
 	}
 }
+
+// TestBuildKeepsReservedPortsFree: an external IP on the overlay's UDP
+// port would capture the cluster's tunnel traffic: it is left out, and its
+// ClusterIP served.
+func TestBuildKeepsReservedPortsFree(t *testing.T) {
+	vx := svc("vx", "10.96.0.5", corev1.ServicePort{Name: "vx", Port: 4789, Protocol: corev1.ProtocolUDP})
+	vx.Spec.ExternalIPs = []string{"10.99.0.11"}
+	sl := slice("vx", nil, ep{addr: "10.0.0.2", ready: true})
+	name, udp, p := "vx", corev1.ProtocolUDP, int32(4789)
+	sl.Ports = []discoveryv1.EndpointPort{{Name: &name, Port: &p, Protocol: &udp}}
+	got := Build([]*corev1.Service{vx}, []*discoveryv1.EndpointSlice{sl},
+		Options{Node: "n1", ReplaceKubeProxy: true, OwnAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11")},
+			Reserved: []PortProto{{Port: 4789, Proto: ProtoUDP}}})
+	if len(got) != 1 {
+		t.Errorf("Build: %v, want the ClusterIP alone", got)
+	}
+}
