@@ -146,7 +146,10 @@ int from_netdev(struct __sk_buff *skb)
 		if (!ip)
 			return TC_ACT_SHOT;
 	}
-	switch (nodeport_v4(skb, ip, sizeof(struct ethhdr))) {
+	/* A peer's pod reaches Services through its own node's sockets; what
+	 * it sends to this node's address is a reply (say, of a flow the
+	 * stack SNATed towards it), never a new Service flow. */
+	switch (sender == SENDER_PEER_POD ? NODEPORT_NOT_OURS : nodeport_v4(skb, ip, sizeof(struct ethhdr))) {
 	case NODEPORT_TRANSLATED:
 		return TC_ACT_OK; /* the stack routes it, and sees the flow */
 	case NODEPORT_DROP:

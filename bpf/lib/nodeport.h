@@ -204,6 +204,26 @@ enum nodeport_result {
 	NODEPORT_DROP,       /* drop: no local backend, or a rewrite failed */
 };
 
+/* nodeport_keep_reply puts back the reply direction of a flow whose
+ * forward entry is still there: the two LRU maps evict independently, and
+ * a reply without its entry would leave with the pod's address. */
+__always_inline_fn void nodeport_keep_reply(const struct lb4_tuple *fwd, const struct lb4_nat *to)
+{
+	struct lb4_tuple rev = {};
+	struct lb4_nat front = {};
+
+	rev.saddr = to->addr;
+	rev.daddr = fwd->saddr;
+	rev.sport = to->port;
+	rev.dport = fwd->sport;
+	rev.proto = fwd->proto;
+	if (bpf_map_lookup_elem(&weir_lb4_nat_rev, &rev))
+		return;
+	front.addr = fwd->daddr;
+	front.port = fwd->dport;
+	bpf_map_update_elem(&weir_lb4_nat_rev, &rev, &front, BPF_ANY);
+}
+
 /* nodeport_pick finds the backend of a flow: the one it has, unless a new
  * TCP connection reuses the tuple, or a new one from the frontend. */
 __always_inline_fn enum nodeport_result nodeport_pick(const struct lb4_tuple *fwd, int syn,
@@ -227,8 +247,14 @@ __always_inline_fn enum nodeport_result nodeport_pick(const struct lb4_tuple *fw
 	have = bpf_map_lookup_elem(&weir_lb4_nat_fwd, fwd);
 	if (have && !syn) {
 		*to = *have;
+		nodeport_keep_reply(fwd, to);
 		return NODEPORT_TRANSLATED;
 	}
+	/* Only a SYN opens a TCP flow: a stray segment of none (a scan, or
+	 * a flow whose entry the LRU evicted) makes no entries, and the
+	 * stack answers it. */
+	if (fwd->proto == IPPROTO_TCP && !syn)
+		return NODEPORT_NOT_OURS;
 	if (svc->count == 0) /* the stack answers, or nothing does */
 		return (svc->flags & LB_FLAG_DROP) ? NODEPORT_DROP : NODEPORT_NOT_OURS;
 	be = svc->affinity_s ? NULL : nodeport_maglev(&key, fwd);

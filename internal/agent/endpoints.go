@@ -54,6 +54,14 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 	}
 	hps := hostPorts(req.PortMappings)
 	for _, hp := range hps {
+		if hp.HostIP.IsValid() && hp.HostIP != a.cfg.NodeIP {
+			// Any other address would capture this node's traffic to it
+			// (a resolver, the metadata service), not only outside
+			// traffic to the node.
+			return nil, api.Errorf(api.CodeInvalidConfig,
+				fmt.Sprintf("hostPort %d hostIP %v is not this node's address %v", hp.Port, hp.HostIP, a.cfg.NodeIP),
+				errors.New("leave hostIP empty, or set it to the node's own address"))
+		}
 		if slices.Contains(reservedPorts, service.PortProto{Port: hp.Port, Proto: hp.Proto}) {
 			return nil, api.Errorf(api.CodeInvalidConfig,
 				fmt.Sprintf("hostPort %d/%s is the overlay's port on every node", hp.Port, protocolName(hp.Proto)),

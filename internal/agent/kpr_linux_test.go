@@ -819,6 +819,11 @@ func TestHostPort(t *testing.T) {
 	if _, err := n.agent.Add(bad); err == nil || !strings.Contains(err.Error(), "sctp") {
 		t.Errorf("ADD with an SCTP hostPort: %v, want an error naming the protocol", err)
 	}
+	resolver := addReq("resolver", n.newPod())
+	resolver.PortMappings = []api.PortMapping{{HostPort: 53, ContainerPort: 53, Protocol: "udp", HostIP: "10.0.0.2"}}
+	if _, err := n.agent.Add(resolver); err == nil || !strings.Contains(err.Error(), "not this node's address") {
+		t.Errorf("ADD with a hostPort on another host's address: %v, want an error", err)
+	}
 	tunnel := addReq("tunnel", n.newPod())
 	tunnel.PortMappings = []api.PortMapping{{HostPort: 4789, ContainerPort: 4789, Protocol: "udp"}}
 	if _, err := n.agent.Add(tunnel); err == nil || !strings.Contains(err.Error(), "overlay") {

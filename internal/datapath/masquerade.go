@@ -33,7 +33,7 @@ const nodePortSNATMark = 0x00e80000
 //	  set nodes { type ipv4_addr; elements = { NODE_IPS } }
 //	  chain postrouting { type nat hook postrouting priority srcnat
 //	    ip saddr POD_CIDR ip daddr != CLUSTER_CIDR ip daddr != @nodes masquerade
-//	    meta mark & MARK == MARK snat to NODE_IP } }
+//	    meta mark & MARK == MARK snat to NODE_IP:32768-60999 } }
 //
 // Pod-to-pod traffic never reaches it: the datapath delivers or tunnels
 // those packets before the stack sees them. Other nodes are inside the
@@ -92,7 +92,18 @@ func installMasquerade(podCIDR, clusterCIDR netip.Prefix, nodeIP netip.Addr, nod
 	return nil
 }
 
-// snatMarked gives packets carrying nodePortSNATMark the source nodeIP.
+// The source ports the SNAT of Service traffic from outside may give its
+// packets: the kernel's default ephemeral range, clear of the NodePort
+// range (30000-32767). Otherwise a client could pick a source port that is
+// another Service's NodePort, and the backend's reply to it would arrive
+// at this node looking like a new flow to that Service.
+const (
+	snatPortMin = 32768
+	snatPortMax = 60999
+)
+
+// snatMarked gives packets carrying nodePortSNATMark the source nodeIP
+// and a port in snatPortMin-snatPortMax.
 func snatMarked(nodeIP netip.Addr) []expr.Any {
 	mark := binary.NativeEndian.AppendUint32(nil, nodePortSNATMark)
 	addr := nodeIP.As4()
@@ -101,7 +112,10 @@ func snatMarked(nodeIP netip.Addr) []expr.Any {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mark, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mark},
 		&expr.Immediate{Register: 1, Data: addr[:]},
-		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1},
+		&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, snatPortMin)},
+		&expr.Immediate{Register: 3, Data: binary.BigEndian.AppendUint16(nil, snatPortMax)},
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1,
+			RegProtoMin: 2, RegProtoMax: 3, Specified: true},
 	}
 }
 

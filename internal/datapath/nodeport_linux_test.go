@@ -50,9 +50,6 @@ func tcpHeaders(t *testing.T, frame []byte) (src, dst netip.AddrPort) {
 // local backend, 30081 with one on another node, 30082 dropping, 30083
 // without backends, and 30084 for sockets only.
 func nodePortTable() service.Table {
-	ext := func(port uint16) service.Frontend {
-		return service.Frontend{Addr: nodeAddr, Port: port, Proto: service.ProtoTCP, External: true}
-	}
 	return service.Table{
 		ext(30080): {Backends: []service.Backend{{Addr: podA, Port: 8080}}},
 		ext(30081): {Backends: []service.Backend{{Addr: remote, Port: 8080}}},
@@ -144,6 +141,29 @@ func TestNodePortFromOutside(t *testing.T) {
 	if got, want := metric(t, p, "nodeport_new"), uint64(2); got != want {
 		t.Errorf("nodeport_new = %d, want %d", got, want)
 	}
+
+	// A stray segment of no flow opens none: the stack answers it.
+	stray := tcpFrame(hostMAC, peerHW, outside, nodeAddr, 40009, 30080, 5, tcpACK, nil)
+	if _, out, _ := runCtx(t, p.FromNetdev, stray, 3); func() bool { _, d := tcpHeaders(t, out); return d != netip.AddrPortFrom(nodeAddr, 30080) }() {
+		t.Errorf("an ACK of no flow was translated")
+	}
+	// The flow's backend is taken away: its translation goes both ways,
+	// so its next segment is the stack's to answer (a reset), and no
+	// reply of the old backend leaves as the NodePort.
+	f := ext(30080)
+	if err := n.CloseServiceSockets(map[service.Frontend][]service.Backend{f: {{Addr: podA, Port: 8080}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, _ := runCtx(t, p.FromNetdev, ack, 3); func() bool { _, d := tcpHeaders(t, out); return d != netip.AddrPortFrom(nodeAddr, 30080) }() {
+		t.Errorf("a flow whose backend went is still translated")
+	}
+	if _, out, _ := runCtx(t, p.ToNetdev, reply, 0); func() bool { s, _ := tcpHeaders(t, out); return s != netip.AddrPortFrom(podA, 8080) }() {
+		t.Errorf("a reply of a flow whose backend went still leaves as the NodePort")
+	}
+}
+
+func ext(port uint16) service.Frontend {
+	return service.Frontend{Addr: nodeAddr, Port: port, Proto: service.ProtoTCP, External: true}
 }
 
 // TestNodePortMaglevMovesFewFlows measures what taking one of ten

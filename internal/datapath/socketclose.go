@@ -21,13 +21,22 @@ import (
 func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) (retErr error) {
 	gone := n.progs.LB4Gone
 	var keys []sockLb4MemberKey
+	external := map[sockLb4MemberKey]bool{}
 	for f, bes := range removed {
 		if !f.Addr.Is4() {
 			continue
 		}
 		for _, b := range bes {
-			keys = append(keys, sockLb4MemberKey{Svc: lb4Key(f), Backend: lb4Backend(b)})
+			k := sockLb4MemberKey{Svc: lb4Key(f), Backend: lb4Backend(b)}
+			if f.External {
+				external[k] = true
+			} else {
+				keys = append(keys, k)
+			}
 		}
+	}
+	if err := n.forgetNAT(external); err != nil {
+		return err
 	}
 	if len(keys) == 0 {
 		return nil
@@ -56,6 +65,50 @@ func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backen
 	for _, p := range paths {
 		if err := n.sweepSockets(p); err != nil && !errors.Is(err, ErrNetNSNotFound) {
 			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forgetNAT deletes the translations of flows from outside that went
+// through a frontend to a backend it no longer has (both directions), so
+// their next packet is not sent to an address that may already be another
+// pod's: a UDP flow picks a backend that serves, a TCP flow is answered by
+// the stack with a reset. A walk of the flow map, on removals only.
+func (n *Node) forgetNAT(gone map[sockLb4MemberKey]bool) error {
+	if len(gone) == 0 {
+		return nil
+	}
+	var (
+		fwd hostLb4Tuple
+		to  hostLb4Nat
+		del []hostLb4Tuple
+	)
+	it := n.progs.LB4NatFwd.Iterate()
+	for it.Next(&fwd, &to) {
+		k := sockLb4MemberKey{
+			Svc:     sockLb4Key{Vip: fwd.Daddr, Port: fwd.Dport, Proto: fwd.Proto, Scope: lbScopeExternal},
+			Backend: sockLb4Backend{Addr: to.Addr, Port: to.Port},
+		}
+		if gone[k] {
+			del = append(del, fwd)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk service flows: %w", err)
+	}
+	var errs []error
+	for _, f := range del {
+		var to hostLb4Nat
+		if err := n.progs.LB4NatFwd.LookupAndDelete(f, &to); err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("forget service flow: %w", err))
+			}
+			continue
+		}
+		rev := hostLb4Tuple{Saddr: to.Addr, Daddr: f.Saddr, Sport: to.Port, Dport: f.Sport, Proto: f.Proto}
+		if err := n.progs.LB4NatRev.Delete(rev); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("forget service flow reply: %w", err))
 		}
 	}
 	return errors.Join(errs...)

@@ -162,7 +162,12 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 		bySvc[k] = append(bySvc[k], s)
 	}
 	t := Table{}
-	for _, svc := range svcs {
+	// Where two Services claim one address and port (an externalIP set
+	// to another Service's ClusterIP, say), a ClusterIP wins over the
+	// rest, then the older Service, then the name: never the order the
+	// API happened to list them in.
+	claimed := map[Frontend]bool{} // by a ClusterIP
+	for _, svc := range byPrecedence(svcs) {
 		if !translatable(svc, opts.ReplaceKubeProxy) {
 			continue
 		}
@@ -180,6 +185,10 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 			if fe.External && externalLocal && len(bes) == 0 {
 				e.DropWhenEmpty = true
 			}
+			if _, taken := t[fe.Frontend]; taken && (claimed[fe.Frontend] || !fe.internal) {
+				continue // an earlier Service, or a ClusterIP, has it
+			}
+			claimed[fe.Frontend] = fe.internal
 			t[fe.Frontend] = e
 		}
 	}
@@ -319,11 +328,26 @@ func Removed(old, new Table) map[Frontend][]Backend {
 // svcs with opts belongs to, for showing a table to people.
 func Owners(svcs []*corev1.Service, opts Options) map[Frontend]string {
 	out := map[Frontend]string{}
-	for _, svc := range svcs {
+	claimed := map[Frontend]bool{}
+	for _, svc := range byPrecedence(svcs) {
 		for _, fe := range frontendsOf(svc, opts) {
+			if _, taken := out[fe.Frontend]; taken && (claimed[fe.Frontend] || !fe.internal) {
+				continue // as Build decides
+			}
+			claimed[fe.Frontend] = fe.internal
 			out[fe.Frontend] = svc.Namespace + "/" + svc.Name
 		}
 	}
+	return out
+}
+
+// byPrecedence orders Services for claiming a frontend two of them share:
+// the older first, then by namespace and name.
+func byPrecedence(svcs []*corev1.Service) []*corev1.Service {
+	out := slices.Clone(svcs)
+	slices.SortFunc(out, func(a, b *corev1.Service) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	return out
 }
 

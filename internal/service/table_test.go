@@ -366,3 +366,30 @@ func TestBuildKeepsReservedPortsFree(t *testing.T) {
 		t.Errorf("Build: %v, want the ClusterIP alone", got)
 	}
 }
+
+// TestBuildCollisionsAreDeterministic: an externalIP set to another
+// Service's ClusterIP never takes that ClusterIP, whatever order the
+// Services are listed in.
+func TestBuildCollisionsAreDeterministic(t *testing.T) {
+	dns := svc("kube-dns", "10.96.0.10", corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP})
+	thief := svc("thief", "10.96.0.99", corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP})
+	thief.Spec.ExternalIPs = []string{"10.96.0.10"}
+	udp, p53 := corev1.ProtocolUDP, int32(53)
+	name := "dns"
+	mk := func(svcName, addr string) *discoveryv1.EndpointSlice {
+		s := slice(svcName, nil, ep{addr: addr, ready: true})
+		s.Ports = []discoveryv1.EndpointPort{{Name: &name, Port: &p53, Protocol: &udp}}
+		return s
+	}
+	slices := []*discoveryv1.EndpointSlice{mk("kube-dns", "10.0.0.53"), mk("thief", "10.0.0.66")}
+	dnsFE := Frontend{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: ProtoUDP}
+	for _, order := range [][]*corev1.Service{{dns, thief}, {thief, dns}} {
+		got := Build(order, slices, Options{Node: "n1", ReplaceKubeProxy: true})
+		if !got[dnsFE].Equal(Entry{Backends: []Backend{be("10.0.0.53", 53)}}) {
+			t.Errorf("order %s first: kube-dns's ClusterIP goes to %v", order[0].Name, got[dnsFE])
+		}
+		if o := Owners(order, Options{Node: "n1", ReplaceKubeProxy: true})[dnsFE]; o != "ns/kube-dns" {
+			t.Errorf("order %s first: the ClusterIP is named %q", order[0].Name, o)
+		}
+	}
+}

@@ -620,6 +620,13 @@ func newKubeLab(t *testing.T) *lab.State {
 // newKubeLabMode is newKubeLab with the given routing mode.
 func newKubeLabMode(t *testing.T, mode datapath.Mode) *lab.State {
 	t.Helper()
+	return newKubeLabConfig(t, lab.Config{Mode: mode})
+}
+
+// newKubeLabConfig is newKubeLab with cfg's mode and Service proxy.
+func newKubeLabConfig(t *testing.T, cfg lab.Config) *lab.State {
+	t.Helper()
+	mode := cfg.Mode
 	labCounter++
 	name := fmt.Sprintf("wk%d-%d", os.Getpid()%1000, labCounter)
 	t.Cleanup(func() {
@@ -628,7 +635,7 @@ func newKubeLabMode(t *testing.T, mode datapath.Mode) *lab.State {
 		}
 		checkNoTrace(t, name)
 	})
-	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: mode, BinDir: binDir, Kubernetes: true}, testWriter{t})
+	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: mode, BinDir: binDir, Kubernetes: true, KubeProxy: cfg.KubeProxy}, testWriter{t})
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}

@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/weirnet/weir/internal/lab"
+)
+
+// kprManifest is one agnhost netexec pod on n2 with a hostPort, a NodePort
+// Service in front of it with each external traffic policy, and a client
+// pod on n1.
+const kprManifest = `
+apiVersion: v1
+kind: Namespace
+metadata: {name: kpr}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: echo, namespace: kpr, labels: {app: echo}}
+spec:
+  nodeName: n2
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: echo
+    image: ` + lab.AgnhostImage + `
+    imagePullPolicy: Never
+    args: [netexec, --http-port=8080]
+    ports: [{containerPort: 8080, hostPort: 31900}]
+    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: kpr}
+spec:
+  nodeName: n1
+  terminationGracePeriodSeconds: 0
+  containers:
+  - {name: c, image: ` + lab.AgnhostImage + `, imagePullPolicy: Never, args: [pause]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: cluster, namespace: kpr}
+spec:
+  type: NodePort
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30777}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: kpr}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30778}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: kpr}
+spec:
+  selector: {app: nobody}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+`
+
+// TestKubernetesWithoutKubeProxy runs the cluster with no kube-proxy, the
+// agents replacing it, and checks what a user sees: a pod reaches a
+// Service by DNS name (CoreDNS itself through a ClusterIP); a host outside
+// the cluster reaches a NodePort at the node without the backend (through
+// it, the reply coming back that way) and at the node with it (its own
+// address kept); externalTrafficPolicy: Local answers only where the
+// endpoint is and drops elsewhere; a pod's hostPort answers from outside;
+// a Service without endpoints refuses at once.
+func TestKubernetesWithoutKubeProxy(t *testing.T) {
+	st := newKubeLabConfig(t, lab.Config{KubeProxy: lab.KubeProxyNone})
+	ctx := context.Background()
+	for _, p := range st.Kube.Procs {
+		if strings.HasSuffix(p.Name, "/kube-proxy") {
+			t.Fatalf("the lab runs %s", p.Name)
+		}
+	}
+	if out, err := st.Kubectl(ctx, strings.NewReader(kprManifest), "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply: %v %s", err, out)
+	}
+	if out, err := st.Kubectl(ctx, nil, "-n", "kpr", "wait", "--for=condition=Ready", "pod/echo", "pod/client", "--timeout=120s"); err != nil {
+		t.Fatalf("pods: %v %s", err, out)
+	}
+	// The pod reaches the Service by name: CoreDNS answers through the
+	// kube-dns ClusterIP, and the Service's ClusterIP is translated at
+	// the socket.
+	waitFor(t, 30*time.Second, func() error {
+		out, err := st.Kubectl(ctx, nil, "-n", "kpr", "exec", "client", "--", "/agnhost", "connect", "cluster.kpr.svc.cluster.local:80", "--timeout=3s")
+		if err != nil {
+			return fmt.Errorf("client to cluster.kpr by name: %v %s", err, out)
+		}
+		return nil
+	})
+	out, err := st.Kubectl(ctx, nil, "-n", "kpr", "exec", "client", "--", "/agnhost", "connect", "empty.kpr.svc.cluster.local:80", "--timeout=3s")
+	if err == nil || !strings.Contains(string(out), "REFUSED") {
+		t.Errorf("a Service without endpoints: %v %s, want REFUSED at once", err, out)
+	}
+
+	ext, err := ns.GetNS("/var/run/netns/" + st.ExtHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ext.Close()
+	get := func(url string) (string, error) {
+		var body string
+		err := ext.Do(func(ns.NetNS) error {
+			c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := c.Get(url)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			body = string(b)
+			return err
+		})
+		return body, err
+	}
+	extIP := st.ExtIP.String()
+	n1, n2 := st.Nodes[0].IP.String(), st.Nodes[1].IP.String()
+	for _, c := range []struct {
+		name, url, from string // from: the client address the backend sees
+	}{
+		{"NodePort at the node without the backend", "http://" + n1 + ":30777/clientip", n1},
+		{"NodePort at the node with the backend", "http://" + n2 + ":30777/clientip", extIP},
+		{"externalTrafficPolicy: Local where the endpoint is", "http://" + n2 + ":30778/clientip", extIP},
+		{"hostPort", "http://" + n2 + ":31900/clientip", extIP},
+	} {
+		var body string
+		waitFor(t, 20*time.Second, func() (err error) {
+			body, err = get(c.url)
+			return err
+		})
+		if host, _, _ := net.SplitHostPort(strings.TrimSpace(body)); host != c.from {
+			t.Errorf("%s: the backend saw %q, want %s", c.name, body, c.from)
+		}
+	}
+	if body, err := get("http://" + n1 + ":30778/clientip"); err == nil {
+		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint answered %q, want a drop", body)
+	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "Timeout") {
+		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint: %v, want a timeout (dropped)", err)
+	}
+}
