@@ -18,7 +18,7 @@ import (
 // node's own (bpf/sock_iter.c). A namespace that is gone is skipped: its
 // sockets went with it. It is for after SetServices has taken the backends
 // away, so a client that reconnects picks one that serves.
-func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) (retErr error) {
+func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) error {
 	gone := n.progs.LB4Gone
 	var keys []sockLb4MemberKey
 	external := map[sockLb4MemberKey]bool{}
@@ -38,21 +38,6 @@ func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backen
 	if err := n.forgetNAT(external); err != nil {
 		return err
 	}
-	if len(keys) == 0 {
-		return nil
-	}
-	defer func() {
-		for _, k := range keys {
-			if err := gone.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				retErr = errors.Join(retErr, fmt.Errorf("clear removed backend: %w", err))
-			}
-		}
-	}()
-	for _, k := range keys {
-		if err := gone.Put(k, uint8(1)); err != nil {
-			return fmt.Errorf("list removed backend: %w", err)
-		}
-	}
 	paths := netnsPaths
 	if n.cfg.KubeProxyReplacement {
 		own := n.cfg.NetNS
@@ -60,6 +45,34 @@ func (n *Node) CloseServiceSockets(removed map[service.Frontend][]service.Backen
 			own = "/proc/self/ns/net"
 		}
 		paths = append([]string{own}, paths...)
+	}
+	// weir_lb4_gone holds so many pairs at once: a larger removal (a
+	// Service of thousands of endpoints deleted) sweeps in rounds.
+	limit := int(gone.MaxEntries())
+	var errs []error
+	for len(keys) > 0 {
+		batch := keys[:min(len(keys), limit)]
+		keys = keys[len(batch):]
+		errs = append(errs, n.sweepRound(batch, paths))
+	}
+	return errors.Join(errs...)
+}
+
+// sweepRound lists batch in weir_lb4_gone, closes the sockets that went
+// to its pairs in every namespace at paths, and empties the list again.
+func (n *Node) sweepRound(batch []sockLb4MemberKey, paths []string) (retErr error) {
+	gone := n.progs.LB4Gone
+	defer func() {
+		for _, k := range batch {
+			if err := gone.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				retErr = errors.Join(retErr, fmt.Errorf("clear removed backend: %w", err))
+			}
+		}
+	}()
+	for _, k := range batch {
+		if err := gone.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("list removed backend: %w", err)
+		}
 	}
 	var errs []error
 	for _, p := range paths {
