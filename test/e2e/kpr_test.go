@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -114,16 +115,29 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ext.Close()
+	// get fetches url from the outside host. The connection is made on
+	// the thread ns.Do holds in that namespace (an http.Transport would
+	// dial from another goroutine, in whatever namespace its thread is).
 	get := func(url string) (string, error) {
+		hostPort, path, _ := strings.Cut(strings.TrimPrefix(url, "http://"), "/")
 		var body string
 		err := ext.Do(func(ns.NetNS) error {
-			c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-			resp, err := c.Get(url)
+			c, err := net.DialTimeout("tcp4", hostPort, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+			fmt.Fprintf(c, "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n", path, hostPort)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
 				return err
 			}
 			defer resp.Body.Close()
 			b, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", url, resp.Status)
+			}
 			body = string(b)
 			return err
 		})
@@ -150,7 +164,7 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 	}
 	if body, err := get("http://" + n1 + ":30778/clientip"); err == nil {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint answered %q, want a drop", body)
-	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "Timeout") {
+	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "timeout") {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint: %v, want a timeout (dropped)", err)
 	}
 }

@@ -627,6 +627,9 @@ func newKubeLabMode(t *testing.T, mode datapath.Mode) *lab.State {
 func newKubeLabConfig(t *testing.T, cfg lab.Config) *lab.State {
 	t.Helper()
 	mode := cfg.Mode
+	if mode == "" {
+		mode = datapath.ModeVXLAN
+	}
 	labCounter++
 	name := fmt.Sprintf("wk%d-%d", os.Getpid()%1000, labCounter)
 	t.Cleanup(func() {
