@@ -101,6 +101,30 @@ func serveNamed(ln net.Listener, name string) {
 	}
 }
 
+// listenIn opens, in pod, a TCP listener on tcpPort that serve answers
+// and, unless udpPort is 0, a UDP socket on udpPort that answers "pong";
+// both close when the test ends.
+func listenIn(t *testing.T, pod ns.NetNS, tcpPort int, serve func(net.Listener), udpPort int) {
+	t.Helper()
+	var (
+		ln net.Listener
+		pc net.PacketConn
+	)
+	in(t, pod, func() (err error) {
+		if ln, err = net.Listen("tcp4", ":"+strconv.Itoa(tcpPort)); err != nil || udpPort == 0 {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", ":"+strconv.Itoa(udpPort))
+		return err
+	})
+	t.Cleanup(func() { ln.Close() })
+	go serve(ln)
+	if pc != nil {
+		t.Cleanup(func() { pc.Close() })
+		go serveUDP(pc)
+	}
+}
+
 // dialRead connects to addr and returns what the server wrote.
 func dialRead(addr string) (string, error) {
 	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
@@ -194,13 +218,7 @@ func TestNodeOwnSocketsReachServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ln net.Listener
-	in(t, server, func() (err error) {
-		ln, err = net.Listen("tcp4", ":8080")
-		return err
-	})
-	defer ln.Close()
-	go serveNamed(ln, "server")
+	listenIn(t, server, 8080, func(ln net.Listener) { serveNamed(ln, "server") }, 0)
 	n.applyServices([]*corev1.Service{clusterIPService("web", "10.96.0.30")}, readyEndpoints("web", 8080, 5353, sr.Address.Addr()))
 
 	in(t, n.nodeNS, func() error {
@@ -262,13 +280,8 @@ func TestSessionAffinityKeepsClientOnBackend(t *testing.T) {
 	// port.
 	ports := []int32{8080, 8081, 8082, 8083}
 	for _, p := range ports {
-		var ln net.Listener
-		in(t, server, func() (err error) {
-			ln, err = net.Listen("tcp4", ":"+strconv.Itoa(int(p)))
-			return err
-		})
-		defer ln.Close()
-		go serveNamed(ln, strconv.Itoa(int(p)))
+		name := strconv.Itoa(int(p))
+		listenIn(t, server, int(p), func(ln net.Listener) { serveNamed(ln, name) }, 0)
 	}
 	slicesFor := func(ps ...int32) []*discoveryv1.EndpointSlice {
 		var out []*discoveryv1.EndpointSlice
@@ -367,21 +380,7 @@ func TestMappedIPv6SocketsAreTranslated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		ln net.Listener
-		pc net.PacketConn
-	)
-	in(t, server, func() (err error) {
-		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp4", ":5353")
-		return err
-	})
-	defer ln.Close()
-	defer pc.Close()
-	go serveNamed(ln, "server")
-	go serveUDP(pc)
+	listenIn(t, server, 8080, func(ln net.Listener) { serveNamed(ln, "server") }, 5353)
 	n.applyServices([]*corev1.Service{clusterIPService("web", "10.96.0.50"), clusterIPService("empty", "10.96.0.51")},
 		readyEndpoints("web", 8080, 5353, sr.Address.Addr()), readyEndpoints("empty", 80, 53))
 	vip := mapped(netip.MustParseAddr("10.96.0.50"))
@@ -495,21 +494,7 @@ func TestRemovedBackendClosesItsSockets(t *testing.T) {
 	}
 	serverIP := sr.Address.Addr()
 	for _, port := range []int{8080, 8081} {
-		var (
-			ln net.Listener
-			pc net.PacketConn
-		)
-		in(t, server, func() (err error) {
-			if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); err != nil {
-				return err
-			}
-			pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
-			return err
-		})
-		defer ln.Close()
-		defer pc.Close()
-		go serveEcho(ln)
-		go serveUDP(pc)
+		listenIn(t, server, port, serveEcho, port)
 	}
 	web := clusterIPService("web", "10.96.0.60")
 	n.applyServices([]*corev1.Service{web}, readyEndpoints("web", 8080, 8080, serverIP))
@@ -586,13 +571,7 @@ func TestNodePortAtTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ln net.Listener
-	in(t, server, func() (err error) {
-		ln, err = net.Listen("tcp4", ":8080")
-		return err
-	})
-	defer ln.Close()
-	go serveNamed(ln, "server")
+	listenIn(t, server, 8080, func(ln net.Listener) { serveNamed(ln, "server") }, 0)
 	web := clusterIPService("web", "10.96.0.70")
 	web.Spec.Type = corev1.ServiceTypeNodePort
 	web.Spec.Ports[0].NodePort = 30080
@@ -647,21 +626,7 @@ func TestNodePortFromOutsideHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		ln net.Listener
-		pc net.PacketConn
-	)
-	in(t, server, func() (err error) {
-		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp4", ":5353")
-		return err
-	})
-	defer ln.Close()
-	defer pc.Close()
-	go serveTCP(ln)
-	go serveUDP(pc)
+	listenIn(t, server, 8080, serveTCP, 5353)
 
 	web := clusterIPService("web", "10.96.0.80")
 	web.Spec.Type = corev1.ServiceTypeNodePort
@@ -760,21 +725,7 @@ func TestHostPort(t *testing.T) {
 	if _, err := n.agent.Add(req); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		ln net.Listener
-		pc net.PacketConn
-	)
-	in(t, pod, func() (err error) {
-		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp4", ":5353")
-		return err
-	})
-	defer ln.Close()
-	defer pc.Close()
-	go serveTCP(ln)
-	go serveUDP(pc)
+	listenIn(t, pod, 8080, serveTCP, 5353)
 
 	in(t, far, func() error {
 		got, err := dialRead("10.99.0.11:30900")

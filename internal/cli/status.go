@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -16,52 +14,24 @@ import (
 
 // NewStatusCommand is `weir status`: each node agent's view of its node.
 func NewStatusCommand() *cobra.Command {
-	var (
-		socket  string
-		labName string
-		output  string
-	)
-	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show node agents' status: endpoints, peers, loaded policy, map fill and datapath counters",
-		Example: "  weir status --socket /run/weir-lab/n1/agent.sock\n" +
+	return newAgentsCommand(agentsCommand{
+		use:   "status",
+		short: "Show node agents' status: endpoints, peers, loaded policy, map fill and datapath counters",
+		example: "  weir status --socket /run/weir-lab/n1/agent.sock\n" +
 			"  weir status --lab weir-lab -o json",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" {
-				return fmt.Errorf("--output %q: want json or empty", output)
-			}
-			sockets, err := agentSockets(socket, labName)
+		textFormat: "text",
+		show: func(ctx context.Context, c *api.Client, asJSON bool, out io.Writer) error {
+			s, err := c.Status(ctx)
 			if err != nil {
 				return err
 			}
-			var errs []error
-			for _, node := range sortedNodes(sockets) {
-				if err := runStatus(cmd.Context(), api.NewClient(sockets[node]), output, cmd.OutOrStdout()); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", sockets[node], err))
-				}
+			if asJSON {
+				return writeIndentedJSON(out, s)
 			}
-			return errors.Join(errs...)
+			printStatus(s, out)
+			return nil
 		},
-	}
-	cmd.Flags().StringVar(&socket, "socket", api.DefaultSocket, "the agent's unix socket")
-	cmd.Flags().StringVar(&labName, "lab", "", "show every node of this lab instead of one agent")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: json, or empty for text")
-	return cmd
-}
-
-func runStatus(ctx context.Context, c *api.Client, output string, out io.Writer) error {
-	s, err := c.Status(ctx)
-	if err != nil {
-		return err
-	}
-	if output == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(s)
-	}
-	printStatus(s, out)
-	return nil
+	})
 }
 
 func printStatus(s *api.Status, out io.Writer) {
