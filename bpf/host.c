@@ -146,10 +146,13 @@ int from_netdev(struct __sk_buff *skb)
 		if (!ip)
 			return TC_ACT_SHOT;
 	}
-	/* A peer's pod reaches Services through its own node's sockets; what
-	 * it sends to this node's address is a reply (say, of a flow the
-	 * stack SNATed towards it), never a new Service flow. */
-	switch (sender == SENDER_PEER_POD ? NODEPORT_NOT_OURS : nodeport_v4(skb, ip, sizeof(struct ethhdr))) {
+	/* A peer's pod reaches Services through its own node's sockets, which
+	 * leave this node's externalTrafficPolicy: Local NodePort to this node
+	 * when it has no endpoint: dropped here, as for a client outside
+	 * (nodeport_pick). Its packets to pods (native routing) are no
+	 * Service's and skip the lookup. */
+	switch (sender == SENDER_PEER_POD && in_cluster_cidr_v4(ip->daddr) ? NODEPORT_NOT_OURS
+		: nodeport_v4(skb, ip, sizeof(struct ethhdr), sender == SENDER_PEER_POD)) {
 	case NODEPORT_TRANSLATED:
 		return TC_ACT_OK; /* the stack routes it, and sees the flow */
 	case NODEPORT_DROP:

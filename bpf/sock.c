@@ -75,6 +75,7 @@ __always_inline_fn enum sock_lb_result sock_lb(struct bpf_sock_addr *ctx, __be32
 	struct lb4_revnat rval = {};
 	const struct lb4_service *svc;
 	const struct lb4_backend *be;
+	const __u32 *netns;
 	__u64 client;
 	int affine;
 
@@ -89,7 +90,12 @@ __always_inline_fn enum sock_lb_result sock_lb(struct bpf_sock_addr *ctx, __be32
 	if (!svc)
 		return SOCK_LB_UNTOUCHED;
 	client = bpf_get_netns_cookie(ctx);
-	if (!bpf_map_lookup_elem(&weir_sock_netns, &client))
+	netns = bpf_map_lookup_elem(&weir_sock_netns, &client);
+	if (!netns)
+		return SOCK_LB_UNTOUCHED;
+	/* NodePorts at 127.0.0.1 serve the node's own processes (value 0);
+	 * a pod's loopback is its own. */
+	if ((bpf_ntohl(vip) >> 24) == 127 && *netns != 0)
 		return SOCK_LB_UNTOUCHED;
 	if (svc->count == 0) {
 		metric_inc(METRIC_SOCK_LB_REJECT);

@@ -225,8 +225,13 @@ __always_inline_fn void nodeport_keep_reply(const struct lb4_tuple *fwd, const s
 }
 
 /* nodeport_pick finds the backend of a flow: the one it has, unless a new
- * TCP connection reuses the tuple, or a new one from the frontend. */
-__always_inline_fn enum nodeport_result nodeport_pick(const struct lb4_tuple *fwd, int syn,
+ * TCP connection reuses the tuple, or a new one from the frontend. A
+ * packet of a peer's pod (peer_pod) is never translated: its node's
+ * sockets send what this node would serve straight to the backend, and
+ * its replies would not come back through here. It reaches this node's
+ * externalTrafficPolicy: Local NodePort only when this node has no
+ * endpoint for it, and is dropped, as the packet of a client outside. */
+__always_inline_fn enum nodeport_result nodeport_pick(int peer_pod, const struct lb4_tuple *fwd, int syn,
 						      struct lb4_nat *to)
 {
 	struct lb4_key key = {};
@@ -244,6 +249,8 @@ __always_inline_fn enum nodeport_result nodeport_pick(const struct lb4_tuple *fw
 	svc = bpf_map_lookup_elem(&weir_lb4_services, &key);
 	if (!svc)
 		return NODEPORT_NOT_OURS;
+	if (peer_pod)
+		return (svc->count == 0 && (svc->flags & LB_FLAG_DROP)) ? NODEPORT_DROP : NODEPORT_NOT_OURS;
 	have = bpf_map_lookup_elem(&weir_lb4_nat_fwd, fwd);
 	if (have && !syn) {
 		*to = *have;
@@ -280,7 +287,7 @@ __always_inline_fn enum nodeport_result nodeport_pick(const struct lb4_tuple *fw
 
 /* nodeport_v4 translates a packet from outside the cluster to a Service's
  * external address (see the top of this file). */
-__always_inline_fn enum nodeport_result nodeport_v4(struct __sk_buff *skb, const struct iphdr *ip, __u32 l3_off)
+__always_inline_fn enum nodeport_result nodeport_v4(struct __sk_buff *skb, const struct iphdr *ip, __u32 l3_off, int peer_pod)
 {
 	struct lb4_tuple fwd = {};
 	struct lb4_nat to;
@@ -295,7 +302,7 @@ __always_inline_fn enum nodeport_result nodeport_v4(struct __sk_buff *skb, const
 	fwd.saddr = ip->saddr;
 	fwd.daddr = ip->daddr;
 	fwd.proto = ip->protocol;
-	res = nodeport_pick(&fwd, syn, &to);
+	res = nodeport_pick(peer_pod, &fwd, syn, &to);
 	if (res != NODEPORT_TRANSLATED)
 		return res;
 	if (nodeport_rewrite(skb, l3_off, l4_off, fwd.proto,

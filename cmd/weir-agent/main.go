@@ -31,6 +31,8 @@ type flags struct {
 	kubeconfig, cniConfDir, flowDir                    string
 	kubernetes, flowEvents, identityOption             bool
 	kubeProxyReplacement                               bool
+	proxyHealthzAddr                                   string
+	proxyStatusAddr                                    string
 	flowMaxBytes                                       int64
 }
 
@@ -81,6 +83,8 @@ func newCommand() *cobra.Command {
 	fl.Int64Var(&f.flowMaxBytes, "flow-max-bytes", flowstore.DefaultMaxBytes, "bytes of flows --flow-dir keeps; the oldest are dropped first")
 	fl.BoolVar(&f.flowEvents, "flow-events", true, "record a flow for every verdict (false: the datapath emits no verdict events, for measuring their cost)")
 	fl.BoolVar(&f.kubeProxyReplacement, "kube-proxy-replacement", false, "no kube-proxy runs on this node: translate ClusterIPs for the node's own processes and hostNetwork pods too, keep sessionAffinity: ClientIP, and refuse connections to Services without backends at once (false: pods' ClusterIP connections only; kube-proxy answers the rest)")
+	fl.StringVar(&f.proxyHealthzAddr, "kube-proxy-healthz-addr", "0.0.0.0:10256", "with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are answered, as cloud load balancers probe them (empty: not served)")
+	fl.StringVar(&f.proxyStatusAddr, "kube-proxy-status-addr", "127.0.0.1:10249", "with --kube-proxy-replacement: where kube-proxy's /proxyMode is answered (empty: not served)")
 	fl.BoolVar(&f.identityOption, "identity-option", true, "native routing: carry the sending pod's identity in the first packet of each flow as an IPv4 option, so other nodes know a new pod from its first packet (false: for underlays that drop IPv4 options; a new pod is then unidentified on other nodes until its address arrives)")
 	return cmd
 }
@@ -116,6 +120,14 @@ func (f flags) config() (agent.Config, error) {
 			return agent.Config{}, fmt.Errorf("--metrics-addr %q: want [address]:port such as :9880 or 127.0.0.1:9880: %w", f.metricsAddr, err)
 		}
 	}
+	for flag, addr := range map[string]string{"--kube-proxy-healthz-addr": f.proxyHealthzAddr, "--kube-proxy-status-addr": f.proxyStatusAddr} {
+		if addr == "" {
+			continue
+		}
+		if err := checkListenAddr(addr); err != nil {
+			return agent.Config{}, fmt.Errorf("%s %q: want [address]:port such as 0.0.0.0:10256, or empty for none: %w", flag, addr, err)
+		}
+	}
 	if f.flowMaxBytes <= 0 {
 		return agent.Config{}, fmt.Errorf("--flow-max-bytes %d: want a positive number of bytes, such as %d (64 MiB)", f.flowMaxBytes, flowstore.DefaultMaxBytes)
 	}
@@ -130,6 +142,7 @@ func (f flags) config() (agent.Config, error) {
 		FlowDir: f.flowDir, FlowMaxBytes: f.flowMaxBytes, NoFlowEvents: !f.flowEvents,
 		NoIdentityOption:     !f.identityOption,
 		KubeProxyReplacement: f.kubeProxyReplacement,
+		ProxyHealthzAddr:     f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

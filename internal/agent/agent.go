@@ -70,6 +70,10 @@ type Config struct {
 	// HealthCheckNodePortAddr is the host health check node ports are
 	// opened on (with KubeProxyReplacement); empty: every address.
 	HealthCheckNodePortAddr string
+	// ProxyHealthzAddr and ProxyStatusAddr are where kube-proxy's own
+	// /healthz (and /livez) and /proxyMode are answered with
+	// KubeProxyReplacement; empty: not served.
+	ProxyHealthzAddr, ProxyStatusAddr string
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -96,6 +100,9 @@ type Agent struct {
 	// policyEvents reports NetworkPolicies this node cannot load
 	// (Kubernetes mode; guarded by mu).
 	policyEvents policyEvents
+	// serviceEvents reports Services this node's full service maps left
+	// out (in Kubernetes).
+	serviceEvents serviceEvents
 	// pods is this node's pods as the API server describes them, by
 	// namespace/name (Kubernetes mode only).
 	pods     map[string]k8s.Pod
@@ -117,6 +124,9 @@ type Agent struct {
 	// healthChecks answers health check node ports (with
 	// KubeProxyReplacement; nil otherwise).
 	healthChecks *healthCheckServers
+	// proxyHealth answers kube-proxy's health and status endpoints (with
+	// KubeProxyReplacement); nil otherwise.
+	proxyHealth *proxyHealth
 }
 
 // New builds an agent over an already set-up datapath, adopting the
@@ -138,6 +148,14 @@ func New(cfg Config, dp Datapath, log *slog.Logger) (_ *Agent, retErr error) {
 	a := &Agent{cfg: cfg, log: log, dp: dp, ipam: alloc, flows: flows}
 	if cfg.KubeProxyReplacement {
 		a.healthChecks = newHealthCheckServers(cfg.HealthCheckNodePortAddr, log)
+		if a.proxyHealth, err = openProxyHealth(cfg.ProxyHealthzAddr, cfg.ProxyStatusAddr, log); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if retErr != nil {
+				a.proxyHealth.close()
+			}
+		}()
 	}
 	a.metrics = newMetrics(dp, flows, log)
 	a.metrics.verdicts.names = a.flowNames.Load
@@ -159,6 +177,9 @@ func (a *Agent) Close() error {
 	a.stopPolicyRetries()
 	if a.healthChecks != nil {
 		a.healthChecks.close()
+	}
+	if a.proxyHealth != nil {
+		a.proxyHealth.close()
 	}
 	err := a.flows.close()
 	if err != nil {

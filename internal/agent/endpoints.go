@@ -54,13 +54,13 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 	}
 	hps := hostPorts(req.PortMappings)
 	for _, hp := range hps {
-		if hp.HostIP.IsValid() && hp.HostIP != a.cfg.NodeIP {
+		if hp.HostIP.IsValid() && hp.HostIP != a.cfg.NodeIP && hp.HostIP != service.Loopback {
 			// Any other address would capture this node's traffic to it
 			// (a resolver, the metadata service), not only outside
 			// traffic to the node.
 			return nil, api.Errorf(api.CodeInvalidConfig,
-				fmt.Sprintf("hostPort %d hostIP %v is not this node's address %v", hp.Port, hp.HostIP, a.cfg.NodeIP),
-				errors.New("leave hostIP empty, or set it to the node's own address"))
+				fmt.Sprintf("hostPort %d hostIP %v is neither this node's address %v nor %v", hp.Port, hp.HostIP, a.cfg.NodeIP, service.Loopback),
+				errors.New("leave hostIP empty, or set it to the node's own address or 127.0.0.1 (the node's own processes only)"))
 		}
 		if slices.Contains(reservedPorts, service.PortProto{Port: hp.Port, Proto: hp.Proto}) {
 			return nil, api.Errorf(api.CodeInvalidConfig,

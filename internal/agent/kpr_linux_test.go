@@ -21,6 +21,7 @@ import (
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/k8s"
+	"github.com/weirnet/weir/internal/service"
 )
 
 // newReplacingNode is a test node whose agent runs with no kube-proxy
@@ -599,14 +600,39 @@ func TestNodePortAtTheSocket(t *testing.T) {
 			})
 		}
 	}
+	// kube-proxy's localhost NodePorts: the node's own processes reach
+	// the NodePort at 127.0.0.1 too; a pod's loopback stays its own,
+	// where nothing listens on the port.
+	in(t, n.nodeNS, func() error {
+		c, err := net.DialTimeout("tcp4", "127.0.0.1:30080", 3*time.Second)
+		if err != nil {
+			return fmt.Errorf("node to the NodePort at localhost: %w", err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if b, err := io.ReadAll(c); err != nil || string(b) != "server" {
+			t.Errorf("node to the NodePort at localhost: read %q, %v; want the backend's name", b, err)
+		}
+		return nil
+	})
+	in(t, client, func() error {
+		c, err := net.DialTimeout("tcp4", "127.0.0.1:30080", 3*time.Second)
+		if err == nil {
+			c.Close()
+			t.Errorf("a pod's connect to its own localhost:30080 reached %v, want its own loopback (refused)", c.RemoteAddr())
+		} else if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("a pod's connect to its own localhost:30080: %v, want ECONNREFUSED from its own loopback", err)
+		}
+		return nil
+	})
 	l, err := n.agent.ServiceList()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// ClusterIP TCP and UDP, NodePort TCP at two node addresses for
-	// sockets, and at this node's for packets from outside.
-	if len(l.Frontends) != 5 {
-		t.Errorf("service list: %+v, want 5 frontends", l.Frontends)
+	// ClusterIP TCP and UDP, NodePort TCP at two node addresses and at
+	// localhost for sockets, and at this node's for packets from outside.
+	if len(l.Frontends) != 6 {
+		t.Errorf("service list: %+v, want 6 frontends", l.Frontends)
 	}
 }
 
@@ -713,9 +739,11 @@ func TestHealthCheckNodePortFollowsEndpoints(t *testing.T) {
 
 // TestHostPort: with no kube-proxy, a pod's hostPort (the runtime's
 // portMappings) is reached at the node's address from a host outside the
-// cluster (the client's address kept) and from the node itself; its DEL
-// takes the port away (refused, nothing left in the maps); a mapping the
-// agent cannot serve fails the ADD, naming it.
+// cluster (the client's address kept) and from the node itself; one with
+// hostIP 127.0.0.1 from the node's own processes alone, beside another
+// pod's same port at the node's address; its DEL takes the port away
+// (refused, nothing left in the maps); a mapping the agent cannot serve
+// fails the ADD, naming it.
 func TestHostPort(t *testing.T) {
 	n := newReplacingNode(t, "10.244.1.0/24")
 	far, _ := underlayPeer(t, n, netip.MustParseAddr("10.99.0.50"))
@@ -752,6 +780,43 @@ func TestHostPort(t *testing.T) {
 		return nil
 	})
 
+	// The same port at 127.0.0.1, another pod's: the node's processes
+	// reach it there; nothing from outside can address it.
+	local := n.newPod()
+	localReq := addReq("local", local)
+	localReq.PortMappings = []api.PortMapping{{HostPort: 30900, ContainerPort: 8080, Protocol: "tcp", HostIP: "127.0.0.1"}}
+	lr, err := n.agent.Add(localReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listenIn(t, local, 8080, serveTCP, 0)
+	in(t, n.nodeNS, func() error {
+		if _, err := dialRead("127.0.0.1:30900"); err != nil {
+			t.Errorf("the node to the hostPort at 127.0.0.1: %v", err)
+		}
+		return nil
+	})
+	if svcs, err := n.dp.Services(); err != nil {
+		t.Fatal(err)
+	} else {
+		loopback := 0
+		for f, e := range svcs {
+			if f.Addr != service.Loopback {
+				continue
+			}
+			loopback++
+			if f.External || len(e.Backends) != 1 || e.Backends[0].Addr != lr.Address.Addr() {
+				t.Errorf("hostPort at 127.0.0.1: %v -> %v, want for sockets alone, to the pod", f, e.Backends)
+			}
+		}
+		if loopback != 1 {
+			t.Errorf("%d frontends at 127.0.0.1, want the hostPort's one for sockets", loopback)
+		}
+	}
+	if err := n.agent.Del(api.DelRequest{Attachment: localReq.Attachment}); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := n.agent.Del(api.DelRequest{Attachment: req.Attachment}); err != nil {
 		t.Fatal(err)
 	}
@@ -772,7 +837,7 @@ func TestHostPort(t *testing.T) {
 	}
 	resolver := addReq("resolver", n.newPod())
 	resolver.PortMappings = []api.PortMapping{{HostPort: 53, ContainerPort: 53, Protocol: "udp", HostIP: "10.0.0.2"}}
-	if _, err := n.agent.Add(resolver); err == nil || !strings.Contains(err.Error(), "not this node's address") {
+	if _, err := n.agent.Add(resolver); err == nil || !strings.Contains(err.Error(), "neither this node's address") {
 		t.Errorf("ADD with a hostPort on another host's address: %v, want an error", err)
 	}
 	tunnel := addReq("tunnel", n.newPod())

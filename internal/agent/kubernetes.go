@@ -131,6 +131,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	a.metrics.maps.onRaised(mapFullEvent(rec, cfg.NodeName))
 	a.mu.Lock()
 	a.policyEvents = policyEvents{node: cfg.NodeName, rec: rec}
+	a.serviceEvents = serviceEvents{node: cfg.NodeName, rec: rec}
 	a.onEndpoint = w.Poke
 	a.policy.acked = make(chan struct{}, 1)
 	a.snapshot = func() (k8s.Snapshot, bool) {

@@ -6,6 +6,9 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
@@ -40,6 +43,7 @@ func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 			a.log.Error("health check node ports", "err", err)
 		}
 	}
+	a.serviceEvents.setServices(s.Services)
 	a.services.built = service.Build(s.Services, s.EndpointSlices, opts)
 	a.services.builtOwners = service.Owners(s.Services, opts)
 	a.writeServicesLocked()
@@ -59,6 +63,7 @@ func (a *Agent) writeServicesLocked() {
 	a.addHostPortsLocked(t, owners)
 	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
 		a.services.owners = owners
+		a.recordProxyHealth(true)
 		return
 	}
 	old := a.services.table
@@ -72,9 +77,13 @@ func (a *Agent) writeServicesLocked() {
 	if err := a.dp.SetServices(t); err != nil {
 		a.services.applied, a.services.lastErr = false, err.Error()
 		a.log.Error("program services", "frontends", len(t), "err", err)
+		a.recordProxyHealth(false)
+		a.serviceEvents.report(err, owners)
 		return
 	}
 	a.services.applied, a.services.table, a.services.lastErr = true, t, ""
+	a.recordProxyHealth(true)
+	a.serviceEvents.report(nil, owners)
 	a.log.Info("services programmed", "frontends", len(t))
 	if removed := service.Removed(old, t); len(removed) > 0 {
 		if err := a.dp.CloseServiceSockets(removed, a.podNetNSLocked()); err != nil {
@@ -91,7 +100,7 @@ var reservedPorts = []service.PortProto{{Port: datapath.VXLANPort, Proto: servic
 // kube-proxy beside the agent: they share the NodePort machinery). Each is
 // a frontend at the node's address (or the mapping's host IP) for sockets
 // on the node and for packets from outside, with the pod as its one
-// backend. Where two pods claim one port, which the scheduler prevents,
+// backend; at 127.0.0.1, for the node's own sockets alone. Where two pods claim one port, which the scheduler prevents,
 // the first attachment in order keeps it.
 func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]string) {
 	if !a.cfg.KubeProxyReplacement {
@@ -104,7 +113,11 @@ func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]
 				addr = a.cfg.NodeIP
 			}
 			e := service.Entry{Backends: []service.Backend{{Addr: l.Addr, Port: hp.ContainerPort}}}
-			for _, external := range []bool{false, true} {
+			scopes := []bool{false, true}
+			if addr == service.Loopback {
+				scopes = scopes[:1] // no packet from outside is addressed there
+			}
+			for _, external := range scopes {
 				f := service.Frontend{Addr: addr, Port: hp.Port, Proto: hp.Proto, External: external}
 				if _, taken := t[f]; taken {
 					a.log.Warn("hostPort already in use on this node", "port", hp.Port, "pod", l.PodNamespace+"/"+l.PodName)
@@ -120,6 +133,11 @@ func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]
 // and with no kube-proxy beside it, every node's address for NodePorts.
 func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
 	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement, Reserved: reservedPorts}
+	for _, n := range s.Nodes {
+		if n.Name == a.cfg.NodeName {
+			opts.Zone = n.Labels[corev1.LabelTopologyZone] // trafficDistribution's hints name it
+		}
+	}
 	if !opts.ReplaceKubeProxy {
 		return opts
 	}
@@ -131,6 +149,12 @@ func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
 		if addr.Is4() && !seen[addr] {
 			seen[addr] = true
 			opts.NodeAddrs = append(opts.NodeAddrs, addr)
+		}
+	}
+	opts.AddrNode = map[netip.Addr]string{a.cfg.NodeIP: a.cfg.NodeName}
+	for _, n := range s.Nodes {
+		if n.InternalIP.Is4() {
+			opts.AddrNode[n.InternalIP] = n.Name
 		}
 	}
 	return opts
@@ -228,4 +252,12 @@ func protocolName(p uint8) string {
 		return "UDP"
 	}
 	return fmt.Sprintf("proto-%d", p)
+}
+
+// recordProxyHealth tells kube-proxy's health endpoint whether the service
+// maps match the cluster's Services.
+func (a *Agent) recordProxyHealth(ok bool) {
+	if a.proxyHealth != nil {
+		a.proxyHealth.record(ok, time.Now())
+	}
 }

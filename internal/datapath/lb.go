@@ -268,8 +268,7 @@ func (n *Node) SetServices(t service.Table) (retErr error) {
 	for key, e := range want {
 		cur, present := have.services[key]
 		if err := n.setService(key, e, cur, present, have); err != nil {
-			f := frontendOf(key)
-			errs = append(errs, fmt.Errorf("service %v:%d/%d: %w", f.Addr, f.Port, f.Proto, err))
+			errs = append(errs, &FrontendError{Frontend: frontendOf(key), Err: err})
 		}
 	}
 	for key := range have.services {
@@ -326,6 +325,43 @@ func lb4Service(e service.Entry) sockLb4Service {
 		v.Flags |= lbFlagDrop
 	}
 	return v
+}
+
+// FrontendError is SetServices' error for one frontend it could not
+// write: the frontend keeps what it had (or stays untranslated), never
+// part of its new backends. SetServices joins one per such frontend, so a
+// caller can say which Services a full map left out.
+type FrontendError struct {
+	Frontend service.Frontend
+	Err      error
+}
+
+func (e *FrontendError) Error() string {
+	return fmt.Sprintf("service %v:%d/%d: %v", e.Frontend.Addr, e.Frontend.Port, e.Frontend.Proto, e.Err)
+}
+
+func (e *FrontendError) Unwrap() error { return e.Err }
+
+// FrontendErrors are the frontends err (from SetServices) names.
+func FrontendErrors(err error) []*FrontendError {
+	var out []*FrontendError
+	var walk func(error)
+	walk = func(err error) {
+		var fe *FrontendError
+		switch e := err.(type) {
+		case nil:
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		default:
+			if errors.As(err, &fe) {
+				out = append(out, fe)
+			}
+		}
+	}
+	walk(err)
+	return out
 }
 
 // ErrTooManyBackends is returned for a frontend with more backends than a

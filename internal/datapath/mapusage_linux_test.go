@@ -121,6 +121,9 @@ func TestFullServiceMapLeavesNoHalfService(t *testing.T) {
 	if !errors.Is(err, ErrServiceMapFull) {
 		t.Fatalf("SetServices with a full backend map: %v, want ErrServiceMapFull", err)
 	}
+	if fes := FrontendErrors(err); len(fes) != 1 || fes[0].Frontend != web || !errors.Is(fes[0], ErrServiceMapFull) {
+		t.Errorf("FrontendErrors(%v) = %v, want the one frontend that failed, with ErrServiceMapFull", err, fes)
+	}
 	got, err := n.Services()
 	if err != nil {
 		t.Fatal(err)

@@ -222,3 +222,22 @@ func TestNodePortMaglevMovesFewFlows(t *testing.T) {
 		t.Errorf("%d of %d flows not on the removed backend moved, want at most 2%%", movedOthers, others)
 	}
 }
+
+// TestNodePortFromPeerPod: a peer's pod is never translated here (its own
+// node's sockets send it to a backend, and replies would not come back
+// through this node), but its packet to an externalTrafficPolicy: Local
+// NodePort without an endpoint here, which its node leaves to this one, is
+// dropped as a client's from outside would be.
+func TestNodePortFromPeerPod(t *testing.T) {
+	p := loadTestWith(t, ModeVXLAN, func(c *ProgramConfig) { c.ExternalServices = true })
+	if err := (&Node{progs: p}).SetServices(nodePortTable()); err != nil {
+		t.Fatal(err)
+	}
+	ret, out, _ := runCtx(t, p.FromNetdev, tcpFrame(hostMAC, peerHW, remote, nodeAddr, 40001, 30080, 1, tcpSYN, nil), 3)
+	if _, dst := tcpHeaders(t, out); ret != tcActOK || dst != netip.AddrPortFrom(nodeAddr, 30080) {
+		t.Errorf("a peer's pod to a NodePort with a backend: %s to %v, want ok and untranslated", tcVerdictName(ret), dst)
+	}
+	if ret, _, _ := runCtx(t, p.FromNetdev, tcpFrame(hostMAC, peerHW, remote, nodeAddr, 40002, 30082, 1, tcpSYN, nil), 3); ret != tcActShot {
+		t.Errorf("a peer's pod to a Local NodePort without an endpoint here: %s, want dropped", tcVerdictName(ret))
+	}
+}

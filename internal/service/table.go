@@ -59,10 +59,16 @@ func (e Entry) Equal(o Entry) bool {
 // Table maps each frontend to how it is translated.
 type Table map[Frontend]Entry
 
+// Loopback is where the node's own processes also reach every NodePort.
+var Loopback = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
 // Options says whose view a table is built for.
 type Options struct {
-	// Node is the node the table is for (internalTrafficPolicy: Local).
-	Node string
+	// Node is the node the table is for (internalTrafficPolicy: Local),
+	// and Zone its topology.kubernetes.io/zone label: where the
+	// EndpointSlice controller's hints (trafficDistribution) send its
+	// clients.
+	Node, Zone string
 	// ReplaceKubeProxy says no kube-proxy runs beside Weir, so the table
 	// must answer every ClusterIP itself: frontends without backends
 	// reject, and Services with session affinity are translated too.
@@ -73,6 +79,10 @@ type Options struct {
 	// served: a socket on this node that names any node's NodePort is
 	// sent straight to a backend (with ReplaceKubeProxy).
 	NodeAddrs []netip.Addr
+	// AddrNode names the node each of NodeAddrs belongs to: a socket
+	// naming another node's NodePort of an externalTrafficPolicy: Local
+	// Service goes to that node's endpoints alone.
+	AddrNode map[netip.Addr]string
 	// OwnAddrs are this node's addresses: packets from outside reach a
 	// NodePort there (with ReplaceKubeProxy).
 	OwnAddrs []netip.Addr
@@ -99,6 +109,9 @@ type serviceFrontend struct {
 	// traffic from its own node; reached from outside (External), by
 	// the endpoints externalTrafficPolicy allows.
 	internal bool
+	// onlyNode, if set, is the node whose endpoints alone serve the
+	// frontend: another node's externalTrafficPolicy: Local NodePort.
+	onlyNode string
 }
 
 // frontendsOf lists the addresses svc is reached at: its ClusterIPs and,
@@ -133,6 +146,23 @@ func frontendsOf(svc *corev1.Service, opts Options) []serviceFrontend {
 	hasNodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
 	if hasNodePorts {
 		add(opts.NodeAddrs, false, nodePort)
+		// A socket naming another node's NodePort of an
+		// externalTrafficPolicy: Local Service is served as that node
+		// serves the packet (kube-proxy's rules match this node's
+		// addresses alone, so the packet would reach it): by its own
+		// endpoints; with none, the frontend is left out and the packet
+		// goes there to be dropped.
+		if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+			for i := range out {
+				if n, ok := opts.AddrNode[out[i].Addr]; ok && n != opts.Node && !out[i].internal {
+					out[i].onlyNode = n
+				}
+			}
+		}
+		// kube-proxy's localhost NodePorts: the node's own processes
+		// reach a NodePort at 127.0.0.1 too (sock.c translates it for
+		// the node's namespace only; a pod's loopback is its own).
+		add([]netip.Addr{Loopback}, false, nodePort)
 	}
 	add(parseIPv4s(svc.Spec.ExternalIPs), false, servicePort)
 	add(parseIPv4s(lbIPs), false, servicePort)
@@ -177,9 +207,13 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 		externalLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 		for _, fe := range frontendsOf(svc, opts) {
 			onlyLocal := (fe.internal && local) || (fe.External && externalLocal)
-			bes := backends(eps, fe.port, opts.Node, onlyLocal)
-			if len(bes) == 0 && !opts.ReplaceKubeProxy {
-				continue // kube-proxy rejects it
+			view := opts
+			if fe.onlyNode != "" {
+				onlyLocal, view.Node = true, fe.onlyNode
+			}
+			bes := backends(eps, fe.port, view, onlyLocal)
+			if len(bes) == 0 && (!opts.ReplaceKubeProxy || fe.onlyNode != "") {
+				continue // kube-proxy rejects it; or the other node drops it
 			}
 			e := Entry{Backends: bes, AffinityTimeout: affinity}
 			if fe.External && externalLocal && len(bes) == 0 {
@@ -247,16 +281,27 @@ func protoNumber(p corev1.Protocol) (uint8, bool) {
 	return 0, false // SCTP: not translated at the socket
 }
 
-// backends picks the endpoints of one Service port the way kube-proxy does.
-func backends(endpointSlices []*discoveryv1.EndpointSlice, sp corev1.ServicePort, node string, local bool) []Backend {
-	var ready, terminating []Backend
+// candidate is a ready endpoint address with the EndpointSlice
+// controller's hints for it.
+type candidate struct {
+	Backend
+	zones, nodes []string
+}
+
+// backends picks the endpoints of one Service port the way kube-proxy does:
+// only this node's with local; else the ready ones, narrowed by their
+// topology hints (hintsFilter); the serving terminating ones when none is
+// ready.
+func backends(endpointSlices []*discoveryv1.EndpointSlice, sp corev1.ServicePort, opts Options, local bool) []Backend {
+	var ready []candidate
+	var terminating []Backend
 	for _, s := range endpointSlices {
 		port, ok := slicePort(s, sp)
 		if !ok {
 			continue
 		}
 		for _, ep := range s.Endpoints {
-			if local && (ep.NodeName == nil || *ep.NodeName != node) {
+			if local && (ep.NodeName == nil || *ep.NodeName != opts.Node) {
 				continue
 			}
 			isReady := ep.Conditions.Ready == nil || *ep.Conditions.Ready
@@ -269,20 +314,70 @@ func backends(endpointSlices []*discoveryv1.EndpointSlice, sp corev1.ServicePort
 				}
 				switch b := (Backend{Addr: a, Port: port}); {
 				case isReady:
-					ready = append(ready, b)
+					zones, nodes := hints(ep.Hints)
+					ready = append(ready, candidate{Backend: b, zones: zones, nodes: nodes})
 				case serving && isTerminating:
 					terminating = append(terminating, b)
 				}
 			}
 		}
 	}
-	if len(ready) == 0 {
-		ready = terminating
+	if !local {
+		ready = hintsFilter(ready, opts)
 	}
-	slices.SortFunc(ready, func(a, b Backend) int {
+	out := terminating
+	if len(ready) > 0 {
+		out = make([]Backend, len(ready))
+		for i, c := range ready {
+			out[i] = c.Backend
+		}
+	}
+	slices.SortFunc(out, func(a, b Backend) int {
 		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 	})
-	return slices.Compact(ready)
+	return slices.Compact(out)
+}
+
+func hints(h *discoveryv1.EndpointHints) (zones, nodes []string) {
+	if h == nil {
+		return nil, nil
+	}
+	for _, z := range h.ForZones {
+		zones = append(zones, z.Name)
+	}
+	for _, n := range h.ForNodes {
+		nodes = append(nodes, n.Name)
+	}
+	return zones, nodes
+}
+
+// hintsFilter narrows ready endpoints to the ones their hints give this
+// node, as kube-proxy does for trafficDistribution (PreferSameNode,
+// PreferSameZone, PreferClose): to the endpoints hinted for this node
+// when every endpoint has node hints and one names it; else to those
+// hinted for this node's zone when every endpoint has zone hints and one
+// names it; else all of them. An endpoint without hints, a node without
+// a zone or hints naming only other zones leave every endpoint in.
+func hintsFilter(ready []candidate, opts Options) []candidate {
+	allNodes, allZones := len(ready) > 0, len(ready) > 0
+	var forNode, forZone []candidate
+	for _, c := range ready {
+		allNodes = allNodes && len(c.nodes) > 0
+		allZones = allZones && len(c.zones) > 0
+		if slices.Contains(c.nodes, opts.Node) {
+			forNode = append(forNode, c)
+		}
+		if opts.Zone != "" && slices.Contains(c.zones, opts.Zone) {
+			forZone = append(forZone, c)
+		}
+	}
+	switch {
+	case allNodes && len(forNode) > 0:
+		return forNode
+	case allZones && len(forZone) > 0:
+		return forZone
+	}
+	return ready
 }
 
 // slicePort finds the port number a Service port has in one EndpointSlice:

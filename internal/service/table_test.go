@@ -23,6 +23,8 @@ type ep struct {
 	node              string
 	ready, terminated bool
 	notServing        bool
+	// forZones and forNodes are the EndpointSlice controller's hints.
+	forZones, forNodes []string
 }
 
 func slice(svcName string, ports map[string]int32, eps ...ep) *discoveryv1.EndpointSlice {
@@ -36,11 +38,21 @@ func slice(svcName string, ports map[string]int32, eps ...ep) *discoveryv1.Endpo
 	}
 	for _, e := range eps {
 		ready, serving, term := e.ready, !e.notServing, e.terminated
-		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+		endpoint := discoveryv1.Endpoint{
 			Addresses:  []string{e.addr},
 			NodeName:   &e.node,
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &term},
-		})
+		}
+		if len(e.forZones)+len(e.forNodes) > 0 {
+			endpoint.Hints = &discoveryv1.EndpointHints{}
+			for _, z := range e.forZones {
+				endpoint.Hints.ForZones = append(endpoint.Hints.ForZones, discoveryv1.ForZone{Name: z})
+			}
+			for _, n := range e.forNodes {
+				endpoint.Hints.ForNodes = append(endpoint.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+			}
+		}
+		s.Endpoints = append(s.Endpoints, endpoint)
 	}
 	return s
 }
@@ -278,18 +290,23 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		slice("elsewhere", map[string]int32{"http": 80}, ep{addr: "10.0.1.4", ready: true, node: "n2"}),
 	}
 	opts := Options{Node: "n1", ReplaceKubeProxy: true, NodeAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11"), netip.MustParseAddr("10.99.0.12")},
-		OwnAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11")}}
+		OwnAddrs: []netip.Addr{netip.MustParseAddr("10.99.0.11")},
+		AddrNode: map[netip.Addr]string{netip.MustParseAddr("10.99.0.11"): "n1", netip.MustParseAddr("10.99.0.12"): "n2"}}
 	ext := func(ip string, port uint16) Frontend { f := fe(ip, port); f.External = true; return f }
 	both := []Backend{be("10.0.0.2", 8080), be("10.0.1.2", 8080)}
 	lbBackends := []Backend{be("10.0.1.3", 8443)}
 	want := Table{
 		fe("10.96.0.7", 80):     {Backends: []Backend{be("10.0.0.2", 8080)}}, // internalTrafficPolicy: Local
 		fe("10.99.0.11", 30080): {Backends: both},
-		fe("10.99.0.12", 30080): {Backends: both},
+		// Another node's externalTrafficPolicy: Local NodePort: served
+		// by that node's endpoints, as the packet would be there.
+		fe("10.99.0.12", 30080): {Backends: []Backend{be("10.0.1.2", 8080)}},
+		fe("127.0.0.1", 30080):  {Backends: both}, // the node's own processes, at localhost
 		fe("192.0.2.10", 80):    {Backends: both},
 		fe("10.96.0.8", 443):    {Backends: lbBackends},
 		fe("10.99.0.11", 30443): {Backends: lbBackends},
 		fe("10.99.0.12", 30443): {Backends: lbBackends},
+		fe("127.0.0.1", 30443):  {Backends: lbBackends},
 		fe("198.51.100.5", 443): {Backends: lbBackends},
 		fe("10.96.0.9", 8443):   {}, // no endpoints: refuses
 		// From outside, to this node: externalTrafficPolicy: Local keeps
@@ -301,6 +318,7 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		fe("10.96.0.6", 80):      {Backends: []Backend{be("10.0.1.4", 80)}},
 		fe("10.99.0.11", 30081):  {Backends: []Backend{be("10.0.1.4", 80)}},
 		fe("10.99.0.12", 30081):  {Backends: []Backend{be("10.0.1.4", 80)}},
+		fe("127.0.0.1", 30081):   {Backends: []Backend{be("10.0.1.4", 80)}},
 		ext("10.99.0.11", 30081): {DropWhenEmpty: true},
 	}
 	got := Build(svcs, slices, opts)
@@ -313,7 +331,7 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		}
 	}
 	owners := Owners(svcs, opts)
-	if owners[fe("10.99.0.12", 30080)] != "ns/np" || owners[fe("198.51.100.5", 443)] != "ns/lb" || len(owners) != len(want) {
+	if owners[fe("10.99.0.12", 30443)] != "ns/lb" || owners[fe("198.51.100.5", 443)] != "ns/lb" || len(owners) != len(want) {
 		t.Errorf("Owners: %v", owners)
 	}
 	// Beside kube-proxy only the ClusterIPs with backends are Weir's.
@@ -391,5 +409,91 @@ func TestBuildCollisionsAreDeterministic(t *testing.T) {
 		if o := Owners(order, Options{Node: "n1", ReplaceKubeProxy: true})[dnsFE]; o != "ns/kube-dns" {
 			t.Errorf("order %s first: the ClusterIP is named %q", order[0].Name, o)
 		}
+	}
+}
+
+// TestBuildFollowsTopologyHints: trafficDistribution's hints narrow a
+// ClusterIP's backends as kube-proxy narrows them: to the endpoints hinted
+// for this node, else for its zone, and to all of them when any endpoint
+// lacks hints or none is hinted for this node or zone;
+// internalTrafficPolicy: Local and terminating endpoints ignore hints.
+func TestBuildFollowsTopologyHints(t *testing.T) {
+	web := svc("web", "10.96.0.5", corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})
+	a1 := ep{addr: "10.0.0.1", ready: true, node: "n1", forZones: []string{"a"}}
+	a2 := ep{addr: "10.0.0.2", ready: true, node: "n2", forZones: []string{"a"}}
+	b3 := ep{addr: "10.0.1.3", ready: true, node: "n3", forZones: []string{"b"}}
+	all := []Backend{be("10.0.0.1", 8080), be("10.0.0.2", 8080), be("10.0.1.3", 8080)}
+	tests := []struct {
+		name       string
+		node, zone string
+		eps        []ep
+		want       []Backend
+	}{
+		{"this zone's endpoints", "n1", "a", []ep{a1, a2, b3}, all[:2]},
+		{"the other zone's", "n3", "b", []ep{a1, a2, b3}, all[2:]},
+		{"no endpoint hinted for this zone: all", "n4", "c", []ep{a1, a2, b3}, all},
+		{"a node without a zone: all", "n1", "", []ep{a1, a2, b3}, all},
+		{"one endpoint without hints: all", "n1", "a", []ep{a1, a2, {addr: "10.0.1.3", ready: true, node: "n3"}}, all},
+		{"hints for this node first (PreferSameNode)", "n2", "a", []ep{
+			{addr: "10.0.0.1", ready: true, node: "n1", forZones: []string{"a"}, forNodes: []string{"n1"}},
+			{addr: "10.0.0.2", ready: true, node: "n2", forZones: []string{"a"}, forNodes: []string{"n2"}},
+			{addr: "10.0.1.3", ready: true, node: "n3", forZones: []string{"b"}, forNodes: []string{"n3"}},
+		}, all[1:2]},
+		{"node hints naming no endpoint here: the zone's", "n4", "a", []ep{
+			{addr: "10.0.0.1", ready: true, node: "n1", forZones: []string{"a"}, forNodes: []string{"n1"}},
+			{addr: "10.0.0.2", ready: true, node: "n2", forZones: []string{"a"}, forNodes: []string{"n2"}},
+			{addr: "10.0.1.3", ready: true, node: "n3", forZones: []string{"b"}, forNodes: []string{"n3"}},
+		}, all[:2]},
+		{"terminating endpoints when none is ready: hints ignored", "n3", "b", []ep{
+			{addr: "10.0.0.1", terminated: true, node: "n1", forZones: []string{"a"}},
+			{addr: "10.0.0.2", terminated: true, node: "n2", forZones: []string{"a"}},
+		}, all[:2]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Build([]*corev1.Service{web}, []*discoveryv1.EndpointSlice{slice("web", map[string]int32{"http": 8080}, tt.eps...)},
+				Options{Node: tt.node, Zone: tt.zone})
+			if e := got[fe("10.96.0.5", 80)]; !reflect.DeepEqual(e.Backends, tt.want) {
+				t.Errorf("backends %v, want %v", e.Backends, tt.want)
+			}
+		})
+	}
+
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	web.Spec.InternalTrafficPolicy = &local
+	got := Build([]*corev1.Service{web}, []*discoveryv1.EndpointSlice{slice("web", map[string]int32{"http": 8080}, a1, a2, b3)},
+		Options{Node: "n3", Zone: "a"})
+	if e := got[fe("10.96.0.5", 80)]; !reflect.DeepEqual(e.Backends, all[2:]) {
+		t.Errorf("internalTrafficPolicy: Local: %v, want this node's endpoint alone, hints ignored", e.Backends)
+	}
+}
+
+// TestBuildOtherNodesLocalNodePort: a socket naming another node's
+// externalTrafficPolicy: Local NodePort goes to that node's endpoints
+// alone, and with none there it is not translated at all (the packet goes
+// to that node, which drops it), while this node's own NodePort keeps
+// every endpoint for its own clients.
+func TestBuildOtherNodesLocalNodePort(t *testing.T) {
+	np := svc("np", "10.96.0.7", corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP})
+	np.Spec.Type = corev1.ServiceTypeNodePort
+	np.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	n1, n2 := netip.MustParseAddr("10.99.0.11"), netip.MustParseAddr("10.99.0.12")
+	opts := Options{Node: "n1", ReplaceKubeProxy: true, NodeAddrs: []netip.Addr{n1, n2}, OwnAddrs: []netip.Addr{n1},
+		AddrNode: map[netip.Addr]string{n1: "n1", n2: "n2"}}
+	onN1 := slice("np", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true, node: "n1"})
+	got := Build([]*corev1.Service{np}, []*discoveryv1.EndpointSlice{onN1}, opts)
+	if e, ok := got[fe("10.99.0.12", 30080)]; ok {
+		t.Errorf("n2's NodePort with no endpoint on n2: %v, want no frontend (left for n2 to drop)", e)
+	}
+	if e := got[fe("10.99.0.11", 30080)]; !reflect.DeepEqual(e.Backends, []Backend{be("10.0.0.2", 8080)}) {
+		t.Errorf("this node's NodePort: %v, want its endpoint", e.Backends)
+	}
+	opts.Node, opts.OwnAddrs = "n2", []netip.Addr{n2}
+	got = Build([]*corev1.Service{np}, []*discoveryv1.EndpointSlice{onN1}, opts)
+	if e := got[fe("10.99.0.11", 30080)]; !reflect.DeepEqual(e.Backends, []Backend{be("10.0.0.2", 8080)}) {
+		t.Errorf("from n2, n1's NodePort: %v, want n1's endpoint", e.Backends)
+	}
+	if e, ok := got[fe("10.99.0.12", 30080)]; !ok || !reflect.DeepEqual(e.Backends, []Backend{be("10.0.0.2", 8080)}) {
+		t.Errorf("from n2, its own NodePort: %v (present %v), want every endpoint, as kube-proxy serves its own node's clients", e.Backends, ok)
 	}
 }
