@@ -53,6 +53,9 @@ func runPodLaunch(ctx context.Context, o options, out io.Writer) (retErr error) 
 	st, err := lab.Up(ctx, lab.Config{
 		Name: launchLab, Nodes: 2, Mode: datapath.ModeVXLAN, BinDir: binDir, Kubernetes: true,
 		AgentMode: lab.AgentHost, BridgeRuntime: true, CNIBinDir: timers,
+		// The Service proxy the published runs had (the lab's default
+		// then); pod launch does not go through it.
+		KubeProxy: lab.KubeProxyNFTables,
 	}, out)
 	if err != nil {
 		return err

@@ -84,7 +84,10 @@ func runPolicyScale(ctx context.Context, o options, out io.Writer) (retErr error
 	}
 	defer func() { retErr = errors.Join(retErr, lab.Down(context.Background(), psRaw, io.Discard)) }()
 	fmt.Fprintln(out, "==> a two-node Kubernetes lab (agents as a DaemonSet, vxlan)")
-	st, err := lab.Up(ctx, lab.Config{Name: psLab, Nodes: 2, Mode: datapath.ModeVXLAN, BinDir: binDir, Kubernetes: true}, out)
+	// kube-proxy as in the published runs (the lab's default then); the
+	// probes go pod to pod, never through a Service.
+	st, err := lab.Up(ctx, lab.Config{Name: psLab, Nodes: 2, Mode: datapath.ModeVXLAN, BinDir: binDir, Kubernetes: true,
+		KubeProxy: lab.KubeProxyNFTables}, out)
 	if err != nil {
 		return err
 	}

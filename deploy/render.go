@@ -27,8 +27,10 @@ type AgentParams struct {
 	// Prometheus scrapes the agent's /metrics; the pod's annotations
 	// say so. 0: the agent serves metrics on its socket alone.
 	MetricsPort int
-	// KubeProxyReplacement runs the agents with --kube-proxy-replacement:
-	// for clusters without kube-proxy.
+	// KubeProxyReplacement runs the agents with --kube-proxy-replacement
+	// (the default): for clusters without kube-proxy. Off, the agents
+	// translate pods' ClusterIP connections only and leave the rest to
+	// kube-proxy.
 	KubeProxyReplacement bool
 	Mounts               []Mount
 }
@@ -48,6 +50,7 @@ func DefaultAgentParams(image string) AgentParams {
 		Image: image, PullPolicy: "IfNotPresent", Mode: "vxlan", ClusterCIDR: "10.244.0.0/16",
 		StateDir: "/var/lib/weir", Socket: "/run/weir/agent.sock", PinDir: "/sys/fs/bpf/weir",
 		CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", HealthPort: 9879, MetricsPort: 9880,
+		KubeProxyReplacement: true,
 		Mounts: []Mount{
 			{Name: "state", Path: "/var/lib/weir"}, {Name: "run", Path: "/run/weir"},
 			{Name: "bpffs", Path: "/sys/fs/bpf", Propagation: "Bidirectional"},

@@ -59,7 +59,7 @@ func newLabUpCommand() *cobra.Command {
 	cmd.Flags().IntVar(&f.nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&f.pods, "pods", 2, "pods per node attached through libcni (--bare only)")
 	cmd.Flags().StringVar(&f.agent, "agent-mode", lab.AgentDaemonSet, "how the cluster runs weir-agent: daemonset (as users deploy it) or host (a process per node, for development)")
-	cmd.Flags().StringVar(&f.proxy, "kube-proxy", lab.KubeProxyNFTables, "the cluster's Service proxy: kube-proxy in nftables or iptables mode, or none (Weir's agents replace it)")
+	cmd.Flags().StringVar(&f.proxy, "kube-proxy", lab.KubeProxyNone, "the cluster's Service proxy: none (Weir's agents replace kube-proxy), or kube-proxy in nftables or iptables mode")
 	cmd.Flags().BoolVar(&f.demo, "demo", false, "deploy the demo app and show its pods talking within and across nodes and through a Service")
 	cmd.Flags().BoolVar(&f.bare, "bare", false, "no Kubernetes: node agents with static peers, pods made through libcni")
 	cmd.Flags().StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "inter-node datapath: vxlan or native")

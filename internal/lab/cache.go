@@ -31,20 +31,20 @@ const ReferencePluginsVersion = "v1.9.1"
 // ReferencePlugins returns a directory holding the reference bridge and
 // host-local plugins, building them from their Go module the first time.
 func ReferencePlugins(ctx context.Context) (string, error) {
-	return referencePluginsBuild().run(ctx, nil)
+	return referencePluginsBuild().Run(ctx, nil)
 }
 
-func referencePluginsBuild() goBuild {
+func referencePluginsBuild() GoBuild {
 	mod := "github.com/containernetworking/plugins"
-	return goBuild{
+	return GoBuild{
 		Name: "cni-plugins", Module: mod, Version: ReferencePluginsVersion,
 		Pkgs: []string{mod + "/plugins/main/bridge", mod + "/plugins/ipam/host-local", mod + "/plugins/main/loopback", mod + "/plugins/meta/portmap"},
 	}
 }
 
-// goBuild builds main packages of one module version into the cache, in a
+// GoBuild builds main packages of one module version into the cache, in a
 // scratch module of its own so Weir's go.mod is not involved.
-type goBuild struct {
+type GoBuild struct {
 	Name    string   // cache directory name, with Version appended
 	Module  string   // module to require
 	Version string   // its version
@@ -60,7 +60,7 @@ type goBuild struct {
 }
 
 // binaries are the names the build produces.
-func (b goBuild) binaries() []string {
+func (b GoBuild) binaries() []string {
 	var out []string
 	for _, p := range b.Pkgs {
 		if p == "." {
@@ -73,12 +73,12 @@ func (b goBuild) binaries() []string {
 }
 
 // dir is where the binaries are cached.
-func (b goBuild) dir() string { return filepath.Join(CacheDir(), b.Name+"@"+b.Version) }
+func (b GoBuild) dir() string { return filepath.Join(CacheDir(), b.Name+"@"+b.Version) }
 
-// run builds what is not cached yet and returns the cache directory.
+// Run builds what is not cached yet and returns the cache directory.
 // Progress lines go to progress (nil: silent); a cold Kubernetes build
 // takes minutes and must not look hung.
-func (b goBuild) run(ctx context.Context, progress io.Writer) (string, error) {
+func (b GoBuild) Run(ctx context.Context, progress io.Writer) (string, error) {
 	dir := b.dir()
 	complete := true
 	for _, bin := range b.binaries() {

@@ -27,10 +27,24 @@ const (
 	PauseImage   = "registry.k8s.io/pause:3.10.2"
 	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 	BusyboxImage = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
-	AgentImage   = "weir.local/weir-agent:dev"
-	CoreDNSImage = "weir.local/coredns:" + CoreDNSVersion
+	// GlibcDNSTestingImage is upstream's Debian (bookworm) image with
+	// dnsutils and CoreDNS, which the DNS specs' probes and servers run.
+	GlibcDNSTestingImage = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"
+	// BoomServerImage is the conntrack spec's server, which injects
+	// out-of-window TCP segments (kubernetes issue 74839).
+	BoomServerImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
+	AgentImage      = "weir.local/weir-agent:dev"
+	CoreDNSImage    = "weir.local/coredns:" + CoreDNSVersion
 	// LoadToolsImage holds iperf3, sockperf and wrk for benchmarks in pods.
 	LoadToolsImage = "weir.local/loadtools:dev"
+)
+
+// Older agnhost names that conformance suites' manifests ask for: cyclonus's
+// server pods (2.43) and the ClusterNetworkPolicy suite's base manifests
+// (2.45). The lab's agnhost image carries them as more tags.
+const (
+	CyclonusAgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.43"
+	CNPAgnhostImage      = "registry.k8s.io/e2e-test-images/agnhost:2.45"
 )
 
 // imageSpec is a container image built from files on this machine.
@@ -47,15 +61,27 @@ type imageSpec struct {
 }
 
 // labImages are the images every node of a Kubernetes lab imports.
-func labImages(binDir string, bins map[string]string) []imageSpec {
+func labImages(binDir string, bins map[string]string) ([]imageSpec, error) {
 	agnhostDir := bins["agnhost"]
+	porterDir, err := kubernetesSourceDir("test/images/agnhost/porter")
+	if err != nil {
+		return nil, err
+	}
 	return []imageSpec{
 		{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}},
 		// As upstream's image: `agnhost pause` when a pod gives no command,
-		// and a /bin/bash, which the ClusterNetworkPolicy suite's pods run.
-		{Refs: []string{AgnhostImage, cyclonusAgnhostImage, cnpAgnhostImage}, Files: map[string]string{"/agnhost": filepath.Join(agnhostDir, "agnhost")},
-			Scripts: map[string]string{"/bin/bash": bashShim}, Busybox: true, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
+		// and upstream's tools (agnhostTools).
+		{Refs: []string{AgnhostImage, CyclonusAgnhostImage, CNPAgnhostImage}, Files: agnhostFiles(filepath.Join(agnhostDir, "agnhost"), filepath.Join(bins["coredns"], "coredns"), porterDir),
+			SharedLibs: true, Busybox: true, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
 		{Refs: []string{BusyboxImage}, Busybox: true, Cmd: []string{"sh"}},
+		{Refs: []string{BoomServerImage}, Files: map[string]string{"/regression-issue-74839": filepath.Join(agnhostDir, "regression-issue-74839")},
+			Entrypoint: []string{"/regression-issue-74839"}},
+		// This machine's Debian bookworm tools, as upstream's image has
+		// them: dash, dig, glibc's getent, and CoreDNS at /coredns.
+		{Refs: []string{GlibcDNSTestingImage}, Files: map[string]string{
+			"/bin/sh": "/usr/bin/dash", "/usr/bin/dig": "/usr/bin/dig", "/usr/bin/getent": "/usr/bin/getent",
+			"/coredns": filepath.Join(bins["coredns"], "coredns"),
+		}, SharedLibs: true, Busybox: true, Cmd: []string{"sh"}},
 		{Refs: []string{AgentImage}, Files: map[string]string{
 			"/usr/bin/weir-agent": filepath.Join(binDir, "weir-agent"),
 			"/usr/bin/weir-cni":   filepath.Join(binDir, "weir-cni"),
@@ -65,14 +91,59 @@ func labImages(binDir string, bins map[string]string) []imageSpec {
 		{Refs: []string{LoadToolsImage}, Files: map[string]string{
 			"/usr/bin/iperf3": "/usr/bin/iperf3", "/usr/bin/sockperf": "/usr/bin/sockperf", "/usr/bin/wrk": "/usr/bin/wrk",
 		}, SharedLibs: true, Busybox: true, Cmd: []string{"sh"}},
-	}
+	}, nil
 }
 
 const busyboxPath = "/bin/busybox" // Debian's busybox-static
 
-// bashShim stands in for bash with busybox's shell, enough for the
-// `bash -c COMMAND` of test manifests (busybox has no bash applet).
-const bashShim = "#!/bin/sh\nexec /bin/sh \"$@\"\n"
+// agnhostTools are the programs upstream's agnhost image installs on its
+// Alpine base (netcat-openbsd, curl, bind-tools, iproute2, bash, socat,
+// and busybox's wget),
+// here Debian's builds of the same tools with their libraries. The suites
+// run them in their pods (`nc -v -t -w 2`, `curl`, `dig`, `bash -c`);
+// busybox's minimal nc, for one, has none of those flags.
+var agnhostTools = map[string]string{
+	"/bin/nc":       "/bin/nc.openbsd",
+	"/usr/bin/curl": "/usr/bin/curl",
+	"/usr/bin/dig":  "/usr/bin/dig",
+	"/bin/ip":       "/usr/sbin/ip",
+	"/bin/bash":     "/usr/bin/bash",
+	// A shell that runs programs from PATH: Debian's static busybox runs
+	// its own applets first (busybox nc for `sh -c 'nc -v ...'`).
+	"/bin/sh":        "/usr/bin/dash",
+	"/usr/bin/socat": "/usr/bin/socat",
+	// GNU wget for busybox's: Debian's static busybox crashes on
+	// `wget -T` (a timeout), which the Service specs run from pods.
+	"/bin/wget": "/usr/bin/wget",
+}
+
+// agnhostFiles are the agnhost image's files: the static agnhost binary,
+// CoreDNS at /coredns and porter's TLS key pair at /localhost.crt and
+// /localhost.key as upstream ships them (the DNS specs' test servers run
+// CoreDNS; the Proxy specs' porter serves TLS with the pair), and
+// agnhostTools.
+func agnhostFiles(agnhost, coredns, porterDir string) map[string]string {
+	files := map[string]string{"/agnhost": agnhost, "/coredns": coredns,
+		"/localhost.crt": filepath.Join(porterDir, "localhost.crt"), "/localhost.key": filepath.Join(porterDir, "localhost.key")}
+	for dst, src := range agnhostTools {
+		files[dst] = src
+	}
+	return files
+}
+
+// kubernetesSourceDir is a directory of the Kubernetes module's source in
+// Go's module cache, where building agnhost put it.
+func kubernetesSourceDir(rel string) (string, error) {
+	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMODCACHE: %w", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "k8s.io", "kubernetes@"+KubernetesVersion, rel)
+	if _, err := os.Stat(dir); err != nil {
+		return "", fmt.Errorf("kubernetes %s source (%s): %w; run `weir lab build` to fetch it", KubernetesVersion, rel, err)
+	}
+	return dir, nil
+}
 
 // build writes the image as a docker-archive tarball under the cache,
 // keyed by the content of its inputs, and returns its path; an unchanged
@@ -282,6 +353,9 @@ func busyboxApplets() ([]string, error) {
 // at the same path, and the dynamic loader.
 func addSharedLibs(files map[string]string) error {
 	for _, src := range sortedKeys(files) {
+		if !isELF(files[src]) || checkStatic(files[src]) == nil {
+			continue // data (a key pair), or a static binary such as agnhost: no library to load
+		}
 		out, err := exec.Command("ldd", files[src]).Output()
 		if err != nil {
 			return fmt.Errorf("ldd %s (is it installed?): %w", files[src], err)
@@ -299,6 +373,16 @@ func addSharedLibs(files map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// isELF says whether path is an ELF file (a program), not data.
+func isELF(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
 }
 
 // checkStatic fails for a dynamically linked binary: the images have no

@@ -86,6 +86,9 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	if err := st.waitNodesReady(ctx, 3*time.Minute, out); err != nil {
 		return err
 	}
+	if err := st.routePodsFromControlPlane(); err != nil {
+		return err
+	}
 	dns := strings.NewReplacer("IMAGE", CoreDNSImage, "CLUSTER_DNS_IP", ClusterDNSIP.String())
 	if err := st.applyManifests(ctx, manifests.FS, dns, "coredns.yaml"); err != nil {
 		return err
@@ -141,7 +144,11 @@ func sharedMount(dir string) error {
 // buildImages builds (or finds in the cache) every image the nodes import.
 func (st *State) buildImages() ([]string, error) {
 	var out []string
-	for _, spec := range labImages(st.Config.BinDir, st.Kube.Bins) {
+	specs, err := labImages(st.Config.BinDir, st.Kube.Bins)
+	if err != nil {
+		return nil, err
+	}
+	for _, spec := range specs {
 		path, err := spec.build()
 		if err != nil {
 			return nil, err
@@ -342,4 +349,28 @@ func agentPID(socket string) (int, error) {
 		return 0, fmt.Errorf("no weir-agent process serves %s", socket)
 	}
 	return pids[0], nil
+}
+
+// routePodsFromControlPlane routes each node's pod CIDR from the control
+// plane's namespace to that node, as a control plane on a cluster node
+// reaches pods: the API server dials them for its pod and Service proxy
+// (kubectl proxy, the upstream suite's Proxy specs), webhooks and
+// aggregated APIs.
+func (st *State) routePodsFromControlPlane() error {
+	return inNS(st.cpNS(), func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		for _, n := range st.Nodes {
+			if !n.PodCIDR.IsValid() {
+				return fmt.Errorf("node %s has no pod CIDR to route from the control plane", n.Name)
+			}
+			dst := &net.IPNet{IP: n.PodCIDR.Addr().AsSlice(), Mask: net.CIDRMask(n.PodCIDR.Bits(), 32)}
+			if err := netlink.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: n.IP.AsSlice()}); err != nil {
+				return fmt.Errorf("control plane: route %v via %s: %w", n.PodCIDR, n.Name, err)
+			}
+		}
+		return nil
+	})
 }

@@ -29,8 +29,8 @@ var kubernetesStaging = []string{
 	"sample-cli-plugin", "sample-controller", "streaming",
 }
 
-// kubernetesBuild is the build of the control plane, kubelet and kubectl.
-func kubernetesBuild() goBuild {
+// KubernetesBuild is the build of the control plane, kubelet and kubectl.
+func KubernetesBuild() GoBuild {
 	staging := "v0." + strings.TrimPrefix(KubernetesVersion, "v1.")
 	replace := map[string]string{}
 	for _, m := range kubernetesStaging {
@@ -47,32 +47,34 @@ func kubernetesBuild() goBuild {
 	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "kube-proxy"} {
 		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+c)
 	}
-	return goBuild{
+	return GoBuild{
 		Name: "kubernetes", Module: "k8s.io/kubernetes", Version: KubernetesVersion,
 		Pkgs: pkgs, Replace: replace, LDFlags: "-s -w " + strings.Join(ld, " "),
 	}
 }
 
 // agnhostBuild is Kubernetes' all-purpose test image binary (netexec,
-// serve-hostname, connect, ...), static so it runs in an image with no libc.
-func agnhostBuild() goBuild {
-	b := kubernetesBuild()
-	b.Name, b.Pkgs, b.Env = "agnhost", []string{"k8s.io/kubernetes/test/images/agnhost"}, []string{"CGO_ENABLED=0"}
+// serve-hostname, connect, ...) and the conntrack spec's boom server
+// (regression-issue-74839), static so they run in images with no libc.
+func agnhostBuild() GoBuild {
+	b := KubernetesBuild()
+	b.Name, b.Env = "agnhost", []string{"CGO_ENABLED=0"}
+	b.Pkgs = []string{"k8s.io/kubernetes/test/images/agnhost", "k8s.io/kubernetes/test/images/regression-issue-74839"}
 	b.LDFlags = "-s -w"
 	return b
 }
 
 // corednsBuild is CoreDNS, the cluster's DNS server, static for its image.
-func corednsBuild() goBuild {
-	return goBuild{
+func corednsBuild() GoBuild {
+	return GoBuild{
 		Name: "coredns", Module: "github.com/coredns/coredns", Version: CoreDNSVersion,
 		Pkgs: []string{"github.com/coredns/coredns"}, Env: []string{"CGO_ENABLED=0"}, LDFlags: "-s -w",
 	}
 }
 
 // etcdBuild is etcd as a three-line main over etcdmain.
-func etcdBuild() goBuild {
-	return goBuild{
+func etcdBuild() GoBuild {
+	return GoBuild{
 		Name: "etcd", Module: "go.etcd.io/etcd/server/v3", Version: EtcdVersion, Pkgs: []string{"."},
 		Main:    "package main\n\nimport (\n\t\"os\"\n\n\t\"go.etcd.io/etcd/server/v3/etcdmain\"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n",
 		LDFlags: "-s -w",
@@ -80,9 +82,9 @@ func etcdBuild() goBuild {
 }
 
 // containerdBuild is containerd, ctr and the runc shim.
-func containerdBuild() goBuild {
+func containerdBuild() GoBuild {
 	mod := "github.com/containerd/containerd/v2"
-	return goBuild{
+	return GoBuild{
 		Name: "containerd", Module: mod, Version: ContainerdVersion,
 		Pkgs: []string{mod + "/cmd/containerd", mod + "/cmd/ctr", mod + "/cmd/containerd-shim-runc-v2"},
 		Tags: "no_btrfs", LDFlags: "-s -w",
@@ -93,8 +95,8 @@ func containerdBuild() goBuild {
 // Kubernetes lab runs and returns the directory of each build.
 func ClusterBinaries(ctx context.Context, progress io.Writer) (map[string]string, error) {
 	out := map[string]string{}
-	for _, b := range []goBuild{etcdBuild(), containerdBuild(), kubernetesBuild(), agnhostBuild(), corednsBuild(), referencePluginsBuild()} {
-		dir, err := b.run(ctx, progress)
+	for _, b := range []GoBuild{etcdBuild(), containerdBuild(), KubernetesBuild(), agnhostBuild(), corednsBuild(), referencePluginsBuild()} {
+		dir, err := b.Run(ctx, progress)
 		if err != nil {
 			return nil, err
 		}

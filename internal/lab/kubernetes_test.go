@@ -6,7 +6,7 @@ import (
 )
 
 func TestKubernetesBuildPinsStagingAndVersion(t *testing.T) {
-	b := kubernetesBuild()
+	b := KubernetesBuild()
 	if got := b.Replace["k8s.io/client-go"]; got != "k8s.io/client-go@v0.37.2" {
 		t.Fatalf("client-go replaced by %q, want the v0.37.2 release", got)
 	}

@@ -45,10 +45,10 @@ type Config struct {
 	// for CNI plugins in (host agent mode), e.g. a benchmark's timing
 	// wrappers.
 	CNIBinDir string `json:"cniBinDir,omitempty"`
-	// KubeProxy is the Service proxy of a Kubernetes lab: kube-proxy in
-	// KubeProxyNFTables (default) or KubeProxyIPTables mode, or
-	// KubeProxyNone, where Weir's agents replace it
-	// (--kube-proxy-replacement).
+	// KubeProxy is the Service proxy of a Kubernetes lab: KubeProxyNone
+	// (default), where Weir's agents replace kube-proxy
+	// (--kube-proxy-replacement), or kube-proxy in KubeProxyNFTables or
+	// KubeProxyIPTables mode beside agents that leave Services to it.
 	KubeProxy string `json:"kubeProxy,omitempty"`
 }
 
@@ -97,7 +97,7 @@ func (c *Config) Validate() error {
 	}
 	switch c.KubeProxy {
 	case "":
-		c.KubeProxy = KubeProxyNFTables
+		c.KubeProxy = KubeProxyNone
 	case KubeProxyNFTables, KubeProxyIPTables, KubeProxyNone:
 	default:
 		return fmt.Errorf("kube-proxy %q: want %s, %s or %s (Weir replaces it)", c.KubeProxy, KubeProxyNFTables, KubeProxyIPTables, KubeProxyNone)

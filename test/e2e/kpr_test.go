@@ -8,12 +8,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/weirnet/weir/internal/conformance"
 	"github.com/weirnet/weir/internal/lab"
 )
 
@@ -167,4 +169,27 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "timeout") {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint: %v, want a timeout (dropped)", err)
 	}
+
+	t.Run("Services conformance: fast subset of the upstream sig-network suite", func(t *testing.T) {
+		tools, err := conformance.ServicesSuite(ctx, testWriter{t})
+		if err != nil {
+			t.Fatal(err)
+		}
+		results := t.TempDir()
+		res, err := conformance.RunServices(ctx, st, tools, true, 4, results, testWriter{t})
+		if err != nil {
+			dumpFile(t, filepath.Join(results, "services.log"), 200)
+			t.Fatal(err)
+		}
+		t.Logf("%s in %.0f s", res, res.Seconds)
+		for _, f := range res.Failed {
+			t.Errorf("%s: FAILED %s", res.Suite, f)
+		}
+		if res.KubeProxy != lab.KubeProxyNone {
+			t.Errorf("the suite ran with kube-proxy %q, want none", res.KubeProxy)
+		}
+		if t.Failed() {
+			dumpFile(t, filepath.Join(results, "services.log"), 200)
+		}
+	})
 }

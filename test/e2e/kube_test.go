@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/conformance"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/lab"
 )
@@ -57,7 +58,7 @@ spec:
 
 // TestKubernetes runs Weir as the CNI of a real two-node cluster (etcd,
 // kube-apiserver, controller manager, scheduler, containerd, kubelet,
-// kube-proxy, CoreDNS) and checks what an operator relies on: pods get
+// CoreDNS; Weir in place of kube-proxy, the default) and checks what an operator relies on: pods get
 // Weir addresses and reach each other, Services and DNS names work,
 // exec and logs work, deleted pods free their addresses, the datapath
 // survives an agent crash, a rolling restart of the agent DaemonSet and a
@@ -358,17 +359,21 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	t.Run("NetworkPolicy conformance: fast subsets of cyclonus and the upstream suite", func(t *testing.T) {
-		cyclonus, netpol, err := lab.ConformanceTools(ctx, testWriter{t})
+		cyclonus, err := conformance.CyclonusTool(ctx, testWriter{t})
+		if err != nil {
+			t.Fatal(err)
+		}
+		netpol, err := conformance.NetpolSuite(ctx, testWriter{t})
 		if err != nil {
 			t.Fatal(err)
 		}
 		results := t.TempDir()
-		for _, run := range []func() (lab.ConformanceResult, error){
-			func() (lab.ConformanceResult, error) {
-				return lab.RunCyclonus(ctx, st, cyclonus, true, results, testWriter{t})
+		for _, run := range []func() (conformance.Result, error){
+			func() (conformance.Result, error) {
+				return conformance.RunCyclonus(ctx, st, cyclonus, true, results, testWriter{t})
 			},
-			func() (lab.ConformanceResult, error) {
-				return lab.RunNetpolE2E(ctx, st, netpol, true, results, testWriter{t})
+			func() (conformance.Result, error) {
+				return conformance.RunNetpolE2E(ctx, st, netpol, true, results, testWriter{t})
 			},
 		} {
 			res, err := run()
@@ -411,12 +416,12 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	t.Run("ClusterNetworkPolicy conformance: fast subset of the upstream suite", func(t *testing.T) {
-		bin, err := lab.CNPSuite(ctx, testWriter{t})
+		bin, err := conformance.CNPSuite(ctx, testWriter{t})
 		if err != nil {
 			t.Fatal(err)
 		}
 		results := t.TempDir()
-		res, err := lab.RunCNP(ctx, st, bin, true, results, testWriter{t})
+		res, err := conformance.RunCNP(ctx, st, bin, true, results, testWriter{t})
 		if err != nil {
 			dumpFile(t, filepath.Join(results, "cnp.log"), 200)
 			t.Fatal(err)
@@ -509,9 +514,22 @@ spec:
 		})
 	})
 
-	t.Run("agent crash keeps connections and pods", func(t *testing.T) {
+	t.Run("agent crash keeps connections, Service connections and pods", func(t *testing.T) {
 		pods := webPods(t, c)
 		client, server := onNode(t, pods, "n1"), onNode(t, pods, "n2")
+		svc, err := c.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Through the Service, with no kube-proxy: an established flow
+		// and new ones every 50 ms, while the agents that balance them
+		// are gone and come back (the maps and socket programs are
+		// pinned; the new agent writes only what changed).
+		load, err := startServiceLoad(podNS(t, st, client), svc.Spec.ClusterIP+":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer load.stop()
 		sent, adopted := undisturbed(t, st, client, server, func() {
 			for _, n := range []string{"n1", "n2"} {
 				// kubelet restarts the DaemonSet's container.
@@ -525,6 +543,23 @@ spec:
 			t.Fatalf("only %d echoes went through", sent)
 		}
 		t.Logf("%d echoes across two agent crashes (kubelet restarted them), %d endpoints adopted unchanged", sent, adopted)
+		res := load.stop()
+		if res.KeptErr != nil {
+			t.Errorf("the established Service connection broke: %v", res.KeptErr)
+		}
+		if len(res.KeptFrom) != 1 {
+			t.Errorf("the established Service connection was answered by %v, want one backend throughout", res.KeptFrom)
+		}
+		if res.FreshFailed > 0 {
+			t.Errorf("%d of %d new Service connections failed during the crashes, first: %v", res.FreshFailed, res.Fresh+res.FreshFailed, res.FreshErr)
+		}
+		// Still balanced: with 6 backends, 20 or more new connections
+		// that all landed on fewer than 3 would mean a stuck pick.
+		if res.Fresh < 20 || len(res.FreshFrom) < 3 {
+			t.Errorf("%d new Service connections answered by %d backends (%v), want at least 20 over at least 3", res.Fresh, len(res.FreshFrom), res.FreshFrom)
+		}
+		t.Logf("through the Service across the crashes: %d requests on one established connection, %d of %d new connections answered by %d backends",
+			res.Kept, res.Fresh, res.Fresh+res.FreshFailed, len(res.FreshFrom))
 	})
 
 	t.Run("rolling restart of the agent DaemonSet drops nothing", func(t *testing.T) {
@@ -614,13 +649,7 @@ spec:
 // newKubeLab brings up a Kubernetes lab that is torn down when the test ends.
 func newKubeLab(t *testing.T) *lab.State {
 	t.Helper()
-	return newKubeLabMode(t, datapath.ModeVXLAN)
-}
-
-// newKubeLabMode is newKubeLab with the given routing mode.
-func newKubeLabMode(t *testing.T, mode datapath.Mode) *lab.State {
-	t.Helper()
-	return newKubeLabConfig(t, lab.Config{Mode: mode})
+	return newKubeLabConfig(t, lab.Config{Mode: datapath.ModeVXLAN})
 }
 
 // newKubeLabConfig is newKubeLab with cfg's mode and Service proxy.
@@ -941,8 +970,11 @@ func flowsInclude(ctx context.Context, st *lab.State, node, pod, allowRule, deny
 // native routing, where the sending node puts a fresh pod's identity into
 // the packets that open its flows (bpf/lib/nativeid.h): the server's node
 // judges it by that identity before its address arrives.
+//
+// Its cluster keeps kube-proxy (nftables), so the agents' mode beside
+// kube-proxy runs end to end too.
 func TestKubernetesNativeNewPods(t *testing.T) {
-	st := newKubeLabMode(t, datapath.ModeNative)
+	st := newKubeLabConfig(t, lab.Config{Mode: datapath.ModeNative, KubeProxy: lab.KubeProxyNFTables})
 	ctx := context.Background()
 	c, err := st.Client()
 	if err != nil {

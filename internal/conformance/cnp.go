@@ -1,4 +1,4 @@
-package lab
+package conformance
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/weirnet/weir/internal/lab"
 )
 
 // The upstream ClusterNetworkPolicy suite (sigs.k8s.io/network-policy-api
@@ -25,10 +27,6 @@ import (
 
 // cnpModuleDir is the nested module, relative to the source tree's root.
 const cnpModuleDir = "conformance/cnp"
-
-// cnpAgnhostImage is the agnhost name the suite's base manifests ask for;
-// the lab's agnhost image carries it as another tag.
-const cnpAgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.45"
 
 // cnpFeatures are the suite features Weir claims: the standard
 // ClusterNetworkPolicy profile and named ports. Egress node peers are not
@@ -83,7 +81,7 @@ func CNPSuite(ctx context.Context, progress io.Writer) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(CacheDir(), "cnp-conformance@"+version+"-"+key)
+	dir := filepath.Join(lab.CacheDir(), "cnp-conformance@"+version+"-"+key)
 	bin := filepath.Join(dir, "cnp-conformance.test")
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
@@ -170,8 +168,8 @@ func cnpSourceKey(src string) (version, key string, _ error) {
 // every test of the Admin and Baseline tiers this kernel can run, or the
 // fast subset. A test counts once, passed only if all its subtests pass;
 // Failed names the failing subtests.
-func RunCNP(ctx context.Context, st *State, bin string, fast bool, resultsDir string, out io.Writer) (_ ConformanceResult, retErr error) {
-	res := ConformanceResult{Suite: SuiteCNP, Fast: fast, JUnit: filepath.Join(resultsDir, "cnp-junit.xml"), Commit: sourceCommit(),
+func RunCNP(ctx context.Context, st *lab.State, bin string, fast bool, resultsDir string, out io.Writer) (_ Result, retErr error) {
+	res := Result{Suite: SuiteCNP, Fast: fast, JUnit: filepath.Join(resultsDir, "cnp-junit.xml"), Commit: sourceCommit(),
 		NotRunnable: map[string]string{"SCTP": fmt.Sprintf("this kernel has no SCTP module: the base manifests' SCTP servers are left out "+
 			"and the %d tests that probe SCTP in every subtest are not run (%s)", len(cnpSCTPTests), strings.Join(cnpSCTPTests, ", "))}}
 	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
@@ -186,16 +184,16 @@ func RunCNP(ctx context.Context, st *State, bin string, fast bool, resultsDir st
 	if _, err := st.Kubectl(ctx, nil, args...); err != nil {
 		return res, fmt.Errorf("remove the suite's namespaces: %w", err)
 	}
-	nsBefore, err := st.namespaces(ctx)
+	nsBefore, err := namespaces(ctx, st)
 	if err != nil {
 		return res, err
 	}
-	cnpBefore, err := st.clusterNetworkPolicies(ctx)
+	cnpBefore, err := clusterNetworkPolicies(ctx, st)
 	if err != nil {
 		return res, err
 	}
 	defer func() {
-		retErr = errors.Join(retErr, st.removeClusterNetworkPoliciesSince(ctx, cnpBefore), st.removeNamespacesSince(ctx, nsBefore))
+		retErr = errors.Join(retErr, removeClusterNetworkPoliciesSince(ctx, st, cnpBefore), removeNamespacesSince(ctx, st, nsBefore))
 	}()
 
 	run := "^" + cnpTestMain + "$"
@@ -245,7 +243,7 @@ func RunCNP(ctx context.Context, st *State, bin string, fast bool, resultsDir st
 
 // tallyCNP counts the suite's tests (the subtests of TestConformance) into
 // res, and their subtests into res.Subtests and returns the skipped tests.
-func tallyCNP(res *ConformanceResult, verdicts []goTestVerdict) (skipped []string) {
+func tallyCNP(res *Result, verdicts []goTestVerdict) (skipped []string) {
 	res.Subtests = &PassCount{}
 	res.ByTier = map[string]*PassCount{}
 	prefix := cnpTestMain + "/"
@@ -381,7 +379,7 @@ func writeGoTestJUnit(path, suite string, verdicts []goTestVerdict) error {
 }
 
 // clusterNetworkPolicies lists the cluster's ClusterNetworkPolicies by name.
-func (st *State) clusterNetworkPolicies(ctx context.Context) (map[string]bool, error) {
+func clusterNetworkPolicies(ctx context.Context, st *lab.State) (map[string]bool, error) {
 	b, err := st.Kubectl(ctx, nil, "get", cnpResource, "-o", "name")
 	if err != nil {
 		return nil, fmt.Errorf("list ClusterNetworkPolicies: %w", err)
@@ -395,8 +393,8 @@ func (st *State) clusterNetworkPolicies(ctx context.Context) (map[string]bool, e
 
 // removeClusterNetworkPoliciesSince deletes the ClusterNetworkPolicies a
 // suite made and left (it deletes its own unless interrupted).
-func (st *State) removeClusterNetworkPoliciesSince(ctx context.Context, before map[string]bool) error {
-	now, err := st.clusterNetworkPolicies(ctx)
+func removeClusterNetworkPoliciesSince(ctx context.Context, st *lab.State, before map[string]bool) error {
+	now, err := clusterNetworkPolicies(ctx, st)
 	if err != nil {
 		return err
 	}

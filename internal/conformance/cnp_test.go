@@ -1,8 +1,7 @@
-package lab
+package conformance
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -38,7 +37,7 @@ func TestTallyCNP(t *testing.T) {
 	if len(verdicts) != 8 {
 		t.Fatalf("%d verdicts, want 8: %v", len(verdicts), verdicts)
 	}
-	var res ConformanceResult
+	var res Result
 	skipped := tallyCNP(&res, verdicts)
 	if res.Passed != 1 || res.Total != 3 {
 		t.Errorf("tests %d/%d, want 1/3", res.Passed, res.Total)
@@ -144,7 +143,7 @@ func TestWriteResultNamesNoLocalPath(t *testing.T) {
 	if err := os.WriteFile(junit, []byte(`<testsuite package="`+dir+`/x"></testsuite>`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := ConformanceResult{Suite: SuiteNetpol, Fast: true, JUnit: junit,
+	r := Result{Suite: SuiteNetpol, Fast: true, JUnit: junit,
 		Command: home + "/.cache/weir/netpol-e2e/netpol-e2e '--ginkgo.junit-report=" + junit + "'"}
 	if err := writeResult(dir, r); err != nil {
 		t.Fatal(err)
@@ -161,36 +160,5 @@ func TestWriteResultNamesNoLocalPath(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(dir, "netpol.json"))
 	if !strings.Contains(string(b), `"rerun": "weir lab conformance --suite netpol --fast=true --results RESULTS_DIR"`) {
 		t.Errorf("no rerun command:\n%s", b)
-	}
-}
-
-// TestGitCommitSaysDirtyOutsideExclusions: the commit of a tree, marked
-// dirty by a change to a tracked file unless the file is excluded.
-func TestGitCommitSaysDirtyOutsideExclusions(t *testing.T) {
-	dir := t.TempDir()
-	git := func(args ...string) {
-		t.Helper()
-		cmd := exec.Command("git", append([]string{"-C", dir, "-c", "user.email=t@t", "-c", "user.name=t"}, args...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	git("init", "-q")
-	for _, f := range []string{"code.go", "results/r.json"} {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755)
-		os.WriteFile(filepath.Join(dir, f), []byte("a"), 0o644)
-	}
-	git("add", ".")
-	git("commit", "-qm", "x")
-	clean := GitCommit(dir)
-	if len(clean) != 12 || strings.HasSuffix(clean, "-dirty") {
-		t.Fatalf("clean tree: %q", clean)
-	}
-	os.WriteFile(filepath.Join(dir, "results/r.json"), []byte("b"), 0o644)
-	if got := GitCommit(dir, "results"); got != clean {
-		t.Errorf("only excluded results changed: %q, want %q", got, clean)
-	}
-	if got := GitCommit(dir); got != clean+"-dirty" {
-		t.Errorf("results changed, nothing excluded: %q, want dirty", got)
 	}
 }

@@ -1,0 +1,166 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/weirnet/weir/internal/lab"
+)
+
+// netpolSuiteSource is the test main of the upstream NetworkPolicy suite:
+// test/e2e/e2e_test.go's flag handling, with only the netpol specs linked in.
+const netpolSuiteSource = `package netpol_test
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/e2e/network/netpol"
+)
+
+func TestMain(m *testing.M) {
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestNetpol(t *testing.T) {
+	gomega.RegisterFailHandler(framework.Fail)
+	suite, reporter := framework.CreateGinkgoConfig()
+	ginkgo.RunSpecs(t, "NetworkPolicy e2e", suite, reporter)
+}
+`
+
+// netpolBuild is the upstream NetworkPolicy e2e suite of the lab's
+// Kubernetes version, as a test binary.
+func netpolBuild() lab.GoBuild {
+	b := lab.KubernetesBuild()
+	b.Name, b.Pkgs, b.Main, b.Test, b.LDFlags = "netpol-e2e", []string{"."}, netpolSuiteSource, true, ""
+	b.Env = []string{"CGO_ENABLED=0"}
+	return b
+}
+
+// NetpolSuite builds (once, then from the cache) the upstream
+// NetworkPolicy suite and returns its path.
+func NetpolSuite(ctx context.Context, progress io.Writer) (string, error) {
+	dir, err := netpolBuild().Run(ctx, progress)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "netpol-e2e"), nil
+}
+
+// netpolFastFocus is the CI subset of the upstream suite: default deny,
+// pod and namespace selectors, named ports both ways, a policy update,
+// ipBlock except, and UDP.
+var netpolFastFocus = []string{
+	`should support a 'default-deny-all' policy`,
+	`should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector`,
+	`should enforce policy based on PodSelector and NamespaceSelector`,
+	`should allow ingress access on one named port`,
+	`should allow egress access on one named port`,
+	`should enforce updated policy`,
+	`should enforce except clause while egress access to server in CIDR block`,
+	`using UDP should support a 'default-deny-ingress' policy`,
+}
+
+// RunNetpolE2E runs the upstream NetworkPolicy suite against the lab.
+// SCTP specs are not run: this kernel has no SCTP, so their server pods
+// could not even listen.
+func RunNetpolE2E(ctx context.Context, st *lab.State, bin string, fast bool, resultsDir string, out io.Writer) (_ Result, retErr error) {
+	res := Result{Suite: SuiteNetpol, Fast: fast, JUnit: filepath.Join(resultsDir, "netpol-junit.xml"), Commit: sourceCommit(),
+		NotRunnable: map[string]string{"SCTP": "this kernel has no SCTP module; the 3 [Feature:SCTPConnectivity] specs are skipped"}}
+	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
+		return res, err
+	}
+	focus := `\[sig-network\] Netpol`
+	if fast {
+		quoted := make([]string, len(netpolFastFocus))
+		for i, f := range netpolFastFocus {
+			quoted[i] = regexp.QuoteMeta(f)
+		}
+		focus += `.*(` + strings.Join(quoted, "|") + `)`
+	}
+	args := []string{
+		"--kubeconfig=" + st.Kube.Kubeconfig, "--provider=local",
+		"--ginkgo.focus=" + focus, `--ginkgo.skip=\[Feature:SCTPConnectivity\]`,
+		"--ginkgo.timeout=3h", "--ginkgo.junit-report=" + res.JUnit,
+		"--allowed-not-ready-nodes=-1", "--e2e-output-dir=" + resultsDir,
+	}
+	before, err := namespaces(ctx, st)
+	if err != nil {
+		return res, err
+	}
+	defer func() { retErr = errors.Join(retErr, removeNamespacesSince(ctx, st, before)) }()
+	res.Command = bin + " '" + strings.Join(args, "' '") + "'"
+	fmt.Fprintf(out, "running: %s\n", res.Command)
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	log, err := os.Create(filepath.Join(resultsDir, "netpol.log"))
+	if err != nil {
+		return res, err
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	runErr := cmd.Run() // non-zero on any failed spec; the JUnit file says which
+	res.Seconds = time.Since(start).Seconds()
+	cases, err := readJUnit(res.JUnit)
+	if err != nil {
+		return res, fmt.Errorf("netpol e2e (%v, log %s): %w", runErr, log.Name(), err)
+	}
+	res.ByProtocol = map[string]*PassCount{}
+	for _, c := range cases {
+		if c.skipped || !strings.Contains(c.name, "Netpol") {
+			continue
+		}
+		proto := netpolProtocol(c.name)
+		pc := res.ByProtocol[proto]
+		if pc == nil {
+			pc = &PassCount{}
+			res.ByProtocol[proto] = pc
+		}
+		res.Total++
+		pc.Total++
+		if c.failed {
+			res.Failed = append(res.Failed, c.name)
+		} else {
+			res.Passed++
+			pc.Passed++
+		}
+	}
+	if res.Total == 0 {
+		return res, fmt.Errorf("netpol e2e ran no spec (%v); see %s", runErr, log.Name())
+	}
+	return res, writeResult(resultsDir, res)
+}
+
+func netpolProtocol(spec string) string {
+	switch {
+	case strings.Contains(spec, "using UDP"):
+		return "UDP"
+	case strings.Contains(spec, "using SCTP"):
+		return "SCTP"
+	case strings.Contains(spec, "Netpol API"):
+		return "API"
+	}
+	return "TCP"
+}
