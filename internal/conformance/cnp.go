@@ -188,12 +188,12 @@ func RunCNP(ctx context.Context, st *lab.State, bin string, fast bool, resultsDi
 	if err != nil {
 		return res, err
 	}
-	cnpBefore, err := clusterNetworkPolicies(ctx, st)
+	cnpBefore, err := objectNames(ctx, st, cnpResource)
 	if err != nil {
 		return res, err
 	}
 	defer func() {
-		retErr = errors.Join(retErr, removeClusterNetworkPoliciesSince(ctx, st, cnpBefore), removeNamespacesSince(ctx, st, nsBefore))
+		retErr = errors.Join(retErr, deleteSince(ctx, st, cnpResource, cnpBefore, "60s"), removeNamespacesSince(ctx, st, nsBefore))
 	}()
 
 	run := "^" + cnpTestMain + "$"
@@ -376,42 +376,6 @@ func writeGoTestJUnit(path, suite string, verdicts []goTestVerdict) error {
 		return err
 	}
 	return os.WriteFile(path, append([]byte(xml.Header), append(b, '\n')...), 0o644)
-}
-
-// clusterNetworkPolicies lists the cluster's ClusterNetworkPolicies by name.
-func clusterNetworkPolicies(ctx context.Context, st *lab.State) (map[string]bool, error) {
-	b, err := st.Kubectl(ctx, nil, "get", cnpResource, "-o", "name")
-	if err != nil {
-		return nil, fmt.Errorf("list ClusterNetworkPolicies: %w", err)
-	}
-	out := map[string]bool{}
-	for _, n := range strings.Fields(string(b)) {
-		out[n] = true
-	}
-	return out, nil
-}
-
-// removeClusterNetworkPoliciesSince deletes the ClusterNetworkPolicies a
-// suite made and left (it deletes its own unless interrupted).
-func removeClusterNetworkPoliciesSince(ctx context.Context, st *lab.State, before map[string]bool) error {
-	now, err := clusterNetworkPolicies(ctx, st)
-	if err != nil {
-		return err
-	}
-	args := []string{"delete", "--ignore-not-found", "--wait=true", "--timeout=60s"}
-	n := len(args)
-	for name := range now {
-		if !before[name] {
-			args = append(args, name)
-		}
-	}
-	if len(args) == n {
-		return nil
-	}
-	if _, err := st.Kubectl(ctx, nil, args...); err != nil {
-		return fmt.Errorf("remove the suite's ClusterNetworkPolicies: %w", err)
-	}
-	return nil
 }
 
 func passCountKeys(m map[string]*PassCount) []string {

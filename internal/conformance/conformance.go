@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/weirnet/weir/internal/lab"
@@ -158,28 +159,35 @@ func writeResult(dir string, r Result) error {
 	return os.WriteFile(filepath.Join(dir, r.Suite+".json"), append(b, '\n'), 0o644)
 }
 
-// namespaces lists the cluster's namespaces by name.
-func namespaces(ctx context.Context, st *lab.State) (map[string]bool, error) {
-	b, err := st.Kubectl(ctx, nil, "get", "namespaces", "-o", "name")
+// objectNames lists the cluster's objects of a resource, as kubectl names
+// them (namespace/x, clusternetworkpolicy.policy.networking.k8s.io/y).
+func objectNames(ctx context.Context, st *lab.State, resource string) (map[string]bool, error) {
+	b, err := st.Kubectl(ctx, nil, "get", resource, "-o", "name")
 	if err != nil {
-		return nil, fmt.Errorf("list namespaces: %w: %s", err, b)
+		return nil, fmt.Errorf("list %s: %w: %s", resource, err, b)
 	}
 	out := map[string]bool{}
 	for _, n := range strings.Fields(string(b)) {
-		out[strings.TrimPrefix(n, "namespace/")] = true
+		out[n] = true
 	}
 	return out, nil
 }
 
-// removeNamespacesSince deletes every namespace a suite made and waits
-// until they and their pods are gone, so the cluster is left as the
-// suite found it (a terminating pod still holds its address).
-func removeNamespacesSince(ctx context.Context, st *lab.State, before map[string]bool) error {
-	now, err := namespaces(ctx, st)
+// namespaces lists the cluster's namespaces.
+func namespaces(ctx context.Context, st *lab.State) (map[string]bool, error) {
+	return objectNames(ctx, st, "namespaces")
+}
+
+// deleteSince deletes every object of resource a suite made and left (it
+// deletes its own unless interrupted) and waits up to timeout until they
+// are gone, so the cluster is left as the suite found it: a namespace's
+// terminating pods still hold their addresses.
+func deleteSince(ctx context.Context, st *lab.State, resource string, before map[string]bool, timeout string) error {
+	now, err := objectNames(ctx, st, resource)
 	if err != nil {
 		return err
 	}
-	args := []string{"delete", "namespace", "--ignore-not-found", "--wait=true", "--timeout=180s"}
+	args := []string{"delete", "--ignore-not-found", "--wait=true", "--timeout=" + timeout}
 	n := len(args)
 	for name := range now {
 		if !before[name] {
@@ -190,9 +198,14 @@ func removeNamespacesSince(ctx context.Context, st *lab.State, before map[string
 		return nil
 	}
 	if b, err := st.Kubectl(ctx, nil, args...); err != nil {
-		return fmt.Errorf("remove the suite's namespaces %v: %w: %s", args[n:], err, b)
+		return fmt.Errorf("remove what the suite left %v: %w: %s", args[n:], err, b)
 	}
 	return nil
+}
+
+// removeNamespacesSince deletes every namespace a suite made.
+func removeNamespacesSince(ctx context.Context, st *lab.State, before map[string]bool) error {
+	return deleteSince(ctx, st, "namespaces", before, "180s")
 }
 
 // portablePaths writes the machine's home and the results directory of s
@@ -218,4 +231,51 @@ func sourceCommit() string {
 		return ""
 	}
 	return lab.GitCommit(filepath.Dir(filepath.Dir(dir)))
+}
+
+// e2eSuiteMain is the test main of an upstream Kubernetes e2e suite with
+// the specs of one package linked in: test/e2e/e2e_test.go's flag
+// handling, and a test that runs them under title.
+func e2eSuiteMain(specs, title string) string {
+	return `package suite_test
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "` + specs + `"
+)
+
+func TestMain(m *testing.M) {
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestSuite(t *testing.T) {
+	gomega.RegisterFailHandler(framework.Fail)
+	suite, reporter := framework.CreateGinkgoConfig()
+	ginkgo.RunSpecs(t, ` + strconv.Quote(title) + `, suite, reporter)
+}
+`
+}
+
+// e2eSuiteBuild builds e2eSuiteMain against the lab's Kubernetes version
+// (static, so it runs anywhere) into a test binary named name.
+func e2eSuiteBuild(name, specs, title string) lab.GoBuild {
+	b := lab.KubernetesBuild()
+	b.Name, b.Pkgs, b.Main, b.Test, b.LDFlags = name, []string{"."}, e2eSuiteMain(specs, title), true, ""
+	b.Env = []string{"CGO_ENABLED=0"}
+	return b
 }

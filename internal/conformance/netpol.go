@@ -15,48 +15,10 @@ import (
 	"github.com/weirnet/weir/internal/lab"
 )
 
-// netpolSuiteSource is the test main of the upstream NetworkPolicy suite:
-// test/e2e/e2e_test.go's flag handling, with only the netpol specs linked in.
-const netpolSuiteSource = `package netpol_test
-
-import (
-	"flag"
-	"os"
-	"testing"
-
-	"github.com/onsi/ginkgo/v2"
-	"github.com/onsi/gomega"
-
-	"k8s.io/kubernetes/test/e2e/framework"
-	"k8s.io/kubernetes/test/e2e/framework/config"
-	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
-	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
-	_ "k8s.io/kubernetes/test/e2e/network/netpol"
-)
-
-func TestMain(m *testing.M) {
-	config.CopyFlags(config.Flags, flag.CommandLine)
-	framework.RegisterCommonFlags(flag.CommandLine)
-	framework.RegisterClusterFlags(flag.CommandLine)
-	flag.Parse()
-	framework.AfterReadingAllFlags(&framework.TestContext)
-	os.Exit(m.Run())
-}
-
-func TestNetpol(t *testing.T) {
-	gomega.RegisterFailHandler(framework.Fail)
-	suite, reporter := framework.CreateGinkgoConfig()
-	ginkgo.RunSpecs(t, "NetworkPolicy e2e", suite, reporter)
-}
-`
-
 // netpolBuild is the upstream NetworkPolicy e2e suite of the lab's
-// Kubernetes version, as a test binary.
+// Kubernetes version, as a test binary with only the netpol specs linked in.
 func netpolBuild() lab.GoBuild {
-	b := lab.KubernetesBuild()
-	b.Name, b.Pkgs, b.Main, b.Test, b.LDFlags = "netpol-e2e", []string{"."}, netpolSuiteSource, true, ""
-	b.Env = []string{"CGO_ENABLED=0"}
-	return b
+	return e2eSuiteBuild("netpol-e2e", "k8s.io/kubernetes/test/e2e/network/netpol", "NetworkPolicy e2e")
 }
 
 // NetpolSuite builds (once, then from the cache) the upstream

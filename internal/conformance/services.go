@@ -23,50 +23,13 @@ import (
 // on a lab without kube-proxy. Its NetworkPolicy specs are the netpol
 // suite's; what this lab cannot host is skipped, each with its reason.
 
-// sigNetworkSuiteSource is the suite's test main: test/e2e/e2e_test.go's
-// flag handling with the sig-network specs linked in.
-const sigNetworkSuiteSource = `package signetwork_test
-
-import (
-	"flag"
-	"os"
-	"testing"
-
-	"github.com/onsi/ginkgo/v2"
-	"github.com/onsi/gomega"
-
-	"k8s.io/kubernetes/test/e2e/framework"
-	"k8s.io/kubernetes/test/e2e/framework/config"
-	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
-	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
-	_ "k8s.io/kubernetes/test/e2e/network"
-)
-
-func TestMain(m *testing.M) {
-	config.CopyFlags(config.Flags, flag.CommandLine)
-	framework.RegisterCommonFlags(flag.CommandLine)
-	framework.RegisterClusterFlags(flag.CommandLine)
-	flag.Parse()
-	framework.AfterReadingAllFlags(&framework.TestContext)
-	os.Exit(m.Run())
-}
-
-func TestSigNetwork(t *testing.T) {
-	gomega.RegisterFailHandler(framework.Fail)
-	suite, reporter := framework.CreateGinkgoConfig()
-	ginkgo.RunSpecs(t, "sig-network e2e", suite, reporter)
-}
-`
-
 // sigNetworkBinary is the suite's test binary; ginkgo's CLI runs a
 // precompiled suite only when its name ends in .test.
 const sigNetworkBinary = "sig-network-e2e.test"
 
+// sigNetworkBuild is the suite with the sig-network specs linked in.
 func sigNetworkBuild() lab.GoBuild {
-	b := lab.KubernetesBuild()
-	b.Name, b.Pkgs, b.Main, b.Test, b.LDFlags = sigNetworkBinary, []string{"."}, sigNetworkSuiteSource, true, ""
-	b.Env = []string{"CGO_ENABLED=0"}
-	return b
+	return e2eSuiteBuild(sigNetworkBinary, "k8s.io/kubernetes/test/e2e/network", "sig-network e2e")
 }
 
 // ginkgoVersion is the ginkgo the lab's Kubernetes version requires; its

@@ -1,9 +1,14 @@
 package conformance
 
 import (
+	"go/parser"
+	"go/token"
 	"reflect"
 	"regexp"
+	"strconv"
 	"testing"
+
+	"github.com/weirnet/weir/internal/lab"
 )
 
 // TestTallyServicesCountsAreasAndNamesWhatDidNotRun: specs that ran count
@@ -73,6 +78,34 @@ func TestSpecArea(t *testing.T) {
 	} {
 		if got := specArea(name); got != want {
 			t.Errorf("specArea(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+// TestE2ESuiteMainLinksItsSpecs: the generated test main of each upstream
+// suite is Go that links in that suite's specs, and each build writes the
+// binary its runner looks for.
+func TestE2ESuiteMainLinksItsSpecs(t *testing.T) {
+	for _, tt := range []struct {
+		build      lab.GoBuild
+		name, spec string
+	}{
+		{netpolBuild(), "netpol-e2e", "k8s.io/kubernetes/test/e2e/network/netpol"},
+		{sigNetworkBuild(), sigNetworkBinary, "k8s.io/kubernetes/test/e2e/network"},
+	} {
+		if tt.build.Name != tt.name || !tt.build.Test || tt.build.Version != lab.KubernetesVersion {
+			t.Errorf("build %s (test %t, %s), want test binary %s of Kubernetes %s", tt.build.Name, tt.build.Test, tt.build.Version, tt.name, lab.KubernetesVersion)
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), "main_test.go", tt.build.Main, 0)
+		if err != nil {
+			t.Fatalf("%s: generated main does not parse: %v", tt.name, err)
+		}
+		var linked bool
+		for _, imp := range f.Imports {
+			linked = linked || (imp.Path.Value == strconv.Quote(tt.spec) && imp.Name != nil && imp.Name.Name == "_")
+		}
+		if !linked {
+			t.Errorf("%s: main does not link in %s", tt.name, tt.spec)
 		}
 	}
 }

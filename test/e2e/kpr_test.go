@@ -177,19 +177,9 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 		}
 		results := t.TempDir()
 		res, err := conformance.RunServices(ctx, st, tools, true, 4, results, testWriter{t})
-		if err != nil {
-			dumpFile(t, filepath.Join(results, "services.log"), 200)
-			t.Fatal(err)
-		}
-		t.Logf("%s in %.0f s", res, res.Seconds)
-		for _, f := range res.Failed {
-			t.Errorf("%s: FAILED %s", res.Suite, f)
-		}
+		checkConformance(t, res, err, filepath.Join(results, "services.log"))
 		if res.KubeProxy != lab.KubeProxyNone {
 			t.Errorf("the suite ran with kube-proxy %q, want none", res.KubeProxy)
-		}
-		if t.Failed() {
-			dumpFile(t, filepath.Join(results, "services.log"), 200)
 		}
 	})
 }

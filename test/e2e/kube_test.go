@@ -422,17 +422,7 @@ func TestKubernetes(t *testing.T) {
 		}
 		results := t.TempDir()
 		res, err := conformance.RunCNP(ctx, st, bin, true, results, testWriter{t})
-		if err != nil {
-			dumpFile(t, filepath.Join(results, "cnp.log"), 200)
-			t.Fatal(err)
-		}
-		t.Logf("%s in %.0f s", res, res.Seconds)
-		for _, f := range res.Failed {
-			t.Errorf("%s: FAILED %s", res.Suite, f)
-		}
-		if t.Failed() {
-			dumpFile(t, filepath.Join(results, "cnp.log"), 200)
-		}
+		checkConformance(t, res, err, filepath.Join(results, "cnp.log"))
 	})
 
 	t.Run("the benchmarks' load tools run in pods", func(t *testing.T) {
@@ -1067,5 +1057,23 @@ func expectFreshPodsDenied(t *testing.T, st *lab.State, server corev1.Pod) {
 	out, err := st.Kubectl(ctx, nil, "logs", "-n", "oldpods", "control")
 	if got := strings.Count(string(out), "REACHED"); err != nil || got != 3 {
 		t.Errorf("control pod in namespace oldpods: %v %q: %d connections of 3", err, out, got)
+	}
+}
+
+// checkConformance fails t for a conformance run that could not run or
+// failed a case, naming each failure and showing the end of the suite's
+// log, and logs the counts of one that passed.
+func checkConformance(t *testing.T, res conformance.Result, err error, logPath string) {
+	t.Helper()
+	if err != nil {
+		dumpFile(t, logPath, 200)
+		t.Fatal(err)
+	}
+	t.Logf("%s in %.0f s", res, res.Seconds)
+	for _, f := range res.Failed {
+		t.Errorf("%s: FAILED %s", res.Suite, f)
+	}
+	if len(res.Failed) > 0 {
+		dumpFile(t, logPath, 200)
 	}
 }
