@@ -93,6 +93,26 @@ type Options struct {
 	Reserved []PortProto
 }
 
+// LabelServiceProxyName, on a Service or EndpointSlice, hands it to
+// another Service proxy (kube-proxy's apis.LabelServiceProxyName): the
+// default proxy, Weir as kube-proxy, leaves it alone.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// Proxied says whether the default Service proxy serves an object with
+// these labels: not when another proxy is named, nor for an
+// EndpointSlice (or Service) marked headless, which kube-proxy's
+// informers leave out by label (both labels must not exist).
+func Proxied(labels map[string]string) bool {
+	_, other := labels[LabelServiceProxyName]
+	_, headless := labels[corev1.IsHeadlessService]
+	return !other && !headless
+}
+
+// proxiedServices are the Services of svcs the default proxy serves.
+func proxiedServices(svcs []*corev1.Service) []*corev1.Service {
+	return slices.DeleteFunc(slices.Clone(svcs), func(s *corev1.Service) bool { return !Proxied(s.Labels) })
+}
+
 // PortProto is a port and an IP protocol number.
 type PortProto struct {
 	Port  uint16
@@ -185,7 +205,7 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range endpointSlices {
 		name := s.Labels[discoveryv1.LabelServiceName]
-		if name == "" || s.AddressType != discoveryv1.AddressTypeIPv4 {
+		if name == "" || s.AddressType != discoveryv1.AddressTypeIPv4 || !Proxied(s.Labels) {
 			continue
 		}
 		k := s.Namespace + "/" + name
@@ -197,7 +217,7 @@ func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, 
 	// rest, then the older Service, then the name: never the order the
 	// API happened to list them in.
 	claimed := map[Frontend]bool{} // by a ClusterIP
-	for _, svc := range byPrecedence(svcs) {
+	for _, svc := range byPrecedence(proxiedServices(svcs)) {
 		if !translatable(svc, opts.ReplaceKubeProxy) {
 			continue
 		}
@@ -424,7 +444,7 @@ func Removed(old, new Table) map[Frontend][]Backend {
 func Owners(svcs []*corev1.Service, opts Options) map[Frontend]string {
 	out := map[Frontend]string{}
 	claimed := map[Frontend]bool{}
-	for _, svc := range byPrecedence(svcs) {
+	for _, svc := range byPrecedence(proxiedServices(svcs)) {
 		for _, fe := range frontendsOf(svc, opts) {
 			if _, taken := out[fe.Frontend]; taken && (claimed[fe.Frontend] || !fe.internal) {
 				continue // as Build decides
@@ -460,7 +480,7 @@ type HealthCheck struct {
 // one per LoadBalancer Service with externalTrafficPolicy: Local.
 func HealthChecks(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node string) map[uint16]HealthCheck {
 	out := map[uint16]HealthCheck{}
-	for _, svc := range svcs {
+	for _, svc := range proxiedServices(svcs) {
 		port := svc.Spec.HealthCheckNodePort
 		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || port <= 0 || port > 65535 {
 			continue
@@ -468,7 +488,7 @@ func HealthChecks(svcs []*corev1.Service, endpointSlices []*discoveryv1.Endpoint
 		hc := HealthCheck{Namespace: svc.Namespace, Name: svc.Name}
 		seen := map[string]bool{}
 		for _, s := range endpointSlices {
-			if s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name {
+			if s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name || !Proxied(s.Labels) {
 				continue
 			}
 			for _, ep := range s.Endpoints {

@@ -497,3 +497,46 @@ func TestBuildOtherNodesLocalNodePort(t *testing.T) {
 		t.Errorf("from n2, its own NodePort: %v (present %v), want every endpoint, as kube-proxy serves its own node's clients", e.Backends, ok)
 	}
 }
+
+// TestBuildLeavesOtherProxiesAndHeadlessSlices: as kube-proxy's informers
+// select, a Service naming another proxy (service-proxy-name) is not
+// served at all, and an EndpointSlice labelled headless or naming another
+// proxy gives no backends: with no other slice the Service refuses (no
+// kube-proxy beside Weir) or is left alone (beside it). Health check node
+// ports and owners follow.
+func TestBuildLeavesOtherProxiesAndHeadlessSlices(t *testing.T) {
+	web := svc("web", "10.96.0.5", corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})
+	other := svc("other", "10.96.0.6", corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})
+	other.Labels = map[string]string{LabelServiceProxyName: "foo-bar"}
+	other.Spec.Type, other.Spec.ExternalTrafficPolicy, other.Spec.HealthCheckNodePort = corev1.ServiceTypeLoadBalancer, corev1.ServiceExternalTrafficPolicyLocal, 32000
+	webSlice := slice("web", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true, node: "n1"})
+	otherSlice := slice("other", map[string]int32{"http": 8080}, ep{addr: "10.0.0.3", ready: true, node: "n1"})
+	svcs, slices := []*corev1.Service{web, other}, []*discoveryv1.EndpointSlice{webSlice, otherSlice}
+
+	opts := Options{Node: "n1", ReplaceKubeProxy: true}
+	got := Build(svcs, slices, opts)
+	if e, ok := got[fe("10.96.0.5", 80)]; !ok || len(e.Backends) != 1 {
+		t.Errorf("web: %v (present %v), want its backend", e, ok)
+	}
+	if e, ok := got[fe("10.96.0.6", 80)]; ok {
+		t.Errorf("a Service for another proxy is served: %v", e)
+	}
+	if _, ok := Owners(svcs, opts)[fe("10.96.0.6", 80)]; ok {
+		t.Error("a Service for another proxy owns a frontend")
+	}
+	if hc := HealthChecks(svcs, slices, "n1"); len(hc) != 0 {
+		t.Errorf("health checks %v, want none for another proxy's Service", hc)
+	}
+
+	for _, label := range []string{corev1.IsHeadlessService, LabelServiceProxyName} {
+		webSlice.Labels[label] = ""
+		got = Build(svcs, slices, opts)
+		if e, ok := got[fe("10.96.0.5", 80)]; !ok || len(e.Backends) != 0 {
+			t.Errorf("slice labelled %s: %v (present %v), want the frontend refusing, without backends", label, e, ok)
+		}
+		if _, ok := Build(svcs, slices, Options{Node: "n1"})[fe("10.96.0.5", 80)]; ok {
+			t.Errorf("slice labelled %s, beside kube-proxy: translated, want left alone", label)
+		}
+		delete(webSlice.Labels, label)
+	}
+}
