@@ -98,7 +98,7 @@ const busyboxPath = "/bin/busybox" // Debian's busybox-static
 
 // agnhostTools are the programs upstream's agnhost image installs on its
 // Alpine base (netcat-openbsd, curl, bind-tools, iproute2, bash, socat,
-// and busybox's wget),
+// musl's getent, and busybox's wget),
 // here Debian's builds of the same tools with their libraries. The suites
 // run them in their pods (`nc -v -t -w 2`, `curl`, `dig`, `bash -c`);
 // busybox's minimal nc, for one, has none of those flags.
@@ -115,6 +115,10 @@ var agnhostTools = map[string]string{
 	// GNU wget for busybox's: Debian's static busybox crashes on
 	// `wget -T` (a timeout), which the Service specs run from pods.
 	"/bin/wget": "/usr/bin/wget",
+	// getent, which upstream's Alpine image has and busybox lacks: the
+	// DNS specs' probes check the pod's hosts file with `getent hosts`
+	// (glibc 2.36 reads files before DNS without an nsswitch.conf).
+	"/usr/bin/getent": "/usr/bin/getent",
 }
 
 // agnhostFiles are the agnhost image's files: the static agnhost binary,
