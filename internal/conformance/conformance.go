@@ -56,6 +56,24 @@ type Result struct {
 	Commit string `json:"commit,omitempty"`
 }
 
+// count adds one case that ran, named name, to r and to group's key
+// (a protocol, tier or area), failed or passed.
+func (r *Result) count(group map[string]*PassCount, key, name string, failed bool) {
+	pc := group[key]
+	if pc == nil {
+		pc = &PassCount{}
+		group[key] = pc
+	}
+	r.Total++
+	pc.Total++
+	if failed {
+		r.Failed = append(r.Failed, name)
+		return
+	}
+	r.Passed++
+	pc.Passed++
+}
+
 // PassCount is passed out of total.
 type PassCount struct {
 	Passed int `json:"passed"`

@@ -94,20 +94,7 @@ func RunNetpolE2E(ctx context.Context, st *lab.State, bin string, fast bool, res
 		if c.skipped || !strings.Contains(c.name, "Netpol") {
 			continue
 		}
-		proto := netpolProtocol(c.name)
-		pc := res.ByProtocol[proto]
-		if pc == nil {
-			pc = &PassCount{}
-			res.ByProtocol[proto] = pc
-		}
-		res.Total++
-		pc.Total++
-		if c.failed {
-			res.Failed = append(res.Failed, c.name)
-		} else {
-			res.Passed++
-			pc.Passed++
-		}
+		res.count(res.ByProtocol, netpolProtocol(c.name), c.name, c.failed)
 	}
 	if res.Total == 0 {
 		return res, fmt.Errorf("netpol e2e ran no spec (%v); see %s", runErr, log.Name())

@@ -194,20 +194,7 @@ func tallyServices(res *Result, cases []junitCase, fast bool) (selfSkipped int) 
 			}
 			continue
 		}
-		area := specArea(c.name)
-		pc := res.ByArea[area]
-		if pc == nil {
-			pc = &PassCount{}
-			res.ByArea[area] = pc
-		}
-		res.Total++
-		pc.Total++
-		if c.failed {
-			res.Failed = append(res.Failed, specName(c.name))
-		} else {
-			res.Passed++
-			pc.Passed++
-		}
+		res.count(res.ByArea, specArea(c.name), specName(c.name), c.failed)
 	}
 	if !fast {
 		for _, g := range servicesNotRunnable {
