@@ -53,7 +53,7 @@ type options struct {
 func newRoot() *cobra.Command {
 	// One options value per scenario: flags of the same name but other
 	// defaults (--reps, --pods) must not overwrite each other's.
-	var dpo, plo, pso options
+	var dpo, plo, pso, svo options
 	root := &cobra.Command{Use: "bench", Short: "Weir benchmarks", SilenceUsage: true}
 	dp := scenario(&dpo, "datapath",
 		"TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
@@ -110,7 +110,17 @@ func newRoot() *cobra.Command {
 	ps.Flags().StringVar(&pso.out, "out", "bench/results", "directory for policy-scale.{json,md,png}")
 	ps.Flags().BoolVar(&pso.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
 	ps.Flags().StringVar(&pso.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
-	root.AddCommand(dp, pl, ps, rep, cmp, newHTTPServerCommand())
+	sv := scenario(&svo, "services",
+		"Services without kube-proxy: Weir's replacement vs kube-proxy nftables and iptables on one cluster at 4 to 5,000 Services: new connections through a ClusterIP (intra, inter), request/response, NodePort from outside, DNS, change to traffic, agent and kube-proxy CPU and memory",
+		runServices)
+	sv.Flags().IntVar(&svo.reps, "reps", 3, "repetitions at every Service count, the proxies in a rotating order within each")
+	sv.Flags().DurationVar(&svo.duration, "duration", 3*time.Second, "length of one connection-rate, request/response or DNS run")
+	sv.Flags().IntSliceVar(&svo.levels, "services", []int{4, 100, 1000, 5000}, "Service counts in the cluster, increasing (each bulk Service has an EndpointSlice of 2 endpoints)")
+	sv.Flags().IntVar(&svo.samples, "changes", 5, "Service changes timed per repetition and proxy (a new Service until its ClusterIP answers)")
+	sv.Flags().StringVar(&svo.out, "out", "bench/results", "directory for services.{json,md,png}")
+	sv.Flags().BoolVar(&svo.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
+	sv.Flags().StringVar(&svo.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
+	root.AddCommand(dp, pl, ps, sv, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand())
 	return root
 }
 

@@ -18,6 +18,8 @@ def main(src, dst):
         return plot_pod_launch(r, dst)
     if r["scenario"] == "policy-scale":
         return plot_policy_scale(r, dst)
+    if r["scenario"] == "services":
+        return plot_services(r, dst)
 
     def rows(path, metric):
         return [s for s in summary if s["path"] == path and s["metric"] == metric]
@@ -138,6 +140,50 @@ def plot_policy_scale(r, dst):
     ax.set_title("policy change to enforcement (CDF)")
     ax.legend()
     fig.suptitle(f"Weir policy-scale benchmark — {r['reps']} reps, medians\n{r['command']}")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(dst, dpi=90)
+
+
+def plot_services(r, dst):
+    """One line per Service proxy over the Service counts: medians, with
+    min..max of the repetitions as error bars (p99 over all samples for
+    the change-to-traffic panel)."""
+    summary = r["summary"]
+    proxies = [("weir", "#1f77b4"), ("kube-proxy nftables", "#ff7f0e"), ("kube-proxy iptables", "#999999")]
+
+    def split(setup):
+        proxy, count = setup.rsplit(", ", 1)
+        return proxy, int(count.split()[0])
+
+    panels = [
+        ("intra", "crr_per_s", "intra-node new connections/s via ClusterIP", "median"),
+        ("inter", "crr_per_s", "inter-node new connections/s via ClusterIP", "median"),
+        ("nodeport", "crr_per_s", "NodePort from outside, new connections/s", "median"),
+        ("intra", "conn_p99_ms", "intra whole connection via ClusterIP, p99 (ms)", "median"),
+        ("inter", "rr_avg_us", "inter request/response via ClusterIP (µs)", "median"),
+        ("dns", "dns_p99_ms", "DNS lookup p99 (ms)", "median"),
+        ("change", "change_ms", "Service change to traffic p99 (ms)", "p99"),
+        ("cost", "agent_rss_mib", "largest agent RSS (MiB)", "median"),
+    ]
+    fig, axes = plt.subplots(4, 2, figsize=(12, 16))
+    for ax, (path, metric, title, stat) in zip(axes.flat, panels):
+        for proxy, color in proxies:
+            pts = sorted((split(s["setup"])[1], s) for s in summary
+                         if s["path"] == path and s["metric"] == metric and split(s["setup"])[0] == proxy)
+            if not pts:
+                continue
+            xs = [n for n, _ in pts]
+            ys = [s[stat] for _, s in pts]
+            if stat == "median":
+                err = [[s["median"] - s["min"] for _, s in pts], [s["max"] - s["median"] for _, s in pts]]
+                ax.errorbar(xs, ys, yerr=err, capsize=3, marker="o", label=proxy, color=color)
+            else:
+                ax.plot(xs, ys, marker="o", label=proxy, color=color)
+        ax.set_xscale("log")
+        ax.set_xlabel("Services in the cluster")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Weir services benchmark — {r['reps']} reps per Service count\n{r['command']}")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(dst, dpi=90)
 

@@ -176,7 +176,13 @@ func benchPod(name, node string, labels map[string]string, args ...string) *core
 
 // podNS asks the pod's node agent for the namespace the runtime gave it.
 func (b *psBench) podNS(ctx context.Context, p *corev1.Pod) (psPod, error) {
-	n, err := b.st.NodeByName(p.Spec.NodeName)
+	return podNetNS(ctx, b.st, p)
+}
+
+// podNetNS asks the pod's node agent for the namespace the runtime gave
+// it.
+func podNetNS(ctx context.Context, st *lab.State, p *corev1.Pod) (psPod, error) {
+	n, err := st.NodeByName(p.Spec.NodeName)
 	if err != nil {
 		return psPod{}, err
 	}

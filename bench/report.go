@@ -186,6 +186,9 @@ func (r *result) judge() {
 	case "policy-scale":
 		r.judgePolicyScale()
 		return
+	case "services":
+		r.judgeServices()
+		return
 	}
 	r.judgeDatapath()
 }
@@ -301,6 +304,8 @@ func (r *result) markdown() string {
 		return r.podLaunchMarkdown()
 	case "policy-scale":
 		return r.policyScaleMarkdown()
+	case "services":
+		return r.servicesMarkdown()
 	}
 	var b strings.Builder
 	r.writeHeader(&b)

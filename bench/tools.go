@@ -147,12 +147,7 @@ func tcpRR(ctx context.Context, clientNS, serverNS, dst string, d time.Duration)
 		return rrResult{}, err
 	}
 	defer srv.stop()
-	args := []string{"sockperf", "ping-pong", "--tcp", "-i", dst, "-p", port, "-t", fmt.Sprint(int(d.Seconds())), "-m", "64"}
-	out, err := retryRefused(func() ([]byte, error) { return inNS(ctx, clientNS, rrCPU, args...).CombinedOutput() })
-	if err != nil {
-		return rrResult{}, fmt.Errorf("sockperf: %w: %s", err, out)
-	}
-	return parseSockperf(out)
+	return sockperfPingPong(ctx, clientNS, dst, port, d)
 }
 
 func parseSockperf(out []byte) (rrResult, error) {

@@ -33,10 +33,24 @@ struct bpf_ct_opts {
 
 #define NFCT_CURRENT_NETNS (-1)
 
-/* Only the field read here; CO-RE finds it in the running kernel's layout. */
+/* Only the fields read here; CO-RE finds them in the running kernel's
+ * layout. */
+struct ip_ct_tcp {
+	__u8 state;
+} __attribute__((preserve_access_index));
+
+union nf_conntrack_proto {
+	struct ip_ct_tcp tcp;
+} __attribute__((preserve_access_index));
+
 struct nf_conn {
 	unsigned long status;
+	union nf_conntrack_proto proto;
 } __attribute__((preserve_access_index));
+
+/* enum tcp_conntrack: the states after which a TCP flow is over. */
+#define NFCT_TCP_TIME_WAIT 7
+#define NFCT_TCP_CLOSE 8
 
 #define NFCT_IPS_SRC_NAT (1 << 4)
 #define NFCT_IPS_DST_NAT (1 << 5)
@@ -46,7 +60,15 @@ extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_
 					 __u32 opts__sz) __ksym;
 extern void bpf_ct_release(struct nf_conn *ct) __ksym;
 
-/* nfct_nat_tuple reports whether the stack translated the flow of tuple. */
+/*
+ * nfct_nat_tuple reports whether the stack translated the flow of tuple.
+ * A translated TCP flow that is over (TIME_WAIT, CLOSE) claims nothing: its
+ * entry outlives it by minutes, and a new connection that reuses one of its
+ * tuples without the stack -- a pod calling the backend's own address from
+ * the port it used for the Service address a moment before -- would
+ * otherwise have its replies handed to the stack, translated back to the
+ * Service address and lost, stalling the connection until the entry expires.
+ */
 __always_inline_fn int nfct_nat_tuple(struct __sk_buff *skb, struct bpf_sock_tuple *tuple, __u8 proto)
 {
 	struct bpf_ct_opts opts = { .netns_id = NFCT_CURRENT_NETNS, .l4proto = proto };
@@ -57,6 +79,12 @@ __always_inline_fn int nfct_nat_tuple(struct __sk_buff *skb, struct bpf_sock_tup
 	if (!ct)
 		return 0;
 	nat = (ct->status & (NFCT_IPS_SRC_NAT | NFCT_IPS_DST_NAT)) != 0;
+	if (nat && proto == IPPROTO_TCP) {
+		__u8 state = ct->proto.tcp.state;
+
+		if (state == NFCT_TCP_TIME_WAIT || state == NFCT_TCP_CLOSE)
+			nat = 0;
+	}
 	bpf_ct_release(ct);
 	return nat;
 }

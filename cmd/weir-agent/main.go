@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -31,6 +32,7 @@ type flags struct {
 	kubeconfig, cniConfDir, flowDir                    string
 	kubernetes, flowEvents, identityOption             bool
 	kubeProxyReplacement                               bool
+	socketLB                                           bool
 	proxyHealthzAddr                                   string
 	proxyStatusAddr                                    string
 	flowMaxBytes                                       int64
@@ -83,6 +85,7 @@ func newCommand() *cobra.Command {
 	fl.Int64Var(&f.flowMaxBytes, "flow-max-bytes", flowstore.DefaultMaxBytes, "bytes of flows --flow-dir keeps; the oldest are dropped first")
 	fl.BoolVar(&f.flowEvents, "flow-events", true, "record a flow for every verdict (false: the datapath emits no verdict events, for measuring their cost)")
 	fl.BoolVar(&f.kubeProxyReplacement, "kube-proxy-replacement", false, "no kube-proxy runs on this node: translate ClusterIPs for the node's own processes and hostNetwork pods too, keep sessionAffinity: ClientIP, and refuse connections to Services without backends at once (false: pods' ClusterIP connections only; kube-proxy answers the rest)")
+	fl.BoolVar(&f.socketLB, "socket-lb", true, "translate pods' ClusterIP connections at the socket (false, which needs --kube-proxy-replacement=false: Weir leaves every Service to kube-proxy, e.g. for a service mesh whose sidecars must see ClusterIPs, or to measure kube-proxy beside Weir)")
 	fl.StringVar(&f.proxyHealthzAddr, "kube-proxy-healthz-addr", "0.0.0.0:10256", "with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are answered, as cloud load balancers probe them (empty: not served)")
 	fl.StringVar(&f.proxyStatusAddr, "kube-proxy-status-addr", "127.0.0.1:10249", "with --kube-proxy-replacement: where kube-proxy's /proxyMode is answered (empty: not served)")
 	fl.BoolVar(&f.identityOption, "identity-option", true, "native routing: carry the sending pod's identity in the first packet of each flow as an IPv4 option, so other nodes know a new pod from its first packet (false: for underlays that drop IPv4 options; a new pod is then unidentified on other nodes until its address arrives)")
@@ -128,6 +131,9 @@ func (f flags) config() (agent.Config, error) {
 			return agent.Config{}, fmt.Errorf("%s %q: want [address]:port such as 0.0.0.0:10256, or empty for none: %w", flag, addr, err)
 		}
 	}
+	if f.kubeProxyReplacement && !f.socketLB {
+		return agent.Config{}, errors.New("--socket-lb=false leaves Services to kube-proxy, which --kube-proxy-replacement says is not there: drop one of them")
+	}
 	if f.flowMaxBytes <= 0 {
 		return agent.Config{}, fmt.Errorf("--flow-max-bytes %d: want a positive number of bytes, such as %d (64 MiB)", f.flowMaxBytes, flowstore.DefaultMaxBytes)
 	}
@@ -141,8 +147,8 @@ func (f flags) config() (agent.Config, error) {
 		Kubernetes: f.kubernetes, Kubeconfig: f.kubeconfig, CNIConfDir: f.cniConfDir, MetricsAddr: f.metricsAddr,
 		FlowDir: f.flowDir, FlowMaxBytes: f.flowMaxBytes, NoFlowEvents: !f.flowEvents,
 		NoIdentityOption:     !f.identityOption,
-		KubeProxyReplacement: f.kubeProxyReplacement,
-		ProxyHealthzAddr:     f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
+		KubeProxyReplacement: f.kubeProxyReplacement, NoSocketLB: !f.socketLB,
+		ProxyHealthzAddr: f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

@@ -67,6 +67,10 @@ type Config struct {
 	// hostNetwork pods too, with session affinity, and refuses
 	// connections to Services without backends at once.
 	KubeProxyReplacement bool
+	// NoSocketLB leaves every Service to kube-proxy (never with
+	// KubeProxyReplacement): the service maps stay empty, so the socket
+	// programs translate nothing and kube-proxy's rules see the ClusterIP.
+	NoSocketLB bool
 	// HealthCheckNodePortAddr is the host health check node ports are
 	// opened on (with KubeProxyReplacement); empty: every address.
 	HealthCheckNodePortAddr string

@@ -846,3 +846,47 @@ func TestHostPort(t *testing.T) {
 		t.Errorf("ADD with hostPort 4789/udp: %v, want an error: the overlay's port", err)
 	}
 }
+
+// TestSocketLBOffLeavesEveryServiceToKubeProxy: with --socket-lb=false the
+// service maps stay empty whatever the Services, so a pod's connect to a
+// ClusterIP is left for kube-proxy's rules, and the list says why.
+func TestSocketLBOffLeavesEveryServiceToKubeProxy(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	n.stop()
+	n.cfg.NoSocketLB = true
+	n.start(nil)
+	client, server := n.newPod(), n.newPod()
+	if _, err := n.agent.Add(addReq("client", client)); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := n.agent.Add(addReq("server", server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.applyServices([]*corev1.Service{clusterIPService("web", "10.96.0.30")}, readyEndpoints("web", 8080, 5353, sr.Address.Addr()))
+	if got, err := n.dp.Services(); err != nil || len(got) != 0 {
+		t.Errorf("with the socket LB off the service maps hold %v (%v), want nothing", got, err)
+	}
+	l, err := n.agent.ServiceList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.SocketLBOff || !l.InSync || len(l.Frontends) != 0 {
+		t.Errorf("service list %+v, want the socket LB off, in sync, no frontends", l)
+	}
+	before := n.metric("sock_lb")
+	in(t, client, func() error {
+		c, err := net.Dial("udp4", "10.96.0.30:53")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if c.RemoteAddr().String() != "10.96.0.30:53" {
+			t.Errorf("connected to %v, want the ClusterIP untranslated", c.RemoteAddr())
+		}
+		return nil
+	})
+	if got := n.metric("sock_lb") - before; got != 0 {
+		t.Errorf("sock_lb rose by %d, want 0: nothing is translated with the socket LB off", got)
+	}
+}

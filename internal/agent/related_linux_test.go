@@ -3,6 +3,8 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"strings"
@@ -163,4 +165,48 @@ func expectRefusedAtOnce(t *testing.T, pod ns.NetNS, addr, what string) {
 		}
 		return nil
 	})
+}
+
+// TestPodIPAfterTranslatedConnectionFromTheSamePort: a client calls a
+// virtual address the node's stack translates (DNAT, as kube-proxy does)
+// to the server, the server closes, and the client then calls the
+// server's own address from the same source port. The first flow's
+// conntrack entry, over but kept for minutes (TIME_WAIT), shares the new
+// flow's reply tuple; the new flow, which the stack never saw, must still
+// connect at once instead of having its replies translated back to the
+// virtual address and lost.
+func TestPodIPAfterTranslatedConnectionFromTheSamePort(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	client, server := n.newPod(), n.newPod()
+	sr := n.clientAndServer(client, server, nil)
+	listenIn(t, server, 8080, func(ln net.Listener) { serveNamed(ln, "server") }, 0)
+	const vip = "10.96.99.98"
+	rules := "table ip weirtest {\n chain pre {\n  type nat hook prerouting priority -100;\n" +
+		"  ip daddr " + vip + " tcp dport 80 dnat to " + sr.Address.Addr().String() + ":8080\n }\n}\n"
+	cmd := exec.Command("nsenter", "--net="+n.nodeNS.Path(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		if testutil.InCI() {
+			t.Fatalf("nft: %v %s", err, out)
+		}
+		t.Skipf("nft: %v %s", err, out)
+	}
+	const port = 41234
+	call := func(addr string) error {
+		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{Port: port}}
+		c, err := d.Dial("tcp4", addr)
+		if err != nil {
+			return fmt.Errorf("from port %d to %s: %w", port, addr, err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		b, err := io.ReadAll(c)
+		if err != nil || string(b) != "server" {
+			return fmt.Errorf("from port %d to %s: read %q, %v", port, addr, b, err)
+		}
+		return nil
+	}
+	in(t, client, func() error { return call(vip + ":80") })
+	// The server closed first: the translated flow's entry is in TIME_WAIT.
+	in(t, client, func() error { return call(net.JoinHostPort(sr.Address.Addr().String(), "8080")) })
 }

@@ -43,6 +43,12 @@ func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
 			a.log.Error("health check node ports", "err", err)
 		}
 	}
+	if a.cfg.NoSocketLB {
+		// kube-proxy answers every Service: the maps stay empty.
+		a.services.built, a.services.builtOwners = nil, nil
+		a.writeServicesLocked()
+		return
+	}
 	a.serviceEvents.setServices(s.Services)
 	a.services.built = service.Build(s.Services, s.EndpointSlices, opts)
 	a.services.builtOwners = service.Owners(s.Services, opts)
@@ -186,7 +192,7 @@ func (a *Agent) servicesSummaryLocked() *api.ServicesSummary {
 	if !st.applied && st.lastErr == "" {
 		return nil
 	}
-	out := &api.ServicesSummary{KubeProxyReplacement: a.cfg.KubeProxyReplacement, Frontends: len(st.table), Error: st.lastErr}
+	out := &api.ServicesSummary{KubeProxyReplacement: a.cfg.KubeProxyReplacement, SocketLBOff: a.cfg.NoSocketLB, Frontends: len(st.table), Error: st.lastErr}
 	for _, e := range st.table {
 		out.Backends += len(e.Backends)
 		if len(e.Backends) == 0 {
@@ -207,7 +213,7 @@ func (a *Agent) ServiceList() (*api.ServiceList, error) {
 		return nil, err
 	}
 	l := &api.ServiceList{
-		Node: a.cfg.NodeName, KubeProxyReplacement: a.cfg.KubeProxyReplacement,
+		Node: a.cfg.NodeName, KubeProxyReplacement: a.cfg.KubeProxyReplacement, SocketLBOff: a.cfg.NoSocketLB,
 		InSync:    a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal),
 		Frontends: []api.ServiceFrontend{},
 	}

@@ -182,8 +182,11 @@ type ServicesSummary struct {
 	// KubeProxyReplacement: no kube-proxy beside the agent (see
 	// weir-agent --kube-proxy-replacement).
 	KubeProxyReplacement bool `json:"kubeProxyReplacement"`
-	Frontends            int  `json:"frontends"`
-	Backends             int  `json:"backends"`
+	// SocketLBOff: weir-agent --socket-lb=false, kube-proxy answers every
+	// Service and the maps stay empty.
+	SocketLBOff bool `json:"socketLBOff,omitempty"`
+	Frontends   int  `json:"frontends"`
+	Backends    int  `json:"backends"`
 	// Refusing counts frontends without a backend, refused at once.
 	Refusing int `json:"refusing"`
 	// Error is why the last write of the service maps failed.
@@ -195,6 +198,7 @@ type ServicesSummary struct {
 type ServiceList struct {
 	Node                 string `json:"node"`
 	KubeProxyReplacement bool   `json:"kubeProxyReplacement"`
+	SocketLBOff          bool   `json:"socketLBOff,omitempty"` // see ServicesSummary
 	// InSync says the maps hold exactly the table the agent last built;
 	// false after a failed write (retried on the next change).
 	InSync    bool              `json:"inSync"`

@@ -47,8 +47,11 @@ func newServiceListCommand() *cobra.Command {
 // printServiceList writes l as a table, one frontend a row.
 func printServiceList(l *api.ServiceList, out io.Writer) error {
 	kpr := "kube-proxy beside it"
-	if l.KubeProxyReplacement {
+	switch {
+	case l.KubeProxyReplacement:
 		kpr = "no kube-proxy"
+	case l.SocketLBOff:
+		kpr = "kube-proxy answers every Service (--socket-lb=false)"
 	}
 	sync := "maps match the Services"
 	if !l.InSync {

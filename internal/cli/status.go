@@ -60,8 +60,11 @@ func printServicesSummary(sv *api.ServicesSummary, out io.Writer) {
 		return
 	}
 	kpr := "kube-proxy answers the rest"
-	if sv.KubeProxyReplacement {
+	switch {
+	case sv.KubeProxyReplacement:
 		kpr = "no kube-proxy"
+	case sv.SocketLBOff:
+		kpr = "kube-proxy answers every Service (--socket-lb=false)"
 	}
 	fmt.Fprintf(out, "  services %d addresses, %d backends, %d refusing (no backend); %s (weir service list)\n",
 		sv.Frontends, sv.Backends, sv.Refusing, kpr)

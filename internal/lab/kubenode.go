@@ -115,6 +115,18 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 func (st *State) replacesKubeProxy() bool { return st.Config.KubeProxy == KubeProxyNone }
 
 func (st *State) startKubeProxy(n *Node, kp kubeNodePaths) error {
+	// Weir delivers packets from other nodes straight into pods, so for a
+	// flow another node translated (a NodePort whose backend is here, a
+	// node's own ClusterIP connection) this node's conntrack sees only the
+	// replies and calls them INVALID; iptables-mode kube-proxy drops
+	// INVALID packets unless the node is liberal in TCP tracking, which it
+	// reads once as it starts. Set before kube-proxy starts, as
+	// conntrack.tcpBeLiberal asks it to do itself.
+	if err := inNS(n.NetNS, func() error {
+		return os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal", []byte("1"), 0o644)
+	}); err != nil {
+		return fmt.Errorf("liberal TCP conntrack for kube-proxy on %s: %w", n.Name, err)
+	}
 	conf := filepath.Join(kp.dir, "kube-proxy.yaml")
 	content := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -130,6 +142,7 @@ conntrack:
   # conntrack limits are global to the machine, not the node namespace.
   maxPerCore: 0
   min: 0
+  tcpBeLiberal: true
 `, st.Config.KubeProxy, st.Config.ClusterCIDR, n.Name, n.IP, st.kubeconfigPath("kube-proxy"))
 	if err := os.WriteFile(conf, []byte(content), 0o644); err != nil {
 		return err

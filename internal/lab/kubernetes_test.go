@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -39,5 +40,22 @@ func TestGoBuildCachesByVersion(t *testing.T) {
 	}
 	if b.Tags != "no_btrfs" {
 		t.Fatalf("tags %q", b.Tags)
+	}
+}
+
+// TestAgentProxyArgs: switching the Service proxy rewrites only the two
+// flags that say who answers Services, whatever form they had.
+func TestAgentProxyArgs(t *testing.T) {
+	argv := []string{"weir-agent", "--node-name", "n1", "--kube-proxy-replacement=true", "--socket", "/run/x.sock"}
+	got := agentProxyArgs(argv, false)
+	want := []string{"weir-agent", "--node-name", "n1", "--socket", "/run/x.sock", "--kube-proxy-replacement=false", "--socket-lb=false"}
+	if !slices.Equal(got, want) {
+		t.Errorf("to kube-proxy: %q, want %q", got, want)
+	}
+	if back := agentProxyArgs(got, true); !slices.Equal(back, []string{"weir-agent", "--node-name", "n1", "--socket", "/run/x.sock", "--kube-proxy-replacement=true", "--socket-lb=true"}) {
+		t.Errorf("back to Weir: %q", back)
+	}
+	if argv[3] != "--kube-proxy-replacement=true" {
+		t.Errorf("the original command line changed: %q", argv)
 	}
 }
