@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -49,12 +51,16 @@ func tcpCRR(ctx context.Context, clientNS, serverNS, dst string, d time.Duration
 // namespace: one short answer per connection, no keep-alive.
 func newHTTPServerCommand() *cobra.Command {
 	var port int
+	var clientCloses bool
 	cmd := &cobra.Command{
 		Use:    "http-server",
 		Short:  "Serve a minimal HTTP answer (the connection-rate test's server)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if clientCloses {
+				return serveClientCloses(cmd.Context(), port)
+			}
 			s := &http.Server{
 				Addr:              ":" + strconv.Itoa(port),
 				ReadHeaderTimeout: 5 * time.Second,
@@ -75,5 +81,64 @@ func newHTTPServerCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVar(&port, "port", 0, "TCP port to listen on")
+	cmd.Flags().BoolVar(&clientCloses, "client-closes", false, "answer, then wait for the client to close first, so the server keeps no TIME_WAIT (see serveClientCloses)")
 	return cmd
+}
+
+// httpAnswer is the whole answer to any request.
+const httpAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"
+
+// serveClientCloses answers one request per connection and leaves the
+// close to the client. The services scenario needs it: when the server
+// closes first, its TIME_WAIT sockets remember each client port for a
+// minute, and a client reaching the same server once through a ClusterIP
+// that the stack translates (its timestamps and sequence numbers drawn for
+// the ClusterIP) and once by the pod's address (drawn for that) looks, on
+// a reused port, like an old duplicate: the server answers the new SYN
+// with the old connection's ACK and the client waits a second to retry.
+// That is the benchmark's doing, not the proxy's, so no TIME_WAIT is kept
+// where the ports meet.
+func serveClientCloses(ctx context.Context, port int) error {
+	ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go answerThenWaitForClose(c)
+	}
+}
+
+// answerThenWaitForClose reads one request's head, answers it and closes
+// only after the client did (or after ten seconds).
+func answerThenWaitForClose(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 4096)
+	var head []byte
+	for !bytes.Contains(head, []byte("\r\n\r\n")) {
+		n, err := c.Read(buf)
+		if err != nil {
+			return
+		}
+		head = append(head, buf[:n]...)
+	}
+	if _, err := io.WriteString(c, httpAnswer); err != nil {
+		return
+	}
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return // EOF: the client closed first
+		}
+	}
 }

@@ -202,7 +202,7 @@ func (b *svBench) startServers(ctx context.Context) error {
 		return fmt.Errorf("find the bench binary to serve HTTP: %w", err)
 	}
 	for _, args := range [][]string{
-		{serverCPU, self, "http-server", "--port", strconv.Itoa(svHTTPPort)},
+		{serverCPU, self, "http-server", "--port", strconv.Itoa(svHTTPPort), "--client-closes"},
 		{rrCPU, "sockperf", "server", "--tcp", "-i", "0.0.0.0", "-p", strconv.Itoa(svRRPort)},
 	} {
 		s, err := startServer(ctx, b.server.NetNS, args[0], args[1:]...)
