@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -174,6 +175,11 @@ func (b *svBench) setup(ctx context.Context) error {
 	}
 	for path, name := range map[string]string{"intra": "client-intra", "inter": "client-inter"} {
 		if b.clients[path], err = podNetNS(ctx, b.st, ready[name]); err != nil {
+			return err
+		}
+	}
+	for _, nsPath := range []string{b.clients["intra"].NetNS, b.clients["inter"].NetNS, nsFile(b.st.ExtHost)} {
+		if err := tuneLoadClient(ctx, nsPath); err != nil {
 			return err
 		}
 	}
@@ -410,4 +416,20 @@ func (b *svBench) proxyPIDs(kubeProxy bool) (agents, proxies []int, err error) {
 		return nil, nil, fmt.Errorf("%d kube-proxy processes run, want one per node", len(proxies))
 	}
 	return agents, proxies, nil
+}
+
+// tuneLoadClient gives a load generator's namespace what load generators
+// are given: every port above 1023 to connect from, and TIME_WAIT sockets
+// older than a second reused for new connections. Without it, thousands of
+// connections a second to one server address (the backend behind both the
+// ClusterIP, once Weir translated it at the socket, and the pod IP) leave
+// its ports in TIME_WAIT, and connect() spends milliseconds looking for a
+// free one, or finds none: the client's limit, measured as the proxy's.
+func tuneLoadClient(ctx context.Context, nsPath string) error {
+	out, err := exec.CommandContext(ctx, "nsenter", "--net="+nsPath, "--", "sysctl", "-q", "-w",
+		"net.ipv4.ip_local_port_range=1024 65535", "net.ipv4.tcp_tw_reuse=1").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("tune the load client in %s: %w: %s", nsPath, err, out)
+	}
+	return nil
 }
