@@ -69,10 +69,13 @@ type result struct {
 	Precision *precision `json:"precision,omitempty"`
 	// WarmupS is the length of the discarded warm-up run of every test on
 	// every setup before the first repetition.
-	WarmupS float64  `json:"warmup_s,omitempty"`
-	Summary []stat   `json:"summary"`
-	Targets []target `json:"targets"`
-	Samples []sample `json:"samples"`
+	WarmupS float64 `json:"warmup_s,omitempty"`
+	// Incomplete says why a run stopped before its end; what it measured
+	// until then is kept.
+	Incomplete string   `json:"incomplete,omitempty"`
+	Summary    []stat   `json:"summary"`
+	Targets    []target `json:"targets"`
+	Samples    []sample `json:"samples"`
 }
 
 func (r *result) summarise() {
@@ -360,6 +363,9 @@ func (r *result) markdown() string {
 func (r *result) writeHeader(b *strings.Builder) {
 	fmt.Fprintf(b, "# Benchmark: %s\n\n", r.Scenario)
 	fmt.Fprintf(b, "Command: `%s`  \nCommit: %s  \nRun: %s to %s on %s, %s CPUs, kernel %s.  \n", r.Command, orUnrecorded(r.Commit), r.Started, r.Finished, r.Machine["cpu"], r.Machine["cpus"], r.Machine["kernel"])
+	if r.Incomplete != "" {
+		fmt.Fprintf(b, "**Incomplete**: the run stopped early (%s); the figures below are what it measured until then.  \n", r.Incomplete)
+	}
 }
 
 func (r *result) podLaunchMarkdown() string {

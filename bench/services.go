@@ -117,14 +117,17 @@ func runServices(ctx context.Context, o options, out io.Writer) (retErr error) {
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
+	var runErr error
 	for _, level := range o.levels {
-		if err := b.measureLevel(ctx, level); err != nil {
-			return err
+		if runErr = b.measureLevel(ctx, level); runErr != nil {
+			// What was measured is kept, marked incomplete.
+			res.Incomplete = runErr.Error()
+			break
 		}
 	}
 	res.summarise()
 	res.Finished = time.Now().UTC().Format(time.RFC3339)
-	return res.write(o.out, out)
+	return errors.Join(runErr, res.write(o.out, out))
 }
 
 // checkLevels wants Service counts that grow and leave room for the

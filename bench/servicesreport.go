@@ -139,6 +139,8 @@ func (r *result) servicesMarkdown() string {
 		{"nodeport", "crr_per_s", "NodePort from outside, new conn/s", "%.0f"},
 		{"nodeport", "conn_p50_ms", "NodePort from outside, whole connection p50 (ms)", "%.3f"},
 		{"nodeport", "conn_p99_ms", "NodePort from outside, whole connection p99 (ms)", "%.3f"},
+		{"intra", "crr_errors", "intra wrk socket errors via ClusterIP (per repetition)", "%.0f"},
+		{"nodeport", "crr_errors", "NodePort wrk socket errors (per repetition)", "%.0f"},
 		{"intra", "conn_failed", "intra whole connections not done within 5 s (per repetition)", "%.0f"},
 		{"inter", "conn_failed", "inter whole connections not done within 5 s (per repetition)", "%.0f"},
 		{"nodeport", "conn_failed", "NodePort whole connections not done within 5 s (per repetition)", "%.0f"},
@@ -161,7 +163,8 @@ func (r *result) servicesMarkdown() string {
 					continue
 				}
 				cell := fmt.Sprintf(" "+row.format, v)
-				if p != "weir" && row.path != "cost" {
+				counted := strings.HasSuffix(row.metric, "_errors") || strings.HasSuffix(row.metric, "_failed")
+				if p != "weir" && row.path != "cost" && !counted {
 					if ratio := r.pairedRatio(svSetup("weir", level), row.path, svSetup(p, level), row.path, row.metric); !math.IsNaN(ratio) {
 						cell += fmt.Sprintf(" (%.2f)", ratio)
 					}
