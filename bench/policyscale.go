@@ -91,13 +91,7 @@ func runPolicyScale(ctx context.Context, o options, out io.Writer) (retErr error
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if o.keep {
-			fmt.Fprintf(out, "lab %s kept: WEIR_LAB=%s weir lab kubectl ...; remove it with `WEIR_LAB=%s weir lab down`\n", psLab, psLab, psLab)
-			return
-		}
-		retErr = errors.Join(retErr, lab.Down(context.Background(), psLab, io.Discard))
-	}()
+	defer func() { retErr = errors.Join(retErr, keepOrRemoveLab(o.keep, psLab, out)) }()
 	b := &psBench{o: o, st: st, res: res, out: out, clients: map[string]psPod{}}
 	if b.c, err = st.Client(); err != nil {
 		return err
@@ -393,3 +387,13 @@ func levelPolicies(rules, generation, sentinel int) []*networkingv1.NetworkPolic
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// keepOrRemoveLab removes a benchmark's Kubernetes lab when the run ends,
+// or, with --keep, says how to reach it and remove it later.
+func keepOrRemoveLab(keep bool, name string, out io.Writer) error {
+	if keep {
+		fmt.Fprintf(out, "lab %s kept: WEIR_LAB=%s weir lab kubectl ...; remove it with `WEIR_LAB=%s weir lab down`\n", name, name, name)
+		return nil
+	}
+	return lab.Down(context.Background(), name, io.Discard)
+}

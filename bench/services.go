@@ -102,13 +102,7 @@ func runServices(ctx context.Context, o options, out io.Writer) (retErr error) {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if o.keep {
-			fmt.Fprintf(out, "lab %s kept: WEIR_LAB=%s weir lab kubectl ...; remove it with `WEIR_LAB=%s weir lab down`\n", svLab, svLab, svLab)
-			return
-		}
-		retErr = errors.Join(retErr, lab.Down(context.Background(), svLab, io.Discard))
-	}()
+	defer func() { retErr = errors.Join(retErr, keepOrRemoveLab(o.keep, svLab, out)) }()
 	b := &svBench{o: o, st: st, res: res, out: out, clients: map[string]psPod{}, current: serviceProxies[0].Name}
 	if b.c, err = fastClient(st); err != nil {
 		return err

@@ -121,14 +121,7 @@ func TestICMPErrorOfATranslatedFlow(t *testing.T) {
 	const vip = "10.96.99.99"
 	rules := "table ip weirtest {\n chain pre {\n  type nat hook prerouting priority -100;\n" +
 		"  ip daddr " + vip + " udp dport 9001 dnat to " + sr.Address.Addr().String() + ":9001\n }\n}\n"
-	cmd := exec.Command("nsenter", "--net="+n.nodeNS.Path(), "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		if testutil.InCI() {
-			t.Fatalf("nft: %v %s", err, out)
-		}
-		t.Skipf("nft: %v %s", err, out)
-	}
+	n.loadNFT(t, rules)
 	before, err := n.dp.Metrics()
 	if err != nil {
 		t.Fatal(err)
@@ -183,14 +176,7 @@ func TestPodIPAfterTranslatedConnectionFromTheSamePort(t *testing.T) {
 	const vip = "10.96.99.98"
 	rules := "table ip weirtest {\n chain pre {\n  type nat hook prerouting priority -100;\n" +
 		"  ip daddr " + vip + " tcp dport 80 dnat to " + sr.Address.Addr().String() + ":8080\n }\n}\n"
-	cmd := exec.Command("nsenter", "--net="+n.nodeNS.Path(), "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		if testutil.InCI() {
-			t.Fatalf("nft: %v %s", err, out)
-		}
-		t.Skipf("nft: %v %s", err, out)
-	}
+	n.loadNFT(t, rules)
 	const port = 41234
 	call := func(addr string) error {
 		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{Port: port}}
@@ -209,4 +195,19 @@ func TestPodIPAfterTranslatedConnectionFromTheSamePort(t *testing.T) {
 	in(t, client, func() error { return call(vip + ":80") })
 	// The server closed first: the translated flow's entry is in TIME_WAIT.
 	in(t, client, func() error { return call(net.JoinHostPort(sr.Address.Addr().String(), "8080")) })
+}
+
+// loadNFT loads an nftables ruleset into the node's namespace: a
+// translation of the node's stack, as kube-proxy makes. The namespace
+// takes it with it.
+func (n *testNode) loadNFT(t *testing.T, rules string) {
+	t.Helper()
+	cmd := exec.Command("nsenter", "--net="+n.nodeNS.Path(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		if testutil.InCI() {
+			t.Fatalf("nft: %v %s", err, out)
+		}
+		t.Skipf("nft: %v %s", err, out)
+	}
 }
