@@ -30,6 +30,7 @@ type Datapath interface {
 	GCRevokedFlows(idle time.Duration) (int, error)
 	MapCapacity(name string) (int, error)
 	SetServices(service.Table) error
+	UpdateServices(map[service.Frontend]*service.Entry) error
 	Services() (service.Table, error)
 	CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) error
 	Endpoints() ([]datapath.EndpointEntry, error)

@@ -68,14 +68,35 @@ func readyEndpoints(svc string, httpPort, dnsPort int32, addrs ...netip.Addr) *d
 	return s
 }
 
-// applyServices programs svcs and slices as a Kubernetes snapshot would.
+// applyServices makes svcs and slices the cluster's Services, as the
+// watcher's updates would: one update per Service, and a deletion for
+// each Service applied before that is not among svcs.
 func (n *testNode) applyServices(svcs []*corev1.Service, slices ...*discoveryv1.EndpointSlice) {
 	n.t.Helper()
+	n.applyServicesOn(nil, svcs, slices...)
+}
+
+// applyServicesOn is applyServices in a cluster of nodes.
+func (n *testNode) applyServicesOn(nodes []k8s.Node, svcs []*corev1.Service, slices ...*discoveryv1.EndpointSlice) {
+	n.t.Helper()
+	bySvc := service.GroupSlices(slices)
+	var updates []k8s.ServiceUpdate
 	n.agent.mu.Lock()
-	n.agent.applyServicesLocked(k8s.Snapshot{Services: svcs, EndpointSlices: slices})
-	applied := n.agent.services.applied
-	n.agent.mu.Unlock()
-	if !applied {
+	defer n.agent.mu.Unlock()
+	gone := map[string]bool{}
+	for _, k := range n.agent.serviceCacheLocked().Keys() {
+		gone[k] = true
+	}
+	for _, svc := range svcs {
+		key := service.Key(svc.Namespace, svc.Name)
+		delete(gone, key)
+		updates = append(updates, k8s.ServiceUpdate{Key: key, Service: svc, Slices: bySvc[key]})
+	}
+	for k := range gone {
+		updates = append(updates, k8s.ServiceUpdate{Key: k})
+	}
+	n.agent.syncServicesLocked(nodes, updates)
+	if !n.agent.services.applied {
 		n.t.Fatal("services not programmed")
 	}
 }
@@ -577,10 +598,7 @@ func TestNodePortAtTheSocket(t *testing.T) {
 	web.Spec.Type = corev1.ServiceTypeNodePort
 	web.Spec.Ports[0].NodePort = 30080
 	other := k8s.Node{Name: "n2", InternalIP: netip.MustParseAddr("10.99.0.12")}
-	n.agent.mu.Lock()
-	n.agent.applyServicesLocked(k8s.Snapshot{Nodes: []k8s.Node{other}, Services: []*corev1.Service{web},
-		EndpointSlices: []*discoveryv1.EndpointSlice{readyEndpoints("web", 8080, 5353, sr.Address.Addr())}})
-	n.agent.mu.Unlock()
+	n.applyServicesOn([]k8s.Node{other}, []*corev1.Service{web}, readyEndpoints("web", 8080, 5353, sr.Address.Addr()))
 
 	for _, where := range []struct {
 		name string

@@ -255,12 +255,14 @@ func (a *Agent) follow(ctx context.Context, client kubernetes.Interface, w *k8s.
 					a.collectIdentities(ctx, w.Snapshot())
 				}()
 			}
+		case <-w.ServiceChanges():
+			a.applyServiceUpdates(w.ServiceUpdates)
 		case <-w.Changes():
 			if !w.Synced() {
 				continue
 			}
 			start := time.Now()
-			changed, err := a.applySnapshot(ctx, w.Snapshot())
+			changed, err := a.applySnapshot(ctx, w.Snapshot(), w.ServiceUpdates)
 			if took := time.Since(start); took > slowApply {
 				a.log.Warn("applying the cluster state was slow", "took", took)
 			}
@@ -325,9 +327,10 @@ func (r *reporter) finished(ok bool) {
 	r.retry = min(2*r.retry, reportEvery)
 }
 
-// applySnapshot programs the peers of a snapshot and records its pods. It
-// reports whether the set of peers changed.
-func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot) (bool, error) {
+// applySnapshot programs the peers of a snapshot, its nodes' view of the
+// Services with the Service updates serviceUpdates takes from the watcher,
+// and records its pods. It reports whether the set of peers changed.
+func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot, serviceUpdates func() []k8s.ServiceUpdate) (bool, error) {
 	peers := peersFrom(s)
 	a.metrics.maps.identities.Store(int64(len(s.IdentityObjects)))
 	a.mu.Lock()
@@ -341,7 +344,7 @@ func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot) (bool, error)
 		}
 		a.log.Info("peers changed", "before", before, "now", len(a.peers))
 	}
-	a.applyServicesLocked(s)
+	a.syncServicesLocked(s.Nodes, serviceUpdates())
 	a.pods = make(map[string]k8s.Pod, len(s.Pods))
 	for _, p := range s.Pods {
 		a.pods[p.Key()] = p

@@ -25,26 +25,14 @@ const reasonServiceNotProgrammed = "ServiceNotProgrammed"
 type serviceEvents struct {
 	rec  record.EventRecorder // nil outside Kubernetes
 	node string
-	// refs are the cluster's Services by namespace/name, from the last
-	// snapshot.
-	refs map[string]*corev1.ObjectReference
 	sent map[string]string // namespace/name -> the message last sent
 }
 
-// setServices remembers the Services events may be about.
-func (se *serviceEvents) setServices(svcs []*corev1.Service) {
-	se.refs = make(map[string]*corev1.ObjectReference, len(svcs))
-	for _, s := range svcs {
-		se.refs[s.Namespace+"/"+s.Name] = &corev1.ObjectReference{
-			Kind: "Service", APIVersion: "v1", Namespace: s.Namespace, Name: s.Name, UID: s.UID, ResourceVersion: s.ResourceVersion,
-		}
-	}
-}
-
 // report sends an event for each Service with a frontend err (from
-// SetServices; nil after a write that succeeded) says a full map left
-// out. owners names each frontend's Service.
-func (se *serviceEvents) report(err error, owners map[service.Frontend]string) {
+// SetServices or UpdateServices; nil after a write that succeeded) says a
+// full map left out. owner names each frontend's Service (or pod, for a
+// hostPort) and lookup finds a Service by namespace/name.
+func (se *serviceEvents) report(err error, owner func(service.Frontend) string, lookup func(string) *corev1.Service) {
 	if se.rec == nil {
 		return
 	}
@@ -53,11 +41,11 @@ func (se *serviceEvents) report(err error, owners map[service.Frontend]string) {
 		if !errors.Is(fe, datapath.ErrServiceMapFull) {
 			continue
 		}
-		owner := owners[fe.Frontend]
-		if se.refs[owner] == nil {
+		o := owner(fe.Frontend)
+		if lookup(o) == nil {
 			continue // a pod's hostPort, or a Service gone meanwhile
 		}
-		left[owner] = append(left[owner], frontendString(fe.Frontend))
+		left[o] = append(left[o], frontendString(fe.Frontend))
 	}
 	now := make(map[string]string, len(left))
 	for owner, frontends := range left {
@@ -67,7 +55,9 @@ func (se *serviceEvents) report(err error, owners map[service.Frontend]string) {
 		if se.sent[owner] == msg {
 			continue
 		}
-		se.rec.Event(se.refs[owner], corev1.EventTypeWarning, reasonServiceNotProgrammed, msg)
+		svc := lookup(owner)
+		ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: svc.Namespace, Name: svc.Name, UID: svc.UID, ResourceVersion: svc.ResourceVersion}
+		se.rec.Event(ref, corev1.EventTypeWarning, reasonServiceNotProgrammed, msg)
 	}
 	se.sent = now
 }

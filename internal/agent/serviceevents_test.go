@@ -51,15 +51,17 @@ func (l *eventLog) take() []sentEvent {
 func TestServiceEventsNameTheServicesAFullMapLeftOut(t *testing.T) {
 	log := &eventLog{}
 	se := serviceEvents{rec: log, node: "n1"}
-	se.setServices([]*corev1.Service{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "u-web"}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db", UID: "u-db"}},
-	})
+	svcs := map[string]*corev1.Service{
+		"shop/web": {ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "u-web"}},
+		"shop/db":  {ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db", UID: "u-db"}},
+	}
+	lookup := func(key string) *corev1.Service { return svcs[key] }
 	web := service.Frontend{Addr: netip.MustParseAddr("10.96.0.20"), Port: 80, Proto: service.ProtoTCP}
 	webOut := service.Frontend{Addr: netip.MustParseAddr("10.99.0.11"), Port: 30080, Proto: service.ProtoTCP, External: true}
 	db := service.Frontend{Addr: netip.MustParseAddr("10.96.0.30"), Port: 5432, Proto: service.ProtoTCP}
 	hostPort := service.Frontend{Addr: netip.MustParseAddr("10.99.0.11"), Port: 31900, Proto: service.ProtoTCP}
 	owners := map[service.Frontend]string{web: "shop/web", webOut: "shop/web", db: "shop/db", hostPort: "shop/echo (hostPort)"}
+	owner := func(f service.Frontend) string { return owners[f] }
 	full := fmt.Errorf("%w: argument list too long", datapath.ErrServiceMapFull)
 	err := errors.Join(
 		&datapath.FrontendError{Frontend: web, Err: full},
@@ -69,7 +71,7 @@ func TestServiceEventsNameTheServicesAFullMapLeftOut(t *testing.T) {
 		errors.New("delete service: bad file descriptor"),
 	)
 
-	se.report(err, owners)
+	se.report(err, owner, lookup)
 	got := log.take()
 	if len(got) != 1 {
 		t.Fatalf("events %+v, want one, on shop/web", got)
@@ -87,18 +89,18 @@ func TestServiceEventsNameTheServicesAFullMapLeftOut(t *testing.T) {
 		}
 	}
 
-	se.report(err, owners)
+	se.report(err, owner, lookup)
 	if got := log.take(); len(got) != 0 {
 		t.Errorf("the same refusal warned again: %+v", got)
 	}
-	se.report(nil, owners) // programmed
-	se.report(err, owners)
+	se.report(nil, owner, lookup) // programmed
+	se.report(err, owner, lookup)
 	if got := log.take(); len(got) != 1 {
 		t.Errorf("after being programmed in between: %+v, want the warning again", got)
 	}
-	se.setServices(nil) // web deleted
-	se.report(nil, owners)
-	se.report(err, owners)
+	clear(svcs) // web deleted
+	se.report(nil, owner, lookup)
+	se.report(err, owner, lookup)
 	if got := log.take(); len(got) != 0 {
 		t.Errorf("events about Services that are gone: %+v", got)
 	}
@@ -108,6 +110,8 @@ func TestServiceEventsNameTheServicesAFullMapLeftOut(t *testing.T) {
 // and nothing fails.
 func TestServiceEventsOutsideKubernetes(t *testing.T) {
 	var se serviceEvents
-	se.setServices([]*corev1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "b"}}})
-	se.report(&datapath.FrontendError{Err: datapath.ErrServiceMapFull}, nil)
+	se.report(&datapath.FrontendError{Err: datapath.ErrServiceMapFull}, func(service.Frontend) string { return "a/b" },
+		func(string) *corev1.Service {
+			return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "b"}}
+		})
 }

@@ -19,98 +19,254 @@ import (
 // serviceState is what the agent last programmed into the service maps.
 type serviceState struct {
 	applied bool
-	table   service.Table
-	// built is the table of the cluster's Services (the last snapshot;
-	// nil before one) and builtOwners names its frontends' Services; the
-	// maps hold it together with this node's pods' hostPorts.
-	built       service.Table
-	builtOwners map[service.Frontend]string
-	// owners names each programmed frontend's Service or pod; lastErr is
-	// why the last write failed.
-	owners  map[service.Frontend]string
+	// synced says the cache has held the cluster's Services since the
+	// watcher synced; before, only hostPorts are written and the maps'
+	// other entries (a restarted agent's Services) are left alone.
+	synced bool
+	// cache holds the cluster's Services, updated one changed Service at
+	// a time; nil before the first update.
+	cache *service.Cache
+	// table is what the maps hold: the cache's table with this node's
+	// pods' hostPorts (hostPorts, owned as hostPortOwners says) where no
+	// Service has the frontend.
+	table          service.Table
+	hostPorts      service.Table
+	hostPortOwners map[service.Frontend]string
+	// lastErr is why the last write failed.
 	lastErr string
 }
 
-// applyServicesLocked programs the Services of s for translation at the
-// socket. The maps are rewritten only when the table changed; a failed
-// write is retried on the next snapshot, and meanwhile kube-proxy, where
-// it runs, serves the frontends the maps lack. Sockets sent to a backend
-// a frontend no longer has are closed once the maps stop picking it.
-func (a *Agent) applyServicesLocked(s k8s.Snapshot) {
-	opts := a.serviceOptions(s)
+// serviceCacheLocked is the cache of the cluster's Services, made on first
+// use with this node's own view until the nodes are known.
+func (a *Agent) serviceCacheLocked() *service.Cache {
+	if a.services.cache == nil {
+		a.services.cache = service.NewCache(a.serviceOptions(nil))
+	}
+	return a.services.cache
+}
+
+// syncServicesLocked gives the Service table the cluster's nodes (their
+// addresses serve NodePorts; this node's zone narrows hints) and the
+// Services changed since the last call: after the watcher synced, the
+// first call has every Service, and from then on the maps hold the
+// cluster's Services. Only when the nodes change does every Service get
+// recomputed.
+func (a *Agent) syncServicesLocked(nodes []k8s.Node, updates []k8s.ServiceUpdate) {
+	c := a.serviceCacheLocked()
+	c.SetOptions(a.serviceOptions(nodes))
+	for _, u := range updates {
+		c.Update(u.Key, u.Service, u.Slices)
+	}
+	a.services.synced = true
+	a.flushServicesLocked()
+}
+
+// applyServiceUpdates programs the Services the watcher saw change, each
+// from its current state: the cost of a change is that Service's, whatever
+// the number of Services. Before the first snapshot the updates stay with
+// the watcher, for syncServicesLocked to take whole.
+func (a *Agent) applyServiceUpdates(take func() []k8s.ServiceUpdate) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.services.synced {
+		return
+	}
+	updates := take()
+	if len(updates) == 0 {
+		return
+	}
+	c := a.serviceCacheLocked()
+	for _, u := range updates {
+		c.Update(u.Key, u.Service, u.Slices)
+	}
+	a.flushServicesLocked()
+}
+
+// flushServicesLocked recomputes the Services updated since the last flush
+// and writes the frontends that changed. A failed write is retried whole
+// on the next change, and meanwhile kube-proxy, where it runs, serves the
+// frontends the maps lack.
+func (a *Agent) flushServicesLocked() {
+	c := a.serviceCacheLocked()
+	start := time.Now()
+	defer func() {
+		if took := time.Since(start); took > slowApply {
+			a.log.Warn("programming the Services was slow", "took", took)
+		}
+	}()
+	changed := c.Flush()
 	if a.healthChecks != nil {
-		if err := a.healthChecks.sync(service.HealthChecks(s.Services, s.EndpointSlices, a.cfg.NodeName)); err != nil {
+		if err := a.healthChecks.sync(c.HealthChecks()); err != nil {
 			a.log.Error("health check node ports", "err", err)
 		}
 	}
-	if a.cfg.NoSocketLB {
-		// kube-proxy answers every Service: the maps stay empty.
-		a.services.built, a.services.builtOwners = nil, nil
-		a.writeServicesLocked()
-		return
-	}
-	a.serviceEvents.setServices(s.Services)
-	a.services.built = service.Build(s.Services, s.EndpointSlices, opts)
-	a.services.builtOwners = service.Owners(s.Services, opts)
-	a.writeServicesLocked()
+	a.writeServicesLocked(changed...)
 }
 
-// writeServicesLocked writes the cluster's Services and this node's
-// hostPorts into the service maps, if they changed.
-func (a *Agent) writeServicesLocked() {
-	t := maps.Clone(a.services.built)
-	if t == nil {
-		t = service.Table{}
+// clusterServicesLocked is the table of the cluster's Services the maps
+// are to hold: none with --socket-lb=false, where kube-proxy answers
+// every Service.
+func (a *Agent) clusterServicesLocked() service.Table {
+	if a.cfg.NoSocketLB || a.services.cache == nil {
+		return nil
 	}
-	owners := maps.Clone(a.services.builtOwners)
-	if owners == nil {
-		owners = map[service.Frontend]string{}
+	return a.services.cache.Table()
+}
+
+// writeServicesLocked writes into the service maps what changed among
+// the cluster's Services (changed names their frontends) and this node's
+// hostPorts. Sockets sent to a backend a frontend no longer has are
+// closed once the maps stop picking it. Until a write has succeeded whole
+// (after a start or a failure), the maps are rewritten whole.
+func (a *Agent) writeServicesLocked(changed ...service.Frontend) {
+	st := &a.services
+	cluster := a.clusterServicesLocked()
+	oldHostPorts := st.hostPorts
+	st.hostPorts, st.hostPortOwners = a.hostPortsLocked(cluster)
+	if !st.synced {
+		changed = nil // no Service is known yet: the hostPorts alone
+	} else if !st.applied {
+		a.rewriteServicesLocked(cluster)
+		return
 	}
-	a.addHostPortsLocked(t, owners)
-	if a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal) {
-		a.services.owners = owners
+	delta := map[service.Frontend]*service.Entry{}
+	consider := func(f service.Frontend) {
+		want, ok := cluster[f]
+		if !ok {
+			want, ok = st.hostPorts[f]
+		}
+		have, had := st.table[f]
+		switch {
+		case ok && (!had || !have.Equal(want)):
+			delta[f] = &want
+		case !ok && had:
+			delta[f] = nil
+		}
+	}
+	for _, f := range changed {
+		consider(f)
+	}
+	for f := range oldHostPorts {
+		consider(f)
+	}
+	for f := range st.hostPorts {
+		consider(f)
+	}
+	if len(delta) == 0 {
 		a.recordProxyHealth(true)
 		return
 	}
-	old := a.services.table
-	if !a.services.applied {
-		// After a restart or a failed write the maps are the truth.
-		if cur, err := a.dp.Services(); err == nil {
-			old = cur
+	old, now := service.Table{}, service.Table{}
+	for f, e := range delta {
+		if have, ok := st.table[f]; ok {
+			old[f] = have
+		}
+		if e != nil {
+			now[f] = *e
 		}
 	}
-	a.services.owners = owners
-	if err := a.dp.SetServices(t); err != nil {
-		a.services.applied, a.services.lastErr = false, err.Error()
-		a.log.Error("program services", "frontends", len(t), "err", err)
-		a.recordProxyHealth(false)
-		a.serviceEvents.report(err, owners)
+	if err := a.dp.UpdateServices(delta); err != nil {
+		a.servicesFailedLocked(err, len(delta))
 		return
 	}
-	a.services.applied, a.services.table, a.services.lastErr = true, t, ""
+	if st.table == nil {
+		st.table = service.Table{}
+	}
+	for f, e := range delta {
+		if e == nil {
+			delete(st.table, f)
+		} else {
+			st.table[f] = *e
+		}
+	}
+	a.servicesWrittenLocked(old, now, "changed", len(delta))
+}
+
+// rewriteServicesLocked makes the maps hold exactly cluster and this
+// node's hostPorts, reading them first: after a restart or a failed write
+// the maps are the truth.
+func (a *Agent) rewriteServicesLocked(cluster service.Table) {
+	st := &a.services
+	t := maps.Clone(cluster)
+	if t == nil {
+		t = service.Table{}
+	}
+	for f, e := range st.hostPorts {
+		t[f] = e
+	}
+	old, err := a.dp.Services()
+	if err != nil {
+		old = st.table
+	}
+	if err := a.dp.SetServices(t); err != nil {
+		a.servicesFailedLocked(err, len(t))
+		return
+	}
+	st.applied, st.table = true, t
+	a.servicesWrittenLocked(old, t, "frontends", len(t))
+}
+
+func (a *Agent) servicesFailedLocked(err error, frontends int) {
+	st := &a.services
+	st.applied, st.lastErr = false, err.Error()
+	a.log.Error("program services", "frontends", frontends, "err", err)
+	a.recordProxyHealth(false)
+	a.serviceEvents.report(err, a.serviceOwnerLocked, a.serviceObjectLocked)
+}
+
+// servicesWrittenLocked records a write that succeeded: old and now are
+// the written frontends before and after.
+func (a *Agent) servicesWrittenLocked(old, now service.Table, what string, n int) {
+	a.services.lastErr = ""
 	a.recordProxyHealth(true)
-	a.serviceEvents.report(nil, owners)
-	a.log.Info("services programmed", "frontends", len(t))
-	if removed := service.Removed(old, t); len(removed) > 0 {
+	a.serviceEvents.report(nil, a.serviceOwnerLocked, a.serviceObjectLocked)
+	a.log.Info("services programmed", what, n, "total", len(a.services.table))
+	if removed := service.Removed(old, now); len(removed) > 0 {
 		if err := a.dp.CloseServiceSockets(removed, a.podNetNSLocked()); err != nil {
 			a.log.Error("close sockets of removed backends", "frontends", len(removed), "err", err)
 		}
 	}
 }
 
+// serviceOwnerLocked names the Service, or the pod's hostPort, frontend f
+// belongs to.
+func (a *Agent) serviceOwnerLocked(f service.Frontend) string {
+	st := &a.services
+	if _, ok := a.clusterServicesLocked()[f]; !ok {
+		if o, ok := st.hostPortOwners[f]; ok {
+			return o
+		}
+	}
+	if st.cache == nil {
+		return ""
+	}
+	return st.cache.Owner(f)
+}
+
+// serviceObjectLocked is the Service key names, nil if there is none.
+func (a *Agent) serviceObjectLocked(key string) *corev1.Service {
+	if a.services.cache == nil {
+		return nil
+	}
+	return a.services.cache.Service(key)
+}
+
 // reservedPorts are ports no Service address or hostPort may take on a
 // node: the overlay's, which every node's tunnel traffic arrives on.
 var reservedPorts = []service.PortProto{{Port: datapath.VXLANPort, Proto: service.ProtoUDP}}
 
-// addHostPortsLocked adds this node's pods' hostPorts to t (with no
-// kube-proxy beside the agent: they share the NodePort machinery). Each is
-// a frontend at the node's address (or the mapping's host IP) for sockets
-// on the node and for packets from outside, with the pod as its one
-// backend; at 127.0.0.1, for the node's own sockets alone. Where two pods claim one port, which the scheduler prevents,
-// the first attachment in order keeps it.
-func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]string) {
+// hostPortsLocked lists this node's pods' hostPorts where cluster (the
+// cluster's Services) has no frontend (with no kube-proxy beside the
+// agent: they share the NodePort machinery), with the pod owning each.
+// Each is a frontend at the node's address (or the mapping's host IP)
+// for sockets on the node and for packets from outside, with the pod as
+// its one backend; at 127.0.0.1, for the node's own sockets alone. Where
+// two pods claim one port, which the scheduler prevents, the first
+// attachment in order keeps it.
+func (a *Agent) hostPortsLocked(cluster service.Table) (service.Table, map[service.Frontend]string) {
+	t, owners := service.Table{}, map[service.Frontend]string{}
 	if !a.cfg.KubeProxyReplacement {
-		return
+		return t, owners
 	}
 	for _, l := range a.ipam.List() {
 		for _, hp := range l.HostPorts {
@@ -125,7 +281,8 @@ func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]
 			}
 			for _, external := range scopes {
 				f := service.Frontend{Addr: addr, Port: hp.Port, Proto: hp.Proto, External: external}
-				if _, taken := t[f]; taken {
+				_, byService := cluster[f]
+				if _, taken := t[f]; taken || byService {
 					a.log.Warn("hostPort already in use on this node", "port", hp.Port, "pod", l.PodNamespace+"/"+l.PodName)
 					continue
 				}
@@ -133,13 +290,14 @@ func (a *Agent) addHostPortsLocked(t service.Table, owners map[service.Frontend]
 			}
 		}
 	}
+	return t, owners
 }
 
 // serviceOptions is whose view the Service table is built for: this node,
 // and with no kube-proxy beside it, every node's address for NodePorts.
-func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
+func (a *Agent) serviceOptions(nodes []k8s.Node) service.Options {
 	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement, Reserved: reservedPorts}
-	for _, n := range s.Nodes {
+	for _, n := range nodes {
 		if n.Name == a.cfg.NodeName {
 			opts.Zone = n.Labels[corev1.LabelTopologyZone] // trafficDistribution's hints name it
 		}
@@ -151,14 +309,16 @@ func (a *Agent) serviceOptions(s k8s.Snapshot) service.Options {
 		opts.OwnAddrs = []netip.Addr{a.cfg.NodeIP}
 	}
 	seen := map[netip.Addr]bool{}
-	for _, addr := range append([]netip.Addr{a.cfg.NodeIP}, nodeAddrs(s.Nodes)...) {
+	for _, addr := range append([]netip.Addr{a.cfg.NodeIP}, nodeAddrs(nodes)...) {
 		if addr.Is4() && !seen[addr] {
 			seen[addr] = true
 			opts.NodeAddrs = append(opts.NodeAddrs, addr)
 		}
 	}
+	// Sorted: the same nodes in another order are the same view.
+	slices.SortFunc(opts.NodeAddrs, netip.Addr.Compare)
 	opts.AddrNode = map[netip.Addr]string{a.cfg.NodeIP: a.cfg.NodeName}
-	for _, n := range s.Nodes {
+	for _, n := range nodes {
 		if n.InternalIP.Is4() {
 			opts.AddrNode[n.InternalIP] = n.Name
 		}
@@ -219,7 +379,7 @@ func (a *Agent) ServiceList() (*api.ServiceList, error) {
 	}
 	for f, e := range t {
 		fe := api.ServiceFrontend{
-			Addr: f.Addr, Port: f.Port, Protocol: protocolName(f.Proto), Service: a.services.owners[f], External: f.External,
+			Addr: f.Addr, Port: f.Port, Protocol: protocolName(f.Proto), Service: a.serviceOwnerLocked(f), External: f.External,
 			Backends: []api.ServiceBackend{}, AffinitySeconds: int(e.AffinityTimeout.Seconds()), State: "serving",
 		}
 		for _, b := range e.Backends {

@@ -166,17 +166,32 @@ func be32(a netip.Addr) uint32 {
 // htons is a port as the __be16 a map stores, read back natively.
 func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
-// lbMaps is the content of the service, backend and affinity member maps,
-// and which frontends have a Maglev table.
-type lbMaps struct {
-	services map[sockLb4Key]sockLb4Service
-	slots    map[sockLb4BackendKey]sockLb4Backend
-	members  map[sockLb4MemberKey]uint32
-	maglev   map[sockLb4Key]bool
+// lbFrontend is what the service maps hold for one frontend: its service
+// entry, backend slots, affinity members (backend to slot) and whether it
+// has a Maglev table.
+type lbFrontend struct {
+	svc     sockLb4Service
+	present bool // the service entry exists
+	slots   map[uint32]sockLb4Backend
+	members map[sockLb4Backend]uint32
+	maglev  bool
+}
+
+// lbMaps is the content of the service maps, by frontend.
+type lbMaps map[sockLb4Key]*lbFrontend
+
+// at is key's content, made empty if there is none yet.
+func (m lbMaps) at(key sockLb4Key) *lbFrontend {
+	f := m[key]
+	if f == nil {
+		f = &lbFrontend{slots: map[uint32]sockLb4Backend{}, members: map[sockLb4Backend]uint32{}}
+		m[key] = f
+	}
+	return f
 }
 
 // readLBMaps reads the service maps whole.
-func (n *Node) readLBMaps() (*lbMaps, error) {
+func (n *Node) readLBMaps() (lbMaps, error) {
 	svcs, err := readMap[sockLb4Key, sockLb4Service](n.progs.LB4Services)
 	if err != nil {
 		return nil, fmt.Errorf("read service map: %w", err)
@@ -189,127 +204,183 @@ func (n *Node) readLBMaps() (*lbMaps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read affinity member map: %w", err)
 	}
-	maglev := map[sockLb4Key]bool{}
+	m := lbMaps{}
+	for k, v := range svcs {
+		f := m.at(k)
+		f.svc, f.present = v, true
+	}
+	for k, v := range slots {
+		m.at(k.Svc).slots[k.Slot] = v
+	}
+	for k, slot := range members {
+		m.at(k.Svc).members[k.Backend] = slot
+	}
 	var k sockLb4Key
 	it := n.progs.LB4Maglev.Iterate()
 	for v := new(hostLb4Maglev); it.Next(&k, v); {
-		maglev[k] = true
+		m.at(k).maglev = true
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read maglev map: %w", err)
 	}
-	return &lbMaps{services: svcs, slots: slots, members: members, maglev: maglev}, nil
+	return m, nil
 }
 
-// lbMapsOf is what the service maps hold once want is written.
-func lbMapsOf(want map[sockLb4Key]service.Entry) *lbMaps {
-	m := &lbMaps{services: map[sockLb4Key]sockLb4Service{}, slots: map[sockLb4BackendKey]sockLb4Backend{}, members: affinityMembers(want), maglev: map[sockLb4Key]bool{}}
-	for key, e := range want {
-		m.services[key] = lb4Service(e)
-		if key.Scope == lbScopeExternal && len(e.Backends) > 0 {
-			m.maglev[key] = true
-		}
-		for i, b := range e.Backends {
-			m.slots[sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}] = lb4Backend(b)
-		}
+// lbFrontendOf is what the service maps hold for key once e is written.
+func lbFrontendOf(key sockLb4Key, e service.Entry) *lbFrontend {
+	f := &lbFrontend{svc: lb4Service(e), present: true, slots: make(map[uint32]sockLb4Backend, len(e.Backends)),
+		members: affinityMembers(e), maglev: key.Scope == lbScopeExternal && len(e.Backends) > 0}
+	for i, b := range e.Backends {
+		f.slots[uint32(i+1)] = lb4Backend(b)
 	}
-	return m
+	return f
 }
 
-// SetServices makes the service maps translate exactly t's IPv4 frontends.
-// Only what differs from the maps is written: the maps are read once, and
-// after a write that succeeded whole the node remembers what they hold,
-// so a change to one Service costs a few syscalls at any Service count.
-// Each frontend is rewritten so a concurrent connect always finds a
-// consistent service: new slots before a larger count, a smaller count
-// before slots are removed, the service before its slots on deletion. The
-// members of affinity Services change around that: a backend that goes
-// stops being remembered before its slot goes, and one that comes is a
-// member before a client can pick it.
-func (n *Node) SetServices(t service.Table) (retErr error) {
-	have := n.lbWritten
-	n.lbWritten = nil // until this write has succeeded whole
-	if have == nil {
-		var err error
-		if have, err = n.readLBMaps(); err != nil {
-			return err
-		}
+// SetServices makes the service maps translate exactly t's IPv4 frontends:
+// UpdateServices for every frontend of t, and a deletion for every other
+// frontend the maps hold.
+func (n *Node) SetServices(t service.Table) error {
+	have, err := n.lbMaps()
+	if err != nil {
+		return err
 	}
-	want := map[sockLb4Key]service.Entry{}
+	want := make(map[sockLb4Key]*service.Entry, len(t))
 	for f, e := range t {
+		if f.Addr.Is4() {
+			want[lb4Key(f)] = &e
+		}
+	}
+	for key := range have {
+		if _, ok := want[key]; !ok {
+			want[key] = nil
+		}
+	}
+	return n.writeFrontends(have, want)
+}
+
+// UpdateServices writes the IPv4 frontends of changes: each to its entry,
+// or away where the entry is nil; the maps' other frontends stay as they
+// are. Only what differs from the maps is written: the maps are read
+// once, and after a write that succeeded whole the node remembers what
+// they hold, so a change to one Service costs a few syscalls at any
+// Service count. Each frontend is rewritten so a concurrent connect always
+// finds a consistent service: new slots before a larger count, a smaller
+// count before slots are removed, the service before its slots on
+// deletion. The members of affinity Services change around that: a
+// backend that goes stops being remembered before its slot goes, and one
+// that comes is a member before a client can pick it.
+func (n *Node) UpdateServices(changes map[service.Frontend]*service.Entry) error {
+	have, err := n.lbMaps()
+	if err != nil {
+		return err
+	}
+	want := make(map[sockLb4Key]*service.Entry, len(changes))
+	for f, e := range changes {
 		if f.Addr.Is4() {
 			want[lb4Key(f)] = e
 		}
 	}
-	wantMembers := affinityMembers(want)
-	defer func() {
-		if retErr == nil {
-			n.lbWritten = lbMapsOf(want)
-		}
-	}()
+	return n.writeFrontends(have, want)
+}
 
+// lbMaps is what the service maps hold: as remembered after the last
+// write that succeeded whole, else as read.
+func (n *Node) lbMaps() (lbMaps, error) {
+	if n.lbWritten != nil {
+		return n.lbWritten, nil
+	}
+	return n.readLBMaps()
+}
+
+// writeFrontends writes want's frontends (nil: away) over have, which it
+// updates to match. The node remembers have only when every write
+// succeeded; otherwise the next write reads the maps again.
+func (n *Node) writeFrontends(have lbMaps, want map[sockLb4Key]*service.Entry) error {
+	n.lbWritten = nil
 	var errs []error
-	for mk := range have.members {
-		if _, ok := wantMembers[mk]; ok {
+	for key, e := range want {
+		if err := n.writeFrontend(key, e, have[key]); err != nil {
+			errs = append(errs, &FrontendError{Frontend: frontendOf(key), Err: err})
 			continue
 		}
-		if err := n.progs.LB4Members.Delete(mk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if e == nil {
+			delete(have, key)
+		} else {
+			have[key] = lbFrontendOf(key, *e)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	n.lbWritten = have
+	return nil
+}
+
+// writeFrontend writes one frontend's entry e (nil: deletes it) where the
+// maps hold cur (nil: nothing).
+func (n *Node) writeFrontend(key sockLb4Key, e *service.Entry, cur *lbFrontend) error {
+	if cur == nil {
+		cur = lbMaps{}.at(key)
+	}
+	var wantMembers map[sockLb4Backend]uint32
+	if e != nil {
+		wantMembers = affinityMembers(*e)
+	}
+	var errs []error
+	for b := range cur.members {
+		if _, ok := wantMembers[b]; ok {
+			continue
+		}
+		if err := n.progs.LB4Members.Delete(sockLb4MemberKey{Svc: key, Backend: b}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete affinity member: %w", err))
 		}
 	}
-	for mk, slot := range wantMembers {
-		if cur, ok := have.members[mk]; ok && cur == slot {
+	for b, slot := range wantMembers {
+		if have, ok := cur.members[b]; ok && have == slot {
 			continue
 		}
-		if err := n.progs.LB4Members.Put(mk, slot); err != nil {
-			errs = append(errs, fmt.Errorf("service %v: affinity member: %w", frontendOf(mk.Svc), mapWriteErr(err)))
+		if err := n.progs.LB4Members.Put(sockLb4MemberKey{Svc: key, Backend: b}, slot); err != nil {
+			errs = append(errs, fmt.Errorf("affinity member: %w", mapWriteErr(err)))
 		}
 	}
-	for key, e := range want {
-		cur, present := have.services[key]
-		if err := n.setService(key, e, cur, present, have); err != nil {
-			errs = append(errs, &FrontendError{Frontend: frontendOf(key), Err: err})
+	count := 0
+	if e == nil {
+		if cur.present {
+			if err := n.progs.LB4Services.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("delete service: %w", err))
+			}
 		}
+	} else if err := n.setService(key, *e, cur); err != nil {
+		return errors.Join(append(errs, err)...) // its stale slots may still be counted
+	} else {
+		count = len(e.Backends)
 	}
-	for key := range have.services {
-		if _, ok := want[key]; ok {
-			continue
-		}
-		if err := n.progs.LB4Services.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete service: %w", err))
-		}
-	}
-	for key := range have.maglev {
-		if e, ok := want[key]; ok && len(e.Backends) > 0 {
-			continue
-		}
+	if cur.maglev && count == 0 {
 		if err := n.progs.LB4Maglev.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete maglev table: %w", err))
 		}
 	}
-	// Slots of deleted services, and any a crash left behind.
-	for bk := range have.slots {
-		if e, ok := want[bk.Svc]; ok && bk.Slot >= 1 && int(bk.Slot) <= len(e.Backends) {
+	// Slots past the count, and any a crash left behind.
+	for slot := range cur.slots {
+		if slot >= 1 && int(slot) <= count {
 			continue
 		}
-		if err := n.progs.LB4Backends.Delete(bk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := n.progs.LB4Backends.Delete(sockLb4BackendKey{Svc: key, Slot: slot}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete backend slot: %w", err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// affinityMembers are the member entries of want's affinity services, each
-// with its backend's slot.
-func affinityMembers(want map[sockLb4Key]service.Entry) map[sockLb4MemberKey]uint32 {
-	out := map[sockLb4MemberKey]uint32{}
-	for key, e := range want {
-		if e.AffinityTimeout <= 0 {
-			continue
-		}
-		for i, b := range e.Backends {
-			out[sockLb4MemberKey{Svc: key, Backend: lb4Backend(b)}] = uint32(i + 1)
-		}
+// affinityMembers are the member entries of an affinity service e, each
+// backend with its slot; none without affinity.
+func affinityMembers(e service.Entry) map[sockLb4Backend]uint32 {
+	out := map[sockLb4Backend]uint32{}
+	if e.AffinityTimeout <= 0 {
+		return out
+	}
+	for i, b := range e.Backends {
+		out[lb4Backend(b)] = uint32(i + 1)
 	}
 	return out
 }
@@ -368,35 +439,35 @@ func FrontendErrors(err error) []*FrontendError {
 // service entry counts (65,535); it is not written.
 var ErrTooManyBackends = errors.New("more backends than a service entry holds")
 
-func (n *Node) setService(key sockLb4Key, e service.Entry, cur sockLb4Service, present bool, have *lbMaps) error {
+func (n *Node) setService(key sockLb4Key, e service.Entry, cur *lbFrontend) error {
 	if len(e.Backends) > math.MaxUint16 {
 		return fmt.Errorf("%d backends: %w", len(e.Backends), ErrTooManyBackends)
 	}
 	val := lb4Service(e)
-	if present && val.Count < cur.Count {
+	have := cur.svc
+	if cur.present && val.Count < have.Count {
 		if err := n.progs.LB4Services.Put(key, val); err != nil {
 			return mapWriteErr(err)
 		}
-		cur = val
+		have = val
 	}
-	changed := !present || val.Count != cur.Count
+	changed := !cur.present || val.Count != have.Count
 	for i, b := range e.Backends {
-		bk := sockLb4BackendKey{Svc: key, Slot: uint32(i + 1)}
-		bv := lb4Backend(b)
-		if slot, ok := have.slots[bk]; ok && slot == bv {
+		slot, bv := uint32(i+1), lb4Backend(b)
+		if v, ok := cur.slots[slot]; ok && v == bv {
 			continue
 		}
 		changed = true
-		if err := n.progs.LB4Backends.Put(bk, bv); err != nil {
+		if err := n.progs.LB4Backends.Put(sockLb4BackendKey{Svc: key, Slot: slot}, bv); err != nil {
 			return mapWriteErr(err)
 		}
 	}
-	if key.Scope == lbScopeExternal && (changed || !have.maglev[key]) {
+	if key.Scope == lbScopeExternal && (changed || !cur.maglev) {
 		if err := n.setMaglev(key, e.Backends); err != nil {
 			return err
 		}
 	}
-	if !present || cur != val {
+	if !cur.present || have != val {
 		if err := n.progs.LB4Services.Put(key, val); err != nil {
 			return mapWriteErr(err)
 		}

@@ -1,9 +1,11 @@
 package datapath
 
 import (
+	"maps"
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -96,3 +98,84 @@ func TestSetServicesWritesOnlyWhatChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdateServicesWritesOnlyTheChangedFrontends: with 2,000 frontends
+// in the maps, updating one and deleting another writes those two alone
+// (the maps are swapped for empty twins to see every write) and leaves
+// every other frontend as it was; a frontend with affinity and one from
+// outside get their members and Maglev table, and lose them when deleted.
+func TestUpdateServicesWritesOnlyTheChangedFrontends(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	table := manyServices(2000)
+	if err := n.SetServices(table); err != nil {
+		t.Fatal(err)
+	}
+	grown := service.Frontend{Addr: netip.MustParseAddr("10.96.3.7"), Port: 80, Proto: service.ProtoTCP}
+	gone := service.Frontend{Addr: netip.MustParseAddr("10.96.3.8"), Port: 80, Proto: service.ProtoTCP}
+	grownEntry := service.Entry{Backends: []service.Backend{{Addr: podA, Port: 8080}, {Addr: podB, Port: 8080}, {Addr: podB, Port: 9090}}}
+
+	realServices, realBackends := p.LB4Services, p.LB4Backends
+	p.LB4Services, p.LB4Backends = emptyTwin(t, realServices), emptyTwin(t, realBackends)
+	if err := n.UpdateServices(map[service.Frontend]*service.Entry{grown: &grownEntry, gone: nil}); err != nil {
+		t.Fatal(err)
+	}
+	svcs, err := readMap[sockLb4Key, sockLb4Service](p.LB4Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := readMap[sockLb4BackendKey, sockLb4Backend](p.LB4Backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSvcs := map[sockLb4Key]sockLb4Service{lb4Key(grown): {Count: 3}}
+	wantSlots := map[sockLb4BackendKey]sockLb4Backend{{Svc: lb4Key(grown), Slot: 3}: lb4Backend(service.Backend{Addr: podB, Port: 9090})}
+	if !reflect.DeepEqual(svcs, wantSvcs) || !reflect.DeepEqual(slots, wantSlots) {
+		t.Errorf("one frontend grown, one deleted: wrote services %v and slots %v, want %v and %v", svcs, slots, wantSvcs, wantSlots)
+	}
+
+	// On the real maps: the deletion takes the frontend's slots along,
+	// and the rest is untouched.
+	p.LB4Services, p.LB4Backends = realServices, realBackends
+	n.lbWritten = nil
+	if err := n.UpdateServices(map[service.Frontend]*service.Entry{grown: &grownEntry, gone: nil}); err != nil {
+		t.Fatal(err)
+	}
+	table[grown] = grownEntry
+	delete(table, gone)
+	affinity := service.Frontend{Addr: netip.MustParseAddr("10.97.0.1"), Port: 80, Proto: service.ProtoTCP}
+	outside := service.Frontend{Addr: netip.MustParseAddr("10.99.0.11"), Port: 30080, Proto: service.ProtoTCP, External: true}
+	table[affinity] = service.Entry{Backends: []service.Backend{{Addr: podA, Port: 8080}}, AffinityTimeout: time.Minute}
+	table[outside] = service.Entry{Backends: []service.Backend{{Addr: podB, Port: 8080}}}
+	if err := n.UpdateServices(map[service.Frontend]*service.Entry{affinity: ptr(table[affinity]), outside: ptr(table[outside])}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.EqualFunc(got, table, service.Entry.Equal) {
+		t.Fatalf("maps hold %d frontends, want %d", len(got), len(table))
+	}
+	if m, err := readMap[sockLb4MemberKey, uint32](p.LB4Members); err != nil || len(m) != 1 {
+		t.Errorf("affinity members %v (%v), want one", m, err)
+	}
+	var mg hostLb4Maglev
+	if err := p.LB4Maglev.Lookup(lb4Key(outside), &mg); err != nil {
+		t.Errorf("no Maglev table for the frontend from outside: %v", err)
+	}
+	if err := n.UpdateServices(map[service.Frontend]*service.Entry{affinity: nil, outside: nil}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := readMap[sockLb4MemberKey, uint32](p.LB4Members); err != nil || len(m) != 0 {
+		t.Errorf("affinity members after the delete: %v (%v)", m, err)
+	}
+	if err := p.LB4Maglev.Lookup(lb4Key(outside), &mg); err == nil {
+		t.Error("Maglev table kept after the delete")
+	}
+	if s, err := readMap[sockLb4BackendKey, sockLb4Backend](p.LB4Backends); err != nil || len(s) != 2*1999+1 {
+		t.Errorf("%d backend slots (%v), want %d", len(s), err, 2*1999+1)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

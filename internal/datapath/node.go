@@ -95,8 +95,9 @@ type Node struct {
 	// (tests judge packets against every intermediate state).
 	afterWrite func()
 	// lbWritten is what the service maps hold after the last SetServices
-	// that wrote everything it meant to; nil: read them first.
-	lbWritten *lbMaps
+	// or UpdateServices that wrote everything it meant to; nil: read them
+	// first.
+	lbWritten lbMaps
 }
 
 // SetupNode prepares the node (sysctls, overlay device, programs, masquerade)

@@ -4,8 +4,6 @@ import (
 	"net/netip"
 	"sort"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/weirnet/weir/internal/policy"
@@ -71,10 +69,6 @@ type Snapshot struct {
 	// IdentityObjects are the objects it was read from.
 	Identities      map[string]policy.Identity
 	IdentityObjects []IdentityObject
-	// Services and EndpointSlices of every namespace, for translation at
-	// the socket (internal/service).
-	Services       []*corev1.Service
-	EndpointSlices []*discoveryv1.EndpointSlice
 	// ClusterPolicies are the ClusterNetworkPolicies and
 	// WeirClusterNetworkPolicies, sorted by kind, then name. Their specs
 	// share memory with the watcher's cache: read them, never write.

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,7 +26,8 @@ import (
 // Watcher keeps informers on Nodes, Pods, Namespaces, NetworkPolicies,
 // Services, EndpointSlices, SecurityIdentities and the cluster policies of
 // both kinds and hands the agent a fresh Snapshot after each burst
-// of changes. While the API server is unreachable the informers keep their
+// of changes; Services and EndpointSlices come apart from it, one changed
+// Service at a time (ServiceUpdates). While the API server is unreachable the informers keep their
 // last state and retry; nothing is delivered until they have news, so the
 // datapath stays as it was.
 type Watcher struct {
@@ -51,6 +51,9 @@ type Watcher struct {
 	// become one snapshot.
 	changed chan struct{}
 	memo    podMemo
+	// svc collects Service and EndpointSlice changes, apart from the
+	// snapshot.
+	svc serviceChanges
 }
 
 // podMemo keeps each pod's conversion until the pod changes: a snapshot is
@@ -108,9 +111,10 @@ func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName str
 		DeleteFunc: func(any) { w.poke() },
 	}
 	// Registering a handler only fails on a stopped informer.
-	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies, w.services, w.slices} {
+	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.pods, w.namespaces, w.policies} {
 		_, _ = inf.AddEventHandler(h)
 	}
+	w.watchServices()
 	if dyn != nil {
 		w.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(dyn, resync)
 		w.identities = w.watchCRD(IdentityResource, "crds.yaml", nil, h).informer
@@ -222,16 +226,6 @@ func (w *Watcher) Snapshot() Snapshot {
 	for _, o := range w.policies.GetStore().List() {
 		if p, ok := o.(*networkingv1.NetworkPolicy); ok {
 			s.Policies = append(s.Policies, p)
-		}
-	}
-	for _, o := range w.services.GetStore().List() {
-		if svc, ok := o.(*corev1.Service); ok {
-			s.Services = append(s.Services, svc)
-		}
-	}
-	for _, o := range w.slices.GetStore().List() {
-		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
-			s.EndpointSlices = append(s.EndpointSlices, es)
 		}
 	}
 	if w.identities != nil {

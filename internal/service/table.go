@@ -108,11 +108,6 @@ func Proxied(labels map[string]string) bool {
 	return !other && !headless
 }
 
-// proxiedServices are the Services of svcs the default proxy serves.
-func proxiedServices(svcs []*corev1.Service) []*corev1.Service {
-	return slices.DeleteFunc(slices.Clone(svcs), func(s *corev1.Service) bool { return !Proxied(s.Labels) })
-}
-
 // PortProto is a port and an IP protocol number.
 type PortProto struct {
 	Port  uint16
@@ -202,51 +197,19 @@ func frontendsOf(svc *corev1.Service, opts Options) []serviceFrontend {
 // Build computes the table of svcs, with backends from slices, as seen from
 // opts.Node.
 func Build(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, opts Options) Table {
-	bySvc := map[string][]*discoveryv1.EndpointSlice{}
-	for _, s := range endpointSlices {
-		name := s.Labels[discoveryv1.LabelServiceName]
-		if name == "" || s.AddressType != discoveryv1.AddressTypeIPv4 || !Proxied(s.Labels) {
-			continue
-		}
-		k := s.Namespace + "/" + name
-		bySvc[k] = append(bySvc[k], s)
+	return filled(svcs, endpointSlices, opts).Table()
+}
+
+// filled is a Cache holding svcs and their slices.
+func filled(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, opts Options) *Cache {
+	c := NewCache(opts)
+	bySvc := GroupSlices(endpointSlices)
+	for _, svc := range svcs {
+		key := Key(svc.Namespace, svc.Name)
+		c.Update(key, svc, bySvc[key])
 	}
-	t := Table{}
-	// Where two Services claim one address and port (an externalIP set
-	// to another Service's ClusterIP, say), a ClusterIP wins over the
-	// rest, then the older Service, then the name: never the order the
-	// API happened to list them in.
-	claimed := map[Frontend]bool{} // by a ClusterIP
-	for _, svc := range byPrecedence(proxiedServices(svcs)) {
-		if !translatable(svc, opts.ReplaceKubeProxy) {
-			continue
-		}
-		local := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
-		affinity := affinityTimeout(svc)
-		eps := bySvc[svc.Namespace+"/"+svc.Name]
-		externalLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-		for _, fe := range frontendsOf(svc, opts) {
-			onlyLocal := (fe.internal && local) || (fe.External && externalLocal)
-			view := opts
-			if fe.onlyNode != "" {
-				onlyLocal, view.Node = true, fe.onlyNode
-			}
-			bes := backends(eps, fe.port, view, onlyLocal)
-			if len(bes) == 0 && (!opts.ReplaceKubeProxy || fe.onlyNode != "") {
-				continue // kube-proxy rejects it; or the other node drops it
-			}
-			e := Entry{Backends: bes, AffinityTimeout: affinity}
-			if fe.External && externalLocal && len(bes) == 0 {
-				e.DropWhenEmpty = true
-			}
-			if _, taken := t[fe.Frontend]; taken && (claimed[fe.Frontend] || !fe.internal) {
-				continue // an earlier Service, or a ClusterIP, has it
-			}
-			claimed[fe.Frontend] = fe.internal
-			t[fe.Frontend] = e
-		}
-	}
-	return t
+	c.Flush()
+	return c
 }
 
 // translatable reports whether Weir serves svc's ClusterIPs itself.
@@ -442,28 +405,13 @@ func Removed(old, new Table) map[Frontend][]Backend {
 // Owners names the Service ("namespace/name") each frontend Build gives
 // svcs with opts belongs to, for showing a table to people.
 func Owners(svcs []*corev1.Service, opts Options) map[Frontend]string {
-	out := map[Frontend]string{}
-	claimed := map[Frontend]bool{}
-	for _, svc := range byPrecedence(proxiedServices(svcs)) {
-		for _, fe := range frontendsOf(svc, opts) {
-			if _, taken := out[fe.Frontend]; taken && (claimed[fe.Frontend] || !fe.internal) {
-				continue // as Build decides
-			}
-			claimed[fe.Frontend] = fe.internal
-			out[fe.Frontend] = svc.Namespace + "/" + svc.Name
-		}
-	}
-	return out
+	return filled(svcs, nil, opts).owners
 }
 
-// byPrecedence orders Services for claiming a frontend two of them share:
-// the older first, then by namespace and name.
-func byPrecedence(svcs []*corev1.Service) []*corev1.Service {
-	out := slices.Clone(svcs)
-	slices.SortFunc(out, func(a, b *corev1.Service) int {
-		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	return out
+// comparePrecedence orders Services for claiming a frontend two of them
+// share: the older first, then by namespace and name.
+func comparePrecedence(a, b *corev1.Service) int {
+	return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
 // HealthCheck is what a Service's healthCheckNodePort answers on a node:
@@ -479,28 +427,36 @@ type HealthCheck struct {
 // HealthChecks lists the health check node ports node serves, by port:
 // one per LoadBalancer Service with externalTrafficPolicy: Local.
 func HealthChecks(svcs []*corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node string) map[uint16]HealthCheck {
-	out := map[uint16]HealthCheck{}
-	for _, svc := range proxiedServices(svcs) {
-		port := svc.Spec.HealthCheckNodePort
-		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || port <= 0 || port > 65535 {
+	c := filled(svcs, endpointSlices, Options{Node: node})
+	return c.HealthChecks()
+}
+
+// healthCheckPort is svc's health check node port, if it has one this
+// proxy serves.
+func healthCheckPort(svc *corev1.Service) (uint16, bool) {
+	port := svc.Spec.HealthCheckNodePort
+	if !Proxied(svc.Labels) || svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal || port <= 0 || port > 65535 {
+		return 0, false
+	}
+	return uint16(port), true
+}
+
+// healthCheckOf counts svc's ready endpoints on node, each address once.
+func healthCheckOf(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice, node string) HealthCheck {
+	hc := HealthCheck{Namespace: svc.Namespace, Name: svc.Name}
+	seen := map[string]bool{}
+	for _, s := range endpointSlices {
+		if !Proxied(s.Labels) {
 			continue
 		}
-		hc := HealthCheck{Namespace: svc.Namespace, Name: svc.Name}
-		seen := map[string]bool{}
-		for _, s := range endpointSlices {
-			if s.Namespace != svc.Namespace || s.Labels[discoveryv1.LabelServiceName] != svc.Name || !Proxied(s.Labels) {
+		for _, ep := range s.Endpoints {
+			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+			if !ready || ep.NodeName == nil || *ep.NodeName != node || len(ep.Addresses) == 0 || seen[ep.Addresses[0]] {
 				continue
 			}
-			for _, ep := range s.Endpoints {
-				ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-				if !ready || ep.NodeName == nil || *ep.NodeName != node || len(ep.Addresses) == 0 || seen[ep.Addresses[0]] {
-					continue
-				}
-				seen[ep.Addresses[0]] = true
-				hc.LocalEndpoints++
-			}
+			seen[ep.Addresses[0]] = true
+			hc.LocalEndpoints++
 		}
-		out[uint16(port)] = hc
 	}
-	return out
+	return hc
 }

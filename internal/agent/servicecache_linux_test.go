@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/k8s"
+	"github.com/weirnet/weir/internal/service"
+)
+
+// serviceWrites records the service map writes an agent asks for, and
+// passes them on to the real datapath.
+type serviceWrites struct {
+	Datapath
+	whole   int // SetServices calls
+	updates []map[service.Frontend]*service.Entry
+}
+
+func (w *serviceWrites) SetServices(t service.Table) error {
+	w.whole++
+	return w.Datapath.SetServices(t)
+}
+
+func (w *serviceWrites) UpdateServices(c map[service.Frontend]*service.Entry) error {
+	w.updates = append(w.updates, maps.Clone(c))
+	return w.Datapath.UpdateServices(c)
+}
+
+// bulkServices are count ClusterIP Services (two ports each) with one
+// EndpointSlice of two endpoints each.
+func bulkServices(count int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+	var svcs []*corev1.Service
+	var slices []*discoveryv1.EndpointSlice
+	for i := range count {
+		name := fmt.Sprintf("bulk-%d", i)
+		svcs = append(svcs, clusterIPService(name, fmt.Sprintf("10.96.%d.%d", 10+i/250, 1+i%250)))
+		slices = append(slices, readyEndpoints(name, 8080, 5353, netip.MustParseAddr("10.244.1.200"), netip.MustParseAddr("10.244.2.200")))
+	}
+	return svcs, slices
+}
+
+// mapsMatchAgent fails unless the service maps hold exactly what the agent
+// says it programmed.
+func mapsMatchAgent(t *testing.T, n *testNode, frontends int) {
+	t.Helper()
+	got, err := n.dp.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.agent.mu.Lock()
+	want := maps.Clone(n.agent.services.table)
+	n.agent.mu.Unlock()
+	if len(got) != frontends || !maps.EqualFunc(got, want, service.Entry.Equal) {
+		t.Fatalf("maps hold %d frontends, the agent %d, want %d alike", len(got), len(want), frontends)
+	}
+}
+
+// TestServiceChangeWritesOnlyItsFrontends: among 2,000 Services, a new
+// endpoint of one and the deletion of another reach the datapath as one
+// update of those Services' frontends alone, never a rewrite of the
+// table; the maps then hold what the cluster says.
+func TestServiceChangeWritesOnlyItsFrontends(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	n.stop()
+	n.cfg.KubeProxyReplacement = true
+	writes := &serviceWrites{}
+	n.start(func(d Datapath) Datapath { writes.Datapath = d; return writes })
+	svcs, slices := bulkServices(2000)
+	n.applyServices(svcs, slices...)
+	if writes.whole != 1 {
+		t.Fatalf("first sync: %d whole writes, want one", writes.whole)
+	}
+	mapsMatchAgent(t, n, 4000)
+
+	grown := readyEndpoints("bulk-7", 8080, 5353, netip.MustParseAddr("10.244.1.200"), netip.MustParseAddr("10.244.2.200"), netip.MustParseAddr("10.244.3.200"))
+	updates := []k8s.ServiceUpdate{
+		{Key: "default/bulk-7", Service: svcs[7], Slices: []*discoveryv1.EndpointSlice{grown}},
+		{Key: "default/bulk-8"}, // deleted
+	}
+	n.agent.applyServiceUpdates(func() []k8s.ServiceUpdate { return updates })
+	if writes.whole != 1 || len(writes.updates) != 1 {
+		t.Fatalf("after one change: %d whole writes and %d updates, want one update", writes.whole, len(writes.updates))
+	}
+	u := writes.updates[0]
+	http7 := service.Frontend{Addr: netip.MustParseAddr("10.96.10.8"), Port: 80, Proto: service.ProtoTCP}
+	dns8 := service.Frontend{Addr: netip.MustParseAddr("10.96.10.9"), Port: 53, Proto: service.ProtoUDP}
+	if len(u) != 4 || u[http7] == nil || len(u[http7].Backends) != 3 || u[dns8] != nil {
+		t.Errorf("update %v, want bulk-7's two frontends with three backends and bulk-8's two deleted", u)
+	}
+	mapsMatchAgent(t, n, 3998)
+
+	// Nothing changed: nothing written.
+	n.agent.applyServiceUpdates(func() []k8s.ServiceUpdate { return updates[:1] })
+	if len(writes.updates) != 1 {
+		t.Errorf("an update that changes nothing wrote %v", writes.updates[1:])
+	}
+}
+
+// TestRestartedAgentKeepsServicesUntilSynced: a restarted agent that
+// sets up a pod's hostPort before it has heard of the cluster's Services
+// writes the hostPort alone and leaves the Services the maps hold (new
+// connections keep being balanced); its first sync then rewrites the maps
+// to what the cluster says, and updates before that sync wait for it.
+func TestRestartedAgentKeepsServicesUntilSynced(t *testing.T) {
+	n := newReplacingNode(t, "10.244.1.0/24")
+	svcs, slices := bulkServices(50)
+	n.applyServices(svcs, slices...)
+	mapsMatchAgent(t, n, 100)
+
+	n.stop()
+	n.start(nil)
+	taken := false
+	n.agent.applyServiceUpdates(func() []k8s.ServiceUpdate { taken = true; return nil })
+	if taken {
+		t.Error("updates taken before the first sync")
+	}
+	req := addReq("web", n.newPod())
+	req.PortMappings = []api.PortMapping{{HostPort: 30900, ContainerPort: 8080, Protocol: "tcp"}}
+	if _, err := n.agent.Add(req); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.dp.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPort := service.Frontend{Addr: n.cfg.NodeIP, Port: 30900, Proto: service.ProtoTCP}
+	if len(got) != 102 || len(got[hostPort].Backends) != 1 {
+		t.Fatalf("before the sync the maps hold %d frontends (hostPort %v), want the 100 of the last run and the hostPort's 2", len(got), got[hostPort])
+	}
+
+	n.applyServices(svcs[:40], slices...)
+	mapsMatchAgent(t, n, 82)
+}
