@@ -110,6 +110,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	a.kube = &api.KubeStatus{}
+	a.awaitServiceSync()
 	ln, err := a.Listen()
 	if err != nil {
 		return err

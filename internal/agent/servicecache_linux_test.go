@@ -103,10 +103,10 @@ func TestServiceChangeWritesOnlyItsFrontends(t *testing.T) {
 }
 
 // TestRestartedAgentKeepsServicesUntilSynced: a restarted agent that
-// sets up a pod's hostPort before it has heard of the cluster's Services
-// writes the hostPort alone and leaves the Services the maps hold (new
-// connections keep being balanced); its first sync then rewrites the maps
-// to what the cluster says, and updates before that sync wait for it.
+// follows Kubernetes writes nothing into the service maps before its first
+// sync, not even a new pod's hostPort, so the Services the last run left
+// keep being balanced; updates before that sync stay with the watcher; the
+// sync then rewrites the maps to what the cluster says, hostPort included.
 func TestRestartedAgentKeepsServicesUntilSynced(t *testing.T) {
 	n := newReplacingNode(t, "10.244.1.0/24")
 	svcs, slices := bulkServices(50)
@@ -115,6 +115,7 @@ func TestRestartedAgentKeepsServicesUntilSynced(t *testing.T) {
 
 	n.stop()
 	n.start(nil)
+	n.agent.awaitServiceSync() // as runKubernetes does
 	taken := false
 	n.agent.applyServiceUpdates(func() []k8s.ServiceUpdate { taken = true; return nil })
 	if taken {
@@ -129,11 +130,15 @@ func TestRestartedAgentKeepsServicesUntilSynced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostPort := service.Frontend{Addr: n.cfg.NodeIP, Port: 30900, Proto: service.ProtoTCP}
-	if len(got) != 102 || len(got[hostPort].Backends) != 1 {
-		t.Fatalf("before the sync the maps hold %d frontends (hostPort %v), want the 100 of the last run and the hostPort's 2", len(got), got[hostPort])
+	web := service.Frontend{Addr: netip.MustParseAddr("10.96.10.1"), Port: 80, Proto: service.ProtoTCP}
+	if len(got) != 100 || len(got[web].Backends) != 2 {
+		t.Fatalf("before the sync the maps hold %d frontends (bulk-0 %v), want the last run's 100 untouched", len(got), got[web])
 	}
 
 	n.applyServices(svcs[:40], slices...)
 	mapsMatchAgent(t, n, 82)
+	hostPort := service.Frontend{Addr: n.cfg.NodeIP, Port: 30900, Proto: service.ProtoTCP}
+	if got, _ := n.dp.Services(); len(got[hostPort].Backends) != 1 {
+		t.Errorf("after the sync the hostPort has %v, want the pod", got[hostPort])
+	}
 }

@@ -19,10 +19,12 @@ import (
 // serviceState is what the agent last programmed into the service maps.
 type serviceState struct {
 	applied bool
-	// synced says the cache has held the cluster's Services since the
-	// watcher synced; before, only hostPorts are written and the maps'
-	// other entries (a restarted agent's Services) are left alone.
-	synced bool
+	// awaitingSync: the agent follows Kubernetes and has not yet had
+	// the cluster's Services whole. Until then nothing is written, so
+	// the Services a previous run left in the pinned maps keep being
+	// balanced (and hostPorts wait for the first sync, which writes
+	// them with the Services).
+	awaitingSync bool
 	// cache holds the cluster's Services, updated one changed Service at
 	// a time; nil before the first update.
 	cache *service.Cache
@@ -45,6 +47,15 @@ func (a *Agent) serviceCacheLocked() *service.Cache {
 	return a.services.cache
 }
 
+// awaitServiceSync makes the agent write no service map entry until the
+// first snapshot has brought the cluster's Services whole: for an agent
+// that follows Kubernetes, before it serves anything.
+func (a *Agent) awaitServiceSync() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.services.awaitingSync = true
+}
+
 // syncServicesLocked gives the Service table the cluster's nodes (their
 // addresses serve NodePorts; this node's zone narrows hints) and the
 // Services changed since the last call: after the watcher synced, the
@@ -57,7 +68,7 @@ func (a *Agent) syncServicesLocked(nodes []k8s.Node, updates []k8s.ServiceUpdate
 	for _, u := range updates {
 		c.Update(u.Key, u.Service, u.Slices)
 	}
-	a.services.synced = true
+	a.services.awaitingSync = false
 	a.flushServicesLocked()
 }
 
@@ -68,7 +79,7 @@ func (a *Agent) syncServicesLocked(nodes []k8s.Node, updates []k8s.ServiceUpdate
 func (a *Agent) applyServiceUpdates(take func() []k8s.ServiceUpdate) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.services.synced {
+	if a.services.awaitingSync {
 		return
 	}
 	updates := take()
@@ -120,38 +131,17 @@ func (a *Agent) clusterServicesLocked() service.Table {
 // (after a start or a failure), the maps are rewritten whole.
 func (a *Agent) writeServicesLocked(changed ...service.Frontend) {
 	st := &a.services
+	if st.awaitingSync {
+		return
+	}
 	cluster := a.clusterServicesLocked()
 	oldHostPorts := st.hostPorts
 	st.hostPorts, st.hostPortOwners = a.hostPortsLocked(cluster)
-	if !st.synced {
-		changed = nil // no Service is known yet: the hostPorts alone
-	} else if !st.applied {
+	if !st.applied {
 		a.rewriteServicesLocked(cluster)
 		return
 	}
-	delta := map[service.Frontend]*service.Entry{}
-	consider := func(f service.Frontend) {
-		want, ok := cluster[f]
-		if !ok {
-			want, ok = st.hostPorts[f]
-		}
-		have, had := st.table[f]
-		switch {
-		case ok && (!had || !have.Equal(want)):
-			delta[f] = &want
-		case !ok && had:
-			delta[f] = nil
-		}
-	}
-	for _, f := range changed {
-		consider(f)
-	}
-	for f := range oldHostPorts {
-		consider(f)
-	}
-	for f := range st.hostPorts {
-		consider(f)
-	}
+	delta := a.serviceDeltaLocked(cluster, slices.Concat(changed, slices.Collect(maps.Keys(oldHostPorts)), slices.Collect(maps.Keys(st.hostPorts))))
 	if len(delta) == 0 {
 		a.recordProxyHealth(true)
 		return
@@ -169,9 +159,6 @@ func (a *Agent) writeServicesLocked(changed ...service.Frontend) {
 		a.servicesFailedLocked(err, len(delta))
 		return
 	}
-	if st.table == nil {
-		st.table = service.Table{}
-	}
 	for f, e := range delta {
 		if e == nil {
 			delete(st.table, f)
@@ -179,7 +166,29 @@ func (a *Agent) writeServicesLocked(changed ...service.Frontend) {
 			st.table[f] = *e
 		}
 	}
-	a.servicesWrittenLocked(old, now, "changed", len(delta))
+	a.servicesWrittenLocked(old, now, false)
+}
+
+// serviceDeltaLocked is what the maps must change among frontends for
+// them to hold cluster (the cluster's Services) and this node's
+// hostPorts: each frontend's new entry, or nil where it goes.
+func (a *Agent) serviceDeltaLocked(cluster service.Table, frontends []service.Frontend) map[service.Frontend]*service.Entry {
+	st := &a.services
+	delta := map[service.Frontend]*service.Entry{}
+	for _, f := range frontends {
+		want, ok := cluster[f]
+		if !ok {
+			want, ok = st.hostPorts[f]
+		}
+		have, had := st.table[f]
+		switch {
+		case ok && (!had || !have.Equal(want)):
+			delta[f] = &want
+		case !ok && had:
+			delta[f] = nil
+		}
+	}
+	return delta
 }
 
 // rewriteServicesLocked makes the maps hold exactly cluster and this
@@ -203,7 +212,7 @@ func (a *Agent) rewriteServicesLocked(cluster service.Table) {
 		return
 	}
 	st.applied, st.table = true, t
-	a.servicesWrittenLocked(old, t, "frontends", len(t))
+	a.servicesWrittenLocked(old, t, true)
 }
 
 func (a *Agent) servicesFailedLocked(err error, frontends int) {
@@ -215,12 +224,18 @@ func (a *Agent) servicesFailedLocked(err error, frontends int) {
 }
 
 // servicesWrittenLocked records a write that succeeded: old and now are
-// the written frontends before and after.
-func (a *Agent) servicesWrittenLocked(old, now service.Table, what string, n int) {
+// the written frontends before and after; whole says the maps were
+// rewritten whole (a change to a few frontends is logged at debug level:
+// endpoints churn).
+func (a *Agent) servicesWrittenLocked(old, now service.Table, whole bool) {
 	a.services.lastErr = ""
 	a.recordProxyHealth(true)
 	a.serviceEvents.report(nil, a.serviceOwnerLocked, a.serviceObjectLocked)
-	a.log.Info("services programmed", what, n, "total", len(a.services.table))
+	if whole {
+		a.log.Info("services programmed", "frontends", len(now))
+	} else {
+		a.log.Debug("services changed", "frontends", len(now), "total", len(a.services.table))
+	}
 	if removed := service.Removed(old, now); len(removed) > 0 {
 		if err := a.dp.CloseServiceSockets(removed, a.podNetNSLocked()); err != nil {
 			a.log.Error("close sockets of removed backends", "frontends", len(removed), "err", err)

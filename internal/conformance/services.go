@@ -74,8 +74,9 @@ var servicesNotRunnable = []notRunnable{
 	{"cloud load balancers", `\[Feature:LoadBalancer\]`,
 		"they wait for a cloud provider's controller to provision a load balancer (gce, aws, azure); " +
 			"Weir serves the status.loadBalancer.ingress IPs such a controller assigns, which Weir's own e2e tests check"},
-	{"Internet", `\[Feature:Networking-IPv4\]|\[Feature:Networking-DNS\]`,
-		"they reach 8.8.8.8 and google.com; this machine has no Internet"},
+	{"Internet", `\[Feature:Networking-IPv4\]|\[Feature:Networking-DNS\]|should forward PTR records lookup to upstream nameserver`,
+		"they reach 8.8.8.8 and google.com (the PTR forwarding spec first resolves 8.8.8.8's name, dns.google, " +
+			"through the cluster DNS's default upstream); this machine has no Internet"},
 	{"provider gce", `\[Provider:gce\]`, "they need GCE's metadata and DNS"},
 	{"kube-proxy itself", `\[sig-network\] KubeProxy |should work after restarting kube-proxy|should recreate its iptables rules`,
 		"they check kube-proxy's own conntrack sysctls, nfacct counters, iptables rules or restart the kube-proxy process: " +

@@ -33,9 +33,18 @@ type serviceChanges struct {
 	// signal has one slot: any number of changes between two deliveries
 	// become one.
 	signal chan struct{}
+	// handlers are the Service and EndpointSlice informers' handler
+	// registrations.
+	handlers []cache.ResourceEventHandlerRegistration
+	// slowMark, set by tests, runs before each mark: handlers that lag
+	// far behind their informers' stores.
+	slowMark func()
 }
 
 func (sc *serviceChanges) mark(keys ...string) {
+	if sc.slowMark != nil {
+		sc.slowMark()
+	}
 	sc.mu.Lock()
 	for _, k := range keys {
 		if k != "" {
@@ -61,8 +70,8 @@ func (sc *serviceChanges) take() []string {
 	return out
 }
 
-// watchServices routes the Service and EndpointSlice informers' events to
-// w.svc. It runs before the informers start.
+// watchServices sets up w.svc and routes the Service and EndpointSlice
+// informers' events to it. It runs before the informers start.
 func (w *Watcher) watchServices() {
 	w.svc = serviceChanges{dirty: map[string]bool{}, signal: make(chan struct{}, 1)}
 	// Adding an indexer only fails on a started informer.
@@ -72,17 +81,33 @@ func (w *Watcher) watchServices() {
 		}
 		return nil, nil
 	}})
-	_, _ = w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// Synced waits for these handlers too: an informer's store is full
+	// before its handlers have seen every object, and the first
+	// ServiceUpdates must name every Service.
+	reg, _ := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.svc.mark(objectKey(obj)) },
 		UpdateFunc: func(_, obj any) { w.svc.mark(objectKey(obj)) },
 		DeleteFunc: func(obj any) { w.svc.mark(objectKey(obj)) },
 	})
-	_, _ = w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	w.svc.handlers = append(w.svc.handlers, reg)
+	reg, _ = w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { w.svc.mark(sliceService(obj)) },
 		// A slice relabelled to another Service changes both.
 		UpdateFunc: func(old, obj any) { w.svc.mark(sliceService(old), sliceService(obj)) },
 		DeleteFunc: func(obj any) { w.svc.mark(sliceService(obj)) },
 	})
+	w.svc.handlers = append(w.svc.handlers, reg)
+}
+
+// synced says both handlers have been handed every object of their
+// informer's first list.
+func (sc *serviceChanges) synced() bool {
+	for _, h := range sc.handlers {
+		if h == nil || !h.HasSynced() {
+			return false
+		}
+	}
+	return true
 }
 
 func objectKey(obj any) string {
@@ -119,6 +144,8 @@ func (w *Watcher) ServiceUpdates() []ServiceUpdate {
 	out := make([]ServiceUpdate, 0, len(keys))
 	for _, key := range keys {
 		u := ServiceUpdate{Key: key}
+		// A store lookup fails only for an index it lacks; this one is
+		// added before the informer starts.
 		if obj, ok, err := w.services.GetStore().GetByKey(key); err == nil && ok {
 			u.Service, _ = obj.(*corev1.Service)
 		}

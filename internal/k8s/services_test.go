@@ -2,12 +2,14 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -96,5 +98,37 @@ func TestWatcherDeliversOneServiceAtATime(t *testing.T) {
 	}
 	if u := w.ServiceUpdates(); len(u) != 0 {
 		t.Errorf("updates with nothing changed: %+v", u)
+	}
+}
+
+// TestWatcherSyncedMeansEveryServiceIsNamed: once the watcher says it has
+// synced, the first ServiceUpdates names every Service of the first list,
+// even with handlers that lag far behind the informers' stores (Synced
+// waits for them), so an agent's first write never leaves Services out.
+func TestWatcherSyncedMeansEveryServiceIsNamed(t *testing.T) {
+	for run := range 2 {
+		var objs []runtime.Object
+		for i := range 2000 {
+			name := fmt.Sprintf("s%d", i)
+			objs = append(objs, testService(name), testSlice(name+"-a", name))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		w := NewWatcher(fake.NewSimpleClientset(objs...), nil, "n1", 0)
+		w.svc.slowMark = func() { time.Sleep(100 * time.Microsecond) }
+		w.Start(ctx)
+		if err := w.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+		updates := w.ServiceUpdates()
+		withSlice := 0
+		for _, u := range updates {
+			if len(u.Slices) == 1 {
+				withSlice++
+			}
+		}
+		cancel()
+		if len(updates) != 2000 || withSlice != 2000 {
+			t.Fatalf("run %d: first updates name %d Services (%d with their slice), want all 2000", run, len(updates), withSlice)
+		}
 	}
 }

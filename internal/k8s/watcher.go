@@ -183,14 +183,15 @@ func (w *Watcher) SyncErr() error {
 	return errors.Join(errs...)
 }
 
-// Synced reports whether every cache has listed at least once.
+// Synced reports whether every cache has listed at least once (and the
+// Service changes have taken in every Service of that list).
 func (w *Watcher) Synced() bool {
 	for _, inf := range w.informers() {
 		if !inf.HasSynced() {
 			return false
 		}
 	}
-	return true
+	return w.svc.synced()
 }
 
 // Changes delivers a signal after each burst of changes.

@@ -67,11 +67,25 @@ func labImages(binDir string, bins map[string]string) ([]imageSpec, error) {
 	if err != nil {
 		return nil, err
 	}
+	pause := imageSpec{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}}
+	pausePath, err := pause.build()
+	if err != nil {
+		return nil, err
+	}
+	registry, err := fakeRegistryFiles(pausePath, "pause", "testing")
+	if err != nil {
+		return nil, err
+	}
+	agnhost := agnhostFiles(filepath.Join(agnhostDir, "agnhost"), filepath.Join(bins["coredns"], "coredns"), porterDir)
+	for dst, src := range registry {
+		agnhost[dst] = src
+	}
 	return []imageSpec{
-		{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}},
+		pause,
 		// As upstream's image: `agnhost pause` when a pod gives no command,
-		// and upstream's tools (agnhostTools).
-		{Refs: []string{AgnhostImage, CyclonusAgnhostImage, CNPAgnhostImage}, Files: agnhostFiles(filepath.Join(agnhostDir, "agnhost"), filepath.Join(bins["coredns"], "coredns"), porterDir),
+		// upstream's tools (agnhostTools), and the pause image in the
+		// fake registry's directory.
+		{Refs: []string{AgnhostImage, CyclonusAgnhostImage, CNPAgnhostImage}, Files: agnhost,
 			SharedLibs: true, Busybox: true, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}},
 		{Refs: []string{BusyboxImage}, Busybox: true, Cmd: []string{"sh"}},
 		{Refs: []string{BoomServerImage}, Files: map[string]string{"/regression-issue-74839": filepath.Join(agnhostDir, "regression-issue-74839")},

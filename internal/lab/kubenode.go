@@ -241,8 +241,11 @@ func (st *State) cniBinDir(kp kubeNodePaths) string {
 }
 
 // kubeletConfig is one node's kubelet: cgroup v1 through cgroupfs under a
-// root of its own, webhook authorization, cluster DNS, relaxed eviction
-// (the lab's nodes share one disk), no resolver of the machine's.
+// root of its own, webhook authorization, cluster DNS, relaxed node
+// pressure eviction (the lab's nodes share one disk) but pods' own
+// ephemeral-storage limits enforced (a pod that writes past its limit is
+// evicted, as the Services spec on evicted pods needs), no resolver of
+// the machine's.
 func (st *State) kubeletConfig(p *pki, n *Node, kp kubeNodePaths) string {
 	resolv := filepath.Join(kp.dir, "resolv.conf")
 	os.WriteFile(resolv, []byte("# the lab has no upstream resolver\n"), 0o644)
@@ -266,7 +269,7 @@ clusterDomain: cluster.local
 clusterDNS: [%s]
 resolvConf: %s
 failSwapOn: false
-localStorageCapacityIsolation: false
+localStorageCapacityIsolation: true
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
