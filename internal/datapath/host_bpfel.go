@@ -98,6 +98,15 @@ type hostLb4BackendKey struct {
 	Slot uint32
 }
 
+type hostLb4FragKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Dir   uint8
+}
+
 type hostLb4Key struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -234,6 +243,7 @@ const (
 	hostMapWeirIpcache             = "weir_ipcache"
 	hostMapWeirLb4Affinity         = "weir_lb4_affinity"
 	hostMapWeirLb4Backends         = "weir_lb4_backends"
+	hostMapWeirLb4Frags            = "weir_lb4_frags"
 	hostMapWeirLb4Maglev           = "weir_lb4_maglev"
 	hostMapWeirLb4Members          = "weir_lb4_members"
 	hostMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
@@ -324,6 +334,7 @@ type hostMapSpecs struct {
 	WeirIpcache     *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Frags    *ebpf.MapSpec `ebpf:"weir_lb4_frags"`
 	WeirLb4Maglev   *ebpf.MapSpec `ebpf:"weir_lb4_maglev"`
 	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
 	WeirLb4NatFwd   *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
@@ -388,6 +399,7 @@ type hostMaps struct {
 	WeirIpcache     *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Frags    *ebpf.Map `ebpf:"weir_lb4_frags"`
 	WeirLb4Maglev   *ebpf.Map `ebpf:"weir_lb4_maglev"`
 	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
 	WeirLb4NatFwd   *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
@@ -418,6 +430,7 @@ func (m *hostMaps) Close() error {
 		m.WeirIpcache,
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
+		m.WeirLb4Frags,
 		m.WeirLb4Maglev,
 		m.WeirLb4Members,
 		m.WeirLb4NatFwd,

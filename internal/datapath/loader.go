@@ -151,6 +151,7 @@ type Programs struct {
 	LB4NatFwd *ebpf.Map
 	LB4NatRev *ebpf.Map
 	LB4Maglev *ebpf.Map
+	LB4Frags  *ebpf.Map
 
 	// cfg is what the programs were loaded with (Trace loads alike).
 	cfg ProgramConfig
@@ -200,7 +201,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		return nil, fmt.Errorf("load from_netdev: %w", err)
 	}
 	p.FromNetdev, p.ToNetdev = host.FromNetdev, host.ToNetdev
-	p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev = host.WeirLb4NatFwd, host.WeirLb4NatRev, host.WeirLb4Maglev
+	p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags = host.WeirLb4NatFwd, host.WeirLb4NatRev, host.WeirLb4Maglev, host.WeirLb4Frags
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
 		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts,
 		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirSockNetns)
@@ -261,7 +262,7 @@ func (p *Programs) Close() {
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS,
-		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev} {
+		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

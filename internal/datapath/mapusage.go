@@ -12,31 +12,32 @@ import (
 // metrics label them. A full one fails: conntrack evicts live flows (it
 // is an LRU hash), the others refuse the policy the agent writes.
 const (
-	MapConntrack      = "conntrack"           // weir_ct: TCP
-	MapConntrackOther = "conntrack_other"     // weir_ct_any: every other protocol
-	MapRevokedFlows   = "revoked_flows"       // weir_ct_revoked: full, a revocation rests on the LRU alone
-	MapPeerNodes      = "peer_nodes"          // weir_peer_nodes
-	MapPolicy         = "policy"              // weir_policy, an LPM trie
-	MapEndpointPolicy = "endpoint_policy"     // weir_ep_policy
-	MapIPCache        = "ipcache"             // weir_ipcache
-	MapCIDRIdentities = "cidr_identities"     // weir_cidr_ids, an LPM trie
-	MapFragments      = "fragments"           // weir_frags, an LRU: first fragments' ports
-	MapEndpoints      = "endpoints"           // weir_endpoints: local pods
-	MapTunnels        = "tunnels"             // weir_tunnels: peers' pod CIDRs
-	MapServices       = "services"            // weir_lb4_services: Service frontends
-	MapBackends       = "backends"            // weir_lb4_backends: one slot per frontend and backend
-	MapRevNAT         = "revnat"              // weir_lb4_revnat: translated UDP sockets
-	MapSocketNetNS    = "socket_netns"        // weir_sock_netns: namespaces translated at the socket
-	MapAffinity       = "service_affinity"    // weir_lb4_affinity, an LRU: each client's backend of an affinity Service
-	MapMembers        = "affinity_members"    // weir_lb4_members: the backends of affinity Services
-	MapNAT            = "service_nat"         // weir_lb4_nat_fwd, an LRU: flows from outside to a Service
-	MapNATReplies     = "service_nat_replies" // weir_lb4_nat_rev, an LRU: their replies
-	MapMaglev         = "service_maglev"      // weir_lb4_maglev: external frontends' Maglev tables
+	MapConntrack      = "conntrack"             // weir_ct: TCP
+	MapConntrackOther = "conntrack_other"       // weir_ct_any: every other protocol
+	MapRevokedFlows   = "revoked_flows"         // weir_ct_revoked: full, a revocation rests on the LRU alone
+	MapPeerNodes      = "peer_nodes"            // weir_peer_nodes
+	MapPolicy         = "policy"                // weir_policy, an LPM trie
+	MapEndpointPolicy = "endpoint_policy"       // weir_ep_policy
+	MapIPCache        = "ipcache"               // weir_ipcache
+	MapCIDRIdentities = "cidr_identities"       // weir_cidr_ids, an LPM trie
+	MapFragments      = "fragments"             // weir_frags, an LRU: first fragments' ports
+	MapEndpoints      = "endpoints"             // weir_endpoints: local pods
+	MapTunnels        = "tunnels"               // weir_tunnels: peers' pod CIDRs
+	MapServices       = "services"              // weir_lb4_services: Service frontends
+	MapBackends       = "backends"              // weir_lb4_backends: one slot per frontend and backend
+	MapRevNAT         = "revnat"                // weir_lb4_revnat: translated UDP sockets
+	MapSocketNetNS    = "socket_netns"          // weir_sock_netns: namespaces translated at the socket
+	MapAffinity       = "service_affinity"      // weir_lb4_affinity, an LRU: each client's backend of an affinity Service
+	MapMembers        = "affinity_members"      // weir_lb4_members: the backends of affinity Services
+	MapNAT            = "service_nat"           // weir_lb4_nat_fwd, an LRU: flows from outside to a Service
+	MapNATReplies     = "service_nat_replies"   // weir_lb4_nat_rev, an LRU: their replies
+	MapMaglev         = "service_maglev"        // weir_lb4_maglev: external frontends' Maglev tables
+	MapNATFragments   = "service_nat_fragments" // weir_lb4_frags, an LRU: fragmented datagrams of those flows
 )
 
 // FillMaps lists the maps MapEntries knows.
 var FillMaps = []string{MapConntrack, MapConntrackOther, MapRevokedFlows, MapFragments, MapPolicy, MapEndpointPolicy,
-	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapAffinity, MapMembers, MapNAT, MapNATReplies, MapMaglev, MapSocketNetNS}
+	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapAffinity, MapMembers, MapNAT, MapNATReplies, MapMaglev, MapNATFragments, MapSocketNetNS}
 
 // ErrUnknownMap is returned for a name not in FillMaps.
 var ErrUnknownMap = errors.New("unknown map")
@@ -109,6 +110,8 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 		count, err = countEntries[hostLb4Tuple, hostLb4Nat](p.LB4NatRev, limit)
 	case MapMaglev:
 		count, err = countKeys(p.LB4Maglev, limit) // values are 32 KiB: keys alone
+	case MapNATFragments:
+		count, err = countEntries[hostLb4FragKey, hostLb4Nat](p.LB4Frags, limit)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("count entries of map %s: %w", name, err)
@@ -123,6 +126,7 @@ func (n *Node) fillMap(name string) (*ebpf.Map, error) {
 		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs, MapFragments: p.Frags, MapEndpoints: p.Endpoints, MapTunnels: p.Tunnels,
 		MapServices: p.LB4Services, MapBackends: p.LB4Backends, MapRevNAT: p.LB4RevNAT, MapSocketNetNS: p.SockNetNS,
 		MapAffinity: p.LB4Affinity, MapMembers: p.LB4Members, MapNAT: p.LB4NatFwd, MapNATReplies: p.LB4NatRev, MapMaglev: p.LB4Maglev,
+		MapNATFragments: p.LB4Frags,
 	}[name]
 	if m == nil {
 		return nil, fmt.Errorf("map %q: %w", name, ErrUnknownMap)
