@@ -87,8 +87,14 @@ __always_inline_fn enum sock_lb_result sock_lb(struct bpf_sock_addr *ctx, __be32
 	/* The map lookup is cheaper than the netns one: most connects on a
 	 * node are not to a Service at all. */
 	svc = bpf_map_lookup_elem(&weir_lb4_services, &key);
-	if (!svc)
-		return SOCK_LB_UNTOUCHED;
+	if (!svc) {
+		/* A NodePort at any node's address (lb.h). */
+		key.vip = 0;
+		svc = bpf_map_lookup_elem(&weir_lb4_services, &key);
+		if (!svc || !bpf_map_lookup_elem(&weir_lb4_node_addrs, &vip))
+			return SOCK_LB_UNTOUCHED;
+		rval.flags = LB_REVNAT_ANY_NODE;
+	}
 	client = bpf_get_netns_cookie(ctx);
 	netns = bpf_map_lookup_elem(&weir_sock_netns, &client);
 	if (!netns)
@@ -111,7 +117,7 @@ __always_inline_fn enum sock_lb_result sock_lb(struct bpf_sock_addr *ctx, __be32
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = be->addr;
 	rkey.port = be->port;
-	rval.vip = key.vip;
+	rval.vip = vip;
 	rval.port = key.port;
 	bpf_map_update_elem(&weir_lb4_revnat, &rkey, &rval, BPF_ANY);
 	metric_inc(affine ? METRIC_SOCK_LB_AFFINITY : METRIC_SOCK_LB);

@@ -86,7 +86,9 @@ __always_inline_fn int sock_went_to_gone(struct sock_common *sk, __u8 proto)
 	rval = bpf_map_lookup_elem(&weir_lb4_revnat, &rkey);
 	if (!rval)
 		return 0; /* not translated by sock.c */
-	gone.svc.vip = rval->vip;
+	/* A NodePort reached at a node's address was translated by its
+	 * any-node entry (vip 0), which is the frontend the agent names. */
+	gone.svc.vip = (rval->flags & LB_REVNAT_ANY_NODE) ? 0 : rval->vip;
 	gone.svc.port = rval->port;
 	gone.svc.proto = proto;
 	gone.backend.addr = rkey.addr;

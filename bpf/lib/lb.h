@@ -36,6 +36,14 @@
  * remembered backend is checked to be one still in O(1). The agent deletes
  * a member before its slot and adds one before its slot.
  *
+ * weir_lb4_node_addrs: hash, key __be32 (a node's address), value __u32
+ * (reserved). Every node's address, where NodePorts are served: a
+ * NodePort's socket entry has vip 0 (any node address), so a NodePort
+ * costs one entry whatever the number of nodes; a socket naming an address
+ * of this map and a port without an entry of its own finds the NodePort
+ * there. (An externalTrafficPolicy: Local NodePort keeps an entry per node
+ * address: another node's serves that node's endpoints alone.)
+ *
  * weir_sock_netns: hash, key netns cookie, value host ifindex. The network
  * namespaces whose sockets are translated: this node's pods, and with no
  * kube-proxy beside Weir the node's own namespace (value 0), where its
@@ -86,10 +94,13 @@ struct lb4_revnat_key {
 	__u16 pad;
 };
 
+/* lb4_revnat.flags */
+#define LB_REVNAT_ANY_NODE 1 /* translated by a NodePort's any-node entry */
+
 struct lb4_revnat {
-	__be32 vip;
+	__be32 vip; /* the address the application named */
 	__be16 port;
-	__u16 pad;
+	__u16 flags;
 };
 
 struct lb4_affinity_key {
@@ -115,6 +126,15 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_lb4_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __be32);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_lb4_node_addrs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/weirnet/weir/internal/datapath"
@@ -31,6 +32,7 @@ type Datapath interface {
 	MapCapacity(name string) (int, error)
 	SetServices(service.Table) error
 	UpdateServices(map[service.Frontend]*service.Entry) error
+	SetNodeAddrs([]netip.Addr) error
 	Services() (service.Table, error)
 	CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) error
 	Endpoints() ([]datapath.EndpointEntry, error)

@@ -582,7 +582,9 @@ func TestRemovedBackendClosesItsSockets(t *testing.T) {
 // TestNodePortAtTheSocket: with no kube-proxy, a NodePort Service is
 // reached from a pod and from the node itself at this node's address and
 // at another node's, each connect sent straight to a backend, with
-// getpeername showing the address the client named.
+// getpeername showing the address the client named; the same port at an
+// address that is no node's is left alone; a UDP socket connected to
+// another node's NodePort is closed when its backend goes.
 func TestNodePortAtTheSocket(t *testing.T) {
 	n := newReplacingNode(t, "10.244.1.0/24")
 	client, server := n.newPod(), n.newPod()
@@ -593,10 +595,10 @@ func TestNodePortAtTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listenIn(t, server, 8080, func(ln net.Listener) { serveNamed(ln, "server") }, 0)
+	listenIn(t, server, 8080, func(ln net.Listener) { serveNamed(ln, "server") }, 5353)
 	web := clusterIPService("web", "10.96.0.70")
 	web.Spec.Type = corev1.ServiceTypeNodePort
-	web.Spec.Ports[0].NodePort = 30080
+	web.Spec.Ports[0].NodePort, web.Spec.Ports[1].NodePort = 30080, 30053
 	other := k8s.Node{Name: "n2", InternalIP: netip.MustParseAddr("10.99.0.12")}
 	n.applyServicesOn([]k8s.Node{other}, []*corev1.Service{web}, readyEndpoints("web", 8080, 5353, sr.Address.Addr()))
 
@@ -643,14 +645,57 @@ func TestNodePortAtTheSocket(t *testing.T) {
 		}
 		return nil
 	})
+	// The NodePort's number at an address that is no node's: no
+	// translation (the SYN goes nowhere).
+	translated := n.metric("sock_lb")
+	in(t, client, func() error {
+		if c, err := net.DialTimeout("tcp4", "10.99.0.77:30080", 300*time.Millisecond); err == nil {
+			c.Close()
+			t.Errorf("a connect to 10.99.0.77:30080, no node's address, reached %v", c.RemoteAddr())
+		}
+		return nil
+	})
+	if got := n.metric("sock_lb") - translated; got != 0 {
+		t.Errorf("a connect to no node's address was translated (%d)", got)
+	}
 	l, err := n.agent.ServiceList()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// ClusterIP TCP and UDP, NodePort TCP at two node addresses and at
-	// localhost for sockets, and at this node's for packets from outside.
-	if len(l.Frontends) != 6 {
-		t.Errorf("service list: %+v, want 6 frontends", l.Frontends)
+	// ClusterIP TCP and UDP, NodePort TCP and UDP at every node's address
+	// (one entry each) and at localhost for sockets, and at this node's
+	// for packets from outside.
+	if len(l.Frontends) != 8 {
+		t.Errorf("service list: %+v, want 8 frontends", l.Frontends)
+	}
+
+	// A socket sent through the any-node entry is closed with its
+	// backend, as one sent through a ClusterIP is.
+	var u net.Conn
+	in(t, client, func() (err error) {
+		u, err = net.Dial("udp4", "10.99.0.12:30053")
+		return err
+	})
+	defer u.Close()
+	ping := func() error {
+		if _, err := u.Write([]byte("ping")); err != nil {
+			return err
+		}
+		_ = u.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 16)
+		_, err := u.Read(buf)
+		return err
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("udp to another node's NodePort: %v", err)
+	}
+	n.applyServicesOn([]k8s.Node{other}, []*corev1.Service{web}, readyEndpoints("web", 8080, 5353))
+	_ = u.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := u.Read(make([]byte, 16)); !errors.Is(err, syscall.ECONNABORTED) {
+		t.Errorf("udp to another node's NodePort after its backend went: recv %v, want ECONNABORTED", err)
+	}
+	if err := ping(); !errors.Is(err, syscall.EDESTADDRREQ) {
+		t.Errorf("udp to another node's NodePort after its backend went: send %v, want EDESTADDRREQ (disconnected)", err)
 	}
 }
 

@@ -36,6 +36,10 @@ type serviceState struct {
 	hostPortOwners map[service.Frontend]string
 	// lastErr is why the last write failed.
 	lastErr string
+	// nodeAddrs are the node addresses last written for NodePorts
+	// (nodeAddrsSet: that write succeeded).
+	nodeAddrs    []netip.Addr
+	nodeAddrsSet bool
 }
 
 // serviceCacheLocked is the cache of the cluster's Services, made on first
@@ -64,12 +68,30 @@ func (a *Agent) awaitServiceSync() {
 // recomputed.
 func (a *Agent) syncServicesLocked(nodes []k8s.Node, updates []k8s.ServiceUpdate) {
 	c := a.serviceCacheLocked()
-	c.SetOptions(a.serviceOptions(nodes))
+	opts := a.serviceOptions(nodes)
+	a.setNodeAddrsLocked(opts.NodeAddrs)
+	c.SetOptions(opts)
 	for _, u := range updates {
 		c.Update(u.Key, u.Service, u.Slices)
 	}
 	a.services.awaitingSync = false
 	a.flushServicesLocked()
+}
+
+// setNodeAddrsLocked writes the nodes' addresses, where the NodePorts'
+// any-node socket entries serve, when they changed (or the last write
+// failed). Beside kube-proxy there are none: it serves NodePorts.
+func (a *Agent) setNodeAddrsLocked(addrs []netip.Addr) {
+	st := &a.services
+	if st.nodeAddrsSet && slices.Equal(addrs, st.nodeAddrs) {
+		return
+	}
+	if err := a.dp.SetNodeAddrs(addrs); err != nil {
+		st.nodeAddrsSet = false
+		a.log.Error("write node addresses for NodePorts", "err", err)
+		return
+	}
+	st.nodeAddrs, st.nodeAddrsSet = slices.Clone(addrs), true
 }
 
 // applyServiceUpdates programs the Services the watcher saw change, each

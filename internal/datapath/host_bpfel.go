@@ -134,10 +134,10 @@ type hostLb4Nat struct {
 }
 
 type hostLb4Revnat struct {
-	_    structs.HostLayout
-	Vip  uint32
-	Port uint16
-	Pad  uint16
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Flags uint16
 }
 
 type hostLb4RevnatKey struct {
@@ -248,6 +248,7 @@ const (
 	hostMapWeirLb4Members          = "weir_lb4_members"
 	hostMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
 	hostMapWeirLb4NatRev           = "weir_lb4_nat_rev"
+	hostMapWeirLb4NodeAddrs        = "weir_lb4_node_addrs"
 	hostMapWeirLb4Revnat           = "weir_lb4_revnat"
 	hostMapWeirLb4Services         = "weir_lb4_services"
 	hostMapWeirMetrics             = "weir_metrics"
@@ -322,33 +323,34 @@ type hostProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type hostMapSpecs struct {
-	WeirCidrIds     *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
-	WeirCt          *ebpf.MapSpec `ebpf:"weir_ct"`
-	WeirCtAny       *ebpf.MapSpec `ebpf:"weir_ct_any"`
-	WeirCtRevoked   *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
-	WeirEndpoints   *ebpf.MapSpec `ebpf:"weir_endpoints"`
-	WeirEpPolicy    *ebpf.MapSpec `ebpf:"weir_ep_policy"`
-	WeirEvents      *ebpf.MapSpec `ebpf:"weir_events"`
-	WeirFlowConfig  *ebpf.MapSpec `ebpf:"weir_flow_config"`
-	WeirFrags       *ebpf.MapSpec `ebpf:"weir_frags"`
-	WeirIpcache     *ebpf.MapSpec `ebpf:"weir_ipcache"`
-	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
-	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
-	WeirLb4Frags    *ebpf.MapSpec `ebpf:"weir_lb4_frags"`
-	WeirLb4Maglev   *ebpf.MapSpec `ebpf:"weir_lb4_maglev"`
-	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
-	WeirLb4NatFwd   *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
-	WeirLb4NatRev   *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
-	WeirLb4Revnat   *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
-	WeirLb4Services *ebpf.MapSpec `ebpf:"weir_lb4_services"`
-	WeirMetrics     *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirPeerNodes   *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
-	WeirPolicy      *ebpf.MapSpec `ebpf:"weir_policy"`
-	WeirPolicyRev   *ebpf.MapSpec `ebpf:"weir_policy_rev"`
-	WeirPolicySeq   *ebpf.MapSpec `ebpf:"weir_policy_seq"`
-	WeirSockNetns   *ebpf.MapSpec `ebpf:"weir_sock_netns"`
-	WeirTunnels     *ebpf.MapSpec `ebpf:"weir_tunnels"`
-	WeirVerdicts    *ebpf.MapSpec `ebpf:"weir_verdicts"`
+	WeirCidrIds      *ebpf.MapSpec `ebpf:"weir_cidr_ids"`
+	WeirCt           *ebpf.MapSpec `ebpf:"weir_ct"`
+	WeirCtAny        *ebpf.MapSpec `ebpf:"weir_ct_any"`
+	WeirCtRevoked    *ebpf.MapSpec `ebpf:"weir_ct_revoked"`
+	WeirEndpoints    *ebpf.MapSpec `ebpf:"weir_endpoints"`
+	WeirEpPolicy     *ebpf.MapSpec `ebpf:"weir_ep_policy"`
+	WeirEvents       *ebpf.MapSpec `ebpf:"weir_events"`
+	WeirFlowConfig   *ebpf.MapSpec `ebpf:"weir_flow_config"`
+	WeirFrags        *ebpf.MapSpec `ebpf:"weir_frags"`
+	WeirIpcache      *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Frags     *ebpf.MapSpec `ebpf:"weir_lb4_frags"`
+	WeirLb4Maglev    *ebpf.MapSpec `ebpf:"weir_lb4_maglev"`
+	WeirLb4Members   *ebpf.MapSpec `ebpf:"weir_lb4_members"`
+	WeirLb4NatFwd    *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev    *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
+	WeirLb4NodeAddrs *ebpf.MapSpec `ebpf:"weir_lb4_node_addrs"`
+	WeirLb4Revnat    *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services  *ebpf.MapSpec `ebpf:"weir_lb4_services"`
+	WeirMetrics      *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirPeerNodes    *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
+	WeirPolicy       *ebpf.MapSpec `ebpf:"weir_policy"`
+	WeirPolicyRev    *ebpf.MapSpec `ebpf:"weir_policy_rev"`
+	WeirPolicySeq    *ebpf.MapSpec `ebpf:"weir_policy_seq"`
+	WeirSockNetns    *ebpf.MapSpec `ebpf:"weir_sock_netns"`
+	WeirTunnels      *ebpf.MapSpec `ebpf:"weir_tunnels"`
+	WeirVerdicts     *ebpf.MapSpec `ebpf:"weir_verdicts"`
 }
 
 // hostVariableSpecs contains global variables before they are loaded into the kernel.
@@ -387,33 +389,34 @@ func (o *hostObjects) Close() error {
 //
 // It can be passed to loadHostObjects or ebpf.CollectionSpec.LoadAndAssign.
 type hostMaps struct {
-	WeirCidrIds     *ebpf.Map `ebpf:"weir_cidr_ids"`
-	WeirCt          *ebpf.Map `ebpf:"weir_ct"`
-	WeirCtAny       *ebpf.Map `ebpf:"weir_ct_any"`
-	WeirCtRevoked   *ebpf.Map `ebpf:"weir_ct_revoked"`
-	WeirEndpoints   *ebpf.Map `ebpf:"weir_endpoints"`
-	WeirEpPolicy    *ebpf.Map `ebpf:"weir_ep_policy"`
-	WeirEvents      *ebpf.Map `ebpf:"weir_events"`
-	WeirFlowConfig  *ebpf.Map `ebpf:"weir_flow_config"`
-	WeirFrags       *ebpf.Map `ebpf:"weir_frags"`
-	WeirIpcache     *ebpf.Map `ebpf:"weir_ipcache"`
-	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
-	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
-	WeirLb4Frags    *ebpf.Map `ebpf:"weir_lb4_frags"`
-	WeirLb4Maglev   *ebpf.Map `ebpf:"weir_lb4_maglev"`
-	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
-	WeirLb4NatFwd   *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
-	WeirLb4NatRev   *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
-	WeirLb4Revnat   *ebpf.Map `ebpf:"weir_lb4_revnat"`
-	WeirLb4Services *ebpf.Map `ebpf:"weir_lb4_services"`
-	WeirMetrics     *ebpf.Map `ebpf:"weir_metrics"`
-	WeirPeerNodes   *ebpf.Map `ebpf:"weir_peer_nodes"`
-	WeirPolicy      *ebpf.Map `ebpf:"weir_policy"`
-	WeirPolicyRev   *ebpf.Map `ebpf:"weir_policy_rev"`
-	WeirPolicySeq   *ebpf.Map `ebpf:"weir_policy_seq"`
-	WeirSockNetns   *ebpf.Map `ebpf:"weir_sock_netns"`
-	WeirTunnels     *ebpf.Map `ebpf:"weir_tunnels"`
-	WeirVerdicts    *ebpf.Map `ebpf:"weir_verdicts"`
+	WeirCidrIds      *ebpf.Map `ebpf:"weir_cidr_ids"`
+	WeirCt           *ebpf.Map `ebpf:"weir_ct"`
+	WeirCtAny        *ebpf.Map `ebpf:"weir_ct_any"`
+	WeirCtRevoked    *ebpf.Map `ebpf:"weir_ct_revoked"`
+	WeirEndpoints    *ebpf.Map `ebpf:"weir_endpoints"`
+	WeirEpPolicy     *ebpf.Map `ebpf:"weir_ep_policy"`
+	WeirEvents       *ebpf.Map `ebpf:"weir_events"`
+	WeirFlowConfig   *ebpf.Map `ebpf:"weir_flow_config"`
+	WeirFrags        *ebpf.Map `ebpf:"weir_frags"`
+	WeirIpcache      *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Frags     *ebpf.Map `ebpf:"weir_lb4_frags"`
+	WeirLb4Maglev    *ebpf.Map `ebpf:"weir_lb4_maglev"`
+	WeirLb4Members   *ebpf.Map `ebpf:"weir_lb4_members"`
+	WeirLb4NatFwd    *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev    *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
+	WeirLb4NodeAddrs *ebpf.Map `ebpf:"weir_lb4_node_addrs"`
+	WeirLb4Revnat    *ebpf.Map `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services  *ebpf.Map `ebpf:"weir_lb4_services"`
+	WeirMetrics      *ebpf.Map `ebpf:"weir_metrics"`
+	WeirPeerNodes    *ebpf.Map `ebpf:"weir_peer_nodes"`
+	WeirPolicy       *ebpf.Map `ebpf:"weir_policy"`
+	WeirPolicyRev    *ebpf.Map `ebpf:"weir_policy_rev"`
+	WeirPolicySeq    *ebpf.Map `ebpf:"weir_policy_seq"`
+	WeirSockNetns    *ebpf.Map `ebpf:"weir_sock_netns"`
+	WeirTunnels      *ebpf.Map `ebpf:"weir_tunnels"`
+	WeirVerdicts     *ebpf.Map `ebpf:"weir_verdicts"`
 }
 
 func (m *hostMaps) Close() error {
@@ -435,6 +438,7 @@ func (m *hostMaps) Close() error {
 		m.WeirLb4Members,
 		m.WeirLb4NatFwd,
 		m.WeirLb4NatRev,
+		m.WeirLb4NodeAddrs,
 		m.WeirLb4Revnat,
 		m.WeirLb4Services,
 		m.WeirMetrics,

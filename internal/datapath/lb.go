@@ -565,3 +565,41 @@ func (n *Node) TranslatedNetNS() (map[uint64]int, error) {
 	}
 	return out, nil
 }
+
+// SetNodeAddrs makes weir_lb4_node_addrs hold exactly addrs' IPv4
+// addresses: where a NodePort's any-node socket entry serves (lb.h). New
+// addresses are written before stale ones go, so a NodePort stays served
+// at every address that remains one.
+func (n *Node) SetNodeAddrs(addrs []netip.Addr) error {
+	want := map[uint32]bool{}
+	for _, a := range addrs {
+		if a.Is4() {
+			want[be32(a)] = true
+		}
+	}
+	have := map[uint32]bool{}
+	var k uint32
+	var v uint32
+	it := n.progs.LB4NodeAddrs.Iterate()
+	for it.Next(&k, &v) {
+		have[k] = true
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read node address map: %w", err)
+	}
+	for a := range want {
+		if !have[a] {
+			if err := n.progs.LB4NodeAddrs.Put(a, uint32(0)); err != nil {
+				return fmt.Errorf("node address %v: %w", addrOfBE32(a), mapWriteErr(err))
+			}
+		}
+	}
+	for a := range have {
+		if !want[a] {
+			if err := n.progs.LB4NodeAddrs.Delete(a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete node address %v: %w", addrOfBE32(a), err)
+			}
+		}
+	}
+	return nil
+}

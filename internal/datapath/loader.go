@@ -141,6 +141,7 @@ type Programs struct {
 	LB4RevNAT        *ebpf.Map
 	LB4Affinity      *ebpf.Map
 	LB4Members       *ebpf.Map
+	LB4NodeAddrs     *ebpf.Map
 	SockNetNS        *ebpf.Map
 	// Closing sockets sent to removed backends (bpf/sock_iter.c).
 	SockDestroyTCP *ebpf.Program
@@ -204,7 +205,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags = host.WeirLb4NatFwd, host.WeirLb4NatRev, host.WeirLb4Maglev, host.WeirLb4Frags
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
 		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts,
-		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirSockNetns)
+		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirLb4NodeAddrs, host.WeirSockNetns)
 
 	var sock sockObjects
 	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
@@ -213,7 +214,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4 = sock.Sock4Connect, sock.Sock4Sendmsg, sock.Sock4Recvmsg, sock.Sock4Getpeername
 	p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6 = sock.Sock6Connect, sock.Sock6Sendmsg, sock.Sock6Recvmsg, sock.Sock6Getpeername
 	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
-	p.LB4Affinity, p.LB4Members = sock.WeirLb4Affinity, sock.WeirLb4Members
+	p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs = sock.WeirLb4Affinity, sock.WeirLb4Members, sock.WeirLb4NodeAddrs
 	closeMaps(sock.WeirMetrics)
 
 	// Only what the agent drives: the pinned maps the iterators read are
@@ -261,7 +262,7 @@ func (p *Programs) Close() {
 	p.policySeq.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
-		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.SockNetNS,
+		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs, p.SockNetNS,
 		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags} {
 		switch v := c.(type) {
 		case *ebpf.Program:

@@ -53,10 +53,10 @@ type sockLb4MemberKey struct {
 }
 
 type sockLb4Revnat struct {
-	_    structs.HostLayout
-	Vip  uint32
-	Port uint16
-	Pad  uint16
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Flags uint16
 }
 
 type sockLb4RevnatKey struct {
@@ -82,6 +82,7 @@ const (
 	sockMapWeirLb4Affinity         = "weir_lb4_affinity"
 	sockMapWeirLb4Backends         = "weir_lb4_backends"
 	sockMapWeirLb4Members          = "weir_lb4_members"
+	sockMapWeirLb4NodeAddrs        = "weir_lb4_node_addrs"
 	sockMapWeirLb4Revnat           = "weir_lb4_revnat"
 	sockMapWeirLb4Services         = "weir_lb4_services"
 	sockMapWeirMetrics             = "weir_metrics"
@@ -161,13 +162,14 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
-	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
-	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
-	WeirLb4Revnat   *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
-	WeirLb4Services *ebpf.MapSpec `ebpf:"weir_lb4_services"`
-	WeirMetrics     *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirSockNetns   *ebpf.MapSpec `ebpf:"weir_sock_netns"`
+	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Members   *ebpf.MapSpec `ebpf:"weir_lb4_members"`
+	WeirLb4NodeAddrs *ebpf.MapSpec `ebpf:"weir_lb4_node_addrs"`
+	WeirLb4Revnat    *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services  *ebpf.MapSpec `ebpf:"weir_lb4_services"`
+	WeirMetrics      *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirSockNetns    *ebpf.MapSpec `ebpf:"weir_sock_netns"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -205,13 +207,14 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
-	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
-	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
-	WeirLb4Revnat   *ebpf.Map `ebpf:"weir_lb4_revnat"`
-	WeirLb4Services *ebpf.Map `ebpf:"weir_lb4_services"`
-	WeirMetrics     *ebpf.Map `ebpf:"weir_metrics"`
-	WeirSockNetns   *ebpf.Map `ebpf:"weir_sock_netns"`
+	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Members   *ebpf.Map `ebpf:"weir_lb4_members"`
+	WeirLb4NodeAddrs *ebpf.Map `ebpf:"weir_lb4_node_addrs"`
+	WeirLb4Revnat    *ebpf.Map `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services  *ebpf.Map `ebpf:"weir_lb4_services"`
+	WeirMetrics      *ebpf.Map `ebpf:"weir_metrics"`
+	WeirSockNetns    *ebpf.Map `ebpf:"weir_sock_netns"`
 }
 
 func (m *sockMaps) Close() error {
@@ -219,6 +222,7 @@ func (m *sockMaps) Close() error {
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
 		m.WeirLb4Members,
+		m.WeirLb4NodeAddrs,
 		m.WeirLb4Revnat,
 		m.WeirLb4Services,
 		m.WeirMetrics,

@@ -53,10 +53,10 @@ type sockiterLb4MemberKey struct {
 }
 
 type sockiterLb4Revnat struct {
-	_    structs.HostLayout
-	Vip  uint32
-	Port uint16
-	Pad  uint16
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Flags uint16
 }
 
 type sockiterLb4RevnatKey struct {
@@ -83,6 +83,7 @@ const (
 	sockiterMapWeirLb4Backends         = "weir_lb4_backends"
 	sockiterMapWeirLb4Gone             = "weir_lb4_gone"
 	sockiterMapWeirLb4Members          = "weir_lb4_members"
+	sockiterMapWeirLb4NodeAddrs        = "weir_lb4_node_addrs"
 	sockiterMapWeirLb4Revnat           = "weir_lb4_revnat"
 	sockiterMapWeirLb4Services         = "weir_lb4_services"
 	sockiterMapWeirMetrics             = "weir_metrics"
@@ -150,14 +151,15 @@ type sockiterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockiterMapSpecs struct {
-	WeirLb4Affinity *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
-	WeirLb4Backends *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
-	WeirLb4Gone     *ebpf.MapSpec `ebpf:"weir_lb4_gone"`
-	WeirLb4Members  *ebpf.MapSpec `ebpf:"weir_lb4_members"`
-	WeirLb4Revnat   *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
-	WeirLb4Services *ebpf.MapSpec `ebpf:"weir_lb4_services"`
-	WeirMetrics     *ebpf.MapSpec `ebpf:"weir_metrics"`
-	WeirSockNetns   *ebpf.MapSpec `ebpf:"weir_sock_netns"`
+	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Gone      *ebpf.MapSpec `ebpf:"weir_lb4_gone"`
+	WeirLb4Members   *ebpf.MapSpec `ebpf:"weir_lb4_members"`
+	WeirLb4NodeAddrs *ebpf.MapSpec `ebpf:"weir_lb4_node_addrs"`
+	WeirLb4Revnat    *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services  *ebpf.MapSpec `ebpf:"weir_lb4_services"`
+	WeirMetrics      *ebpf.MapSpec `ebpf:"weir_metrics"`
+	WeirSockNetns    *ebpf.MapSpec `ebpf:"weir_sock_netns"`
 }
 
 // sockiterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -195,14 +197,15 @@ func (o *sockiterObjects) Close() error {
 //
 // It can be passed to loadSockiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockiterMaps struct {
-	WeirLb4Affinity *ebpf.Map `ebpf:"weir_lb4_affinity"`
-	WeirLb4Backends *ebpf.Map `ebpf:"weir_lb4_backends"`
-	WeirLb4Gone     *ebpf.Map `ebpf:"weir_lb4_gone"`
-	WeirLb4Members  *ebpf.Map `ebpf:"weir_lb4_members"`
-	WeirLb4Revnat   *ebpf.Map `ebpf:"weir_lb4_revnat"`
-	WeirLb4Services *ebpf.Map `ebpf:"weir_lb4_services"`
-	WeirMetrics     *ebpf.Map `ebpf:"weir_metrics"`
-	WeirSockNetns   *ebpf.Map `ebpf:"weir_sock_netns"`
+	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
+	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Gone      *ebpf.Map `ebpf:"weir_lb4_gone"`
+	WeirLb4Members   *ebpf.Map `ebpf:"weir_lb4_members"`
+	WeirLb4NodeAddrs *ebpf.Map `ebpf:"weir_lb4_node_addrs"`
+	WeirLb4Revnat    *ebpf.Map `ebpf:"weir_lb4_revnat"`
+	WeirLb4Services  *ebpf.Map `ebpf:"weir_lb4_services"`
+	WeirMetrics      *ebpf.Map `ebpf:"weir_metrics"`
+	WeirSockNetns    *ebpf.Map `ebpf:"weir_sock_netns"`
 }
 
 func (m *sockiterMaps) Close() error {
@@ -211,6 +214,7 @@ func (m *sockiterMaps) Close() error {
 		m.WeirLb4Backends,
 		m.WeirLb4Gone,
 		m.WeirLb4Members,
+		m.WeirLb4NodeAddrs,
 		m.WeirLb4Revnat,
 		m.WeirLb4Services,
 		m.WeirMetrics,

@@ -62,6 +62,10 @@ type Table map[Frontend]Entry
 // Loopback is where the node's own processes also reach every NodePort.
 var Loopback = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 
+// AnyNode is the address of a NodePort's socket frontend that serves it
+// at every node's address (Options.NodeAddrs).
+var AnyNode = netip.IPv4Unspecified()
+
 // Options says whose view a table is built for.
 type Options struct {
 	// Node is the node the table is for (internalTrafficPolicy: Local),
@@ -77,7 +81,10 @@ type Options struct {
 	ReplaceKubeProxy bool
 	// NodeAddrs are the addresses of every node, where NodePorts are
 	// served: a socket on this node that names any node's NodePort is
-	// sent straight to a backend (with ReplaceKubeProxy).
+	// sent straight to a backend (with ReplaceKubeProxy). A NodePort's
+	// socket frontend is one, at AnyNode, which the datapath serves at
+	// each of these; an externalTrafficPolicy: Local NodePort has one at
+	// each.
 	NodeAddrs []netip.Addr
 	// AddrNode names the node each of NodeAddrs belongs to: a socket
 	// naming another node's NodePort of an externalTrafficPolicy: Local
@@ -159,21 +166,28 @@ func frontendsOf(svc *corev1.Service, opts Options) []serviceFrontend {
 		}
 	}
 	hasNodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
-	if hasNodePorts {
-		add(opts.NodeAddrs, false, nodePort)
+	switch {
+	case hasNodePorts && svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal:
+		// One entry for every node's address (AnyNode): a NodePort
+		// costs one frontend whatever the number of nodes.
+		add([]netip.Addr{AnyNode}, false, nodePort)
+	case hasNodePorts:
 		// A socket naming another node's NodePort of an
 		// externalTrafficPolicy: Local Service is served as that node
 		// serves the packet (kube-proxy's rules match this node's
 		// addresses alone, so the packet would reach it): by its own
 		// endpoints; with none, the frontend is left out and the packet
-		// goes there to be dropped.
-		if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
-			for i := range out {
-				if n, ok := opts.AddrNode[out[i].Addr]; ok && n != opts.Node && !out[i].internal {
-					out[i].onlyNode = n
-				}
+		// goes there to be dropped. So each node's address has an entry
+		// of its own.
+		first := len(out)
+		add(opts.NodeAddrs, false, nodePort)
+		for i := first; i < len(out); i++ {
+			if n, ok := opts.AddrNode[out[i].Addr]; ok && n != opts.Node {
+				out[i].onlyNode = n
 			}
 		}
+	}
+	if hasNodePorts {
 		// kube-proxy's localhost NodePorts: the node's own processes
 		// reach a NodePort at 127.0.0.1 too (sock.c translates it for
 		// the node's namespace only; a pod's loopback is its own).

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -304,8 +305,7 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		fe("127.0.0.1", 30080):  {Backends: both}, // the node's own processes, at localhost
 		fe("192.0.2.10", 80):    {Backends: both},
 		fe("10.96.0.8", 443):    {Backends: lbBackends},
-		fe("10.99.0.11", 30443): {Backends: lbBackends},
-		fe("10.99.0.12", 30443): {Backends: lbBackends},
+		fe("0.0.0.0", 30443):    {Backends: lbBackends}, // externalTrafficPolicy: Cluster: one entry for every node's address
 		fe("127.0.0.1", 30443):  {Backends: lbBackends},
 		fe("198.51.100.5", 443): {Backends: lbBackends},
 		fe("10.96.0.9", 8443):   {}, // no endpoints: refuses
@@ -331,7 +331,7 @@ func TestBuildNodePortsAndExternalAddresses(t *testing.T) {
 		}
 	}
 	owners := Owners(svcs, opts)
-	if owners[fe("10.99.0.12", 30443)] != "ns/lb" || owners[fe("198.51.100.5", 443)] != "ns/lb" || len(owners) != len(want) {
+	if owners[fe("0.0.0.0", 30443)] != "ns/lb" || owners[fe("198.51.100.5", 443)] != "ns/lb" || len(owners) != len(want) {
 		t.Errorf("Owners: %v", owners)
 	}
 	// Beside kube-proxy only the ClusterIPs with backends are Weir's.
@@ -538,5 +538,36 @@ func TestBuildLeavesOtherProxiesAndHeadlessSlices(t *testing.T) {
 			t.Errorf("slice labelled %s, beside kube-proxy: translated, want left alone", label)
 		}
 		delete(webSlice.Labels, label)
+	}
+}
+
+// TestNodePortFrontendsDoNotGrowWithNodes: in a cluster of 500 nodes an
+// externalTrafficPolicy: Cluster NodePort has one socket frontend for
+// every node's address (AnyNode) beside its ClusterIP and localhost, and
+// one for packets from outside at this node's address; a Local one keeps
+// one per node address, another node's serving that node's endpoints.
+func TestNodePortFrontendsDoNotGrowWithNodes(t *testing.T) {
+	opts := Options{Node: "n0", ReplaceKubeProxy: true, AddrNode: map[netip.Addr]string{}}
+	for i := range 500 {
+		a := netip.AddrFrom4([4]byte{10, 99, byte(i >> 8), byte(i)})
+		opts.NodeAddrs = append(opts.NodeAddrs, a)
+		opts.AddrNode[a] = fmt.Sprintf("n%d", i)
+	}
+	opts.OwnAddrs = opts.NodeAddrs[:1]
+	np := svc("np", "10.96.0.7", corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP})
+	np.Spec.Type = corev1.ServiceTypeNodePort
+	eps := slice("np", map[string]int32{"http": 8080}, ep{addr: "10.0.0.2", ready: true, node: "n0"}, ep{addr: "10.0.1.2", ready: true, node: "n1"})
+	got := Build([]*corev1.Service{np}, []*discoveryv1.EndpointSlice{eps}, opts)
+	anyNode := Frontend{Addr: AnyNode, Port: 30080, Proto: ProtoTCP}
+	if len(got) != 4 || len(got[anyNode].Backends) != 2 {
+		t.Errorf("Cluster NodePort among 500 nodes: %d frontends (any node: %v), want 4 with both backends at any node", len(got), got[anyNode])
+	}
+	np.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	got = Build([]*corev1.Service{np}, []*discoveryv1.EndpointSlice{eps}, opts)
+	n1 := Frontend{Addr: opts.NodeAddrs[1], Port: 30080, Proto: ProtoTCP}
+	// ClusterIP, this node's and n1's address (the others have no
+	// endpoint: left out, to drop there), localhost, from outside.
+	if len(got) != 5 || !got[n1].Equal(Entry{Backends: []Backend{be("10.0.1.2", 8080)}}) {
+		t.Errorf("Local NodePort: %d frontends, n1's %v; want 5, n1's own endpoint", len(got), got[n1])
 	}
 }
