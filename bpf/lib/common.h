@@ -53,6 +53,13 @@ volatile const __u32 SEND_IDENTITY_OPTION = 0;
  * Services' external addresses (nodeport.h). */
 volatile const __u32 SERVE_EXTERNAL_SERVICES = 0;
 
+/* A secret the cluster's nodes share (the agent derives it from the
+ * kube-system namespace's UID), mixed into the hash Maglev picks a
+ * NodePort flow's backend with: every node picks alike, and nobody
+ * outside can choose source ports that all land on one backend. */
+volatile const __u32 HASH_SEED_LO = 0;
+volatile const __u32 HASH_SEED_HI = 0;
+
 volatile const __u32 CLUSTER_CIDR_V4 = 0;      /* every pod address of the cluster */
 volatile const __u32 CLUSTER_CIDR_V4_MASK = 0;
 

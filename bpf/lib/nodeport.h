@@ -144,13 +144,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_lb4_maglev SEC(".maps");
 
-/* nodeport_hash mixes a flow's tuple (a 64-bit finalizer), the same on
- * every node, so every node's Maglev table sends the flow alike. */
+/* nodeport_hash mixes a flow's tuple with the cluster's seed (a 64-bit
+ * finalizer), the same on every node, so every node's Maglev table sends
+ * the flow alike. */
 __always_inline_fn __u32 nodeport_hash(const struct lb4_tuple *t)
 {
-	__u64 h = ((__u64)t->saddr << 32 | t->daddr) ^
-		  ((__u64)t->sport << 48 | (__u64)t->dport << 32 | t->proto);
+	__u64 seed = (__u64)HASH_SEED_HI << 32 | HASH_SEED_LO;
+	__u64 h = ((__u64)t->saddr << 32 | t->daddr) ^ seed;
 
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= ((__u64)t->sport << 48 | (__u64)t->dport << 32 | t->proto) ^ (seed >> 17 | seed << 47);
 	h ^= h >> 33;
 	h *= 0xff51afd7ed558ccdULL;
 	h ^= h >> 33;

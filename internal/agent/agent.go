@@ -71,6 +71,10 @@ type Config struct {
 	// KubeProxyReplacement): the service maps stay empty, so the socket
 	// programs translate nothing and kube-proxy's rules see the ClusterIP.
 	NoSocketLB bool
+	// HashSeed is the cluster's secret for the hash NodePort flows pick
+	// their backend with (the same on every node): in Kubernetes, from
+	// the kube-system namespace's UID (clusterHashSeed).
+	HashSeed uint64
 	// HealthCheckNodePortAddr is the host health check node ports are
 	// opened on (with KubeProxyReplacement); empty: every address.
 	HealthCheckNodePortAddr string
@@ -86,7 +90,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 		Name: c.NodeName, Mode: c.Mode, UnderlayDev: c.UnderlayDev,
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
 		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
-		KubeProxyReplacement: c.KubeProxyReplacement,
+		KubeProxyReplacement: c.KubeProxyReplacement, HashSeed: c.HashSeed,
 	}
 }
 

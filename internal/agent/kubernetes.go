@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,6 +50,9 @@ type nodeState struct {
 	PodCIDR netip.Prefix `json:"podCIDR"`
 	NodeIP  netip.Addr   `json:"nodeIP"`
 	Peers   []api.Peer   `json:"peers"`
+	// HashSeed is the cluster's (Config.HashSeed), so a restart without
+	// the API server hashes as every other node does.
+	HashSeed uint64 `json:"hashSeed,omitempty"`
 }
 
 func nodeStatePath(cfg Config) string { return filepath.Join(cfg.StateDir, "node.json") }
@@ -97,7 +102,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	client := clients.Kube
 	w := k8s.NewWatcher(client, clients.Dynamic, cfg.NodeName, 0)
 	w.Start(ctx)
-	if cfg, err = learnNode(ctx, w, cfg, log); err != nil {
+	if cfg, err = learnNode(ctx, w, client, cfg, log); err != nil {
 		return err
 	}
 	a, node, err := start(cfg, log)
@@ -146,17 +151,42 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return a.follow(ctx, client, w, served)
 }
 
+// clusterHashSeed derives the cluster's hash seed from the UID of its
+// kube-system namespace: random, the same for every node, and readable
+// only with the agents' cluster-wide rights. 0 (an unseeded hash, as
+// outside Kubernetes) if it cannot be read within a few seconds; the
+// agent still works, its NodePort picks are just predictable.
+func clusterHashSeed(ctx context.Context, client kubernetes.Interface, log *slog.Logger) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	uid, err := k8s.SystemNamespaceUID(ctx, client)
+	if err != nil {
+		log.Warn("no cluster hash seed: NodePort backends are picked with an unseeded hash", "err", err)
+		return 0
+	}
+	return hashSeedOf(uid)
+}
+
+// hashSeedOf is the seed a namespace UID gives.
+func hashSeedOf(uid string) uint64 {
+	sum := sha256.Sum256([]byte("weir hash seed\x00" + uid))
+	return binary.LittleEndian.Uint64(sum[:8])
+}
+
 // learnNode fills in the pod CIDR, node address and peers: from the state
 // the last run saved if there is one (so a restart never waits for the
 // API server), else from this node's Node object once it has a pod CIDR.
-func learnNode(ctx context.Context, w *k8s.Watcher, cfg Config, log *slog.Logger) (Config, error) {
+func learnNode(ctx context.Context, w *k8s.Watcher, client kubernetes.Interface, cfg Config, log *slog.Logger) (Config, error) {
 	if saved, err := loadNodeState(cfg); err == nil && saved.PodCIDR.IsValid() {
 		if cfg.PodCIDR.IsValid() && cfg.PodCIDR != saved.PodCIDR {
 			return cfg, fmt.Errorf("--pod-cidr %v but this node's pods use %v (remove %s to start afresh): %w", cfg.PodCIDR, saved.PodCIDR, nodeStatePath(cfg), ErrPodCIDRChanged)
 		}
-		cfg.PodCIDR, cfg.Peers = saved.PodCIDR, saved.Peers
+		cfg.PodCIDR, cfg.Peers, cfg.HashSeed = saved.PodCIDR, saved.Peers, saved.HashSeed
 		if !cfg.NodeIP.IsValid() {
 			cfg.NodeIP = saved.NodeIP
+		}
+		if cfg.HashSeed == 0 { // saved by an agent before the seed
+			cfg.HashSeed = clusterHashSeed(ctx, client, log)
 		}
 		log.Info("starting from the node state of the last run; the API server is followed in the background", "podCIDR", cfg.PodCIDR)
 		return cfg, nil
@@ -178,7 +208,8 @@ func learnNode(ctx context.Context, w *k8s.Watcher, cfg Config, log *slog.Logger
 						cfg.NodeIP = n.InternalIP
 					}
 					log.Info("learned this node from the API server", "podCIDR", cidr, "nodeIP", cfg.NodeIP)
-					return cfg, saveNodeState(cfg, nodeState{PodCIDR: cfg.PodCIDR, NodeIP: cfg.NodeIP, Peers: cfg.Peers})
+					cfg.HashSeed = clusterHashSeed(ctx, client, log)
+					return cfg, saveNodeState(cfg, nodeState{PodCIDR: cfg.PodCIDR, NodeIP: cfg.NodeIP, Peers: cfg.Peers, HashSeed: cfg.HashSeed})
 				}
 			}
 		}
@@ -352,7 +383,7 @@ func (a *Agent) applySnapshot(ctx context.Context, s k8s.Snapshot, serviceUpdate
 	}
 	a.kube.Synced, a.kube.LastApplied, a.kube.Pods = true, time.Now(), len(s.Pods)
 	if changed {
-		st := nodeState{PodCIDR: a.cfg.PodCIDR, NodeIP: a.cfg.NodeIP, Peers: peers}
+		st := nodeState{PodCIDR: a.cfg.PodCIDR, NodeIP: a.cfg.NodeIP, Peers: peers, HashSeed: a.cfg.HashSeed}
 		if err := saveNodeState(a.cfg, st); err != nil {
 			return true, err
 		}

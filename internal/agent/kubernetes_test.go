@@ -1,8 +1,16 @@
 package agent
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"net/netip"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/k8s"
@@ -40,5 +48,25 @@ func TestSamePeersIgnoresSelfAndOrder(t *testing.T) {
 		if got := samePeers(have, tc.want, self); got != tc.same {
 			t.Errorf("%s: samePeers = %v", tc.name, got)
 		}
+	}
+}
+
+// TestClusterHashSeed: the seed comes from the kube-system namespace's
+// UID, the same for every node reading it and different for another
+// cluster; without the namespace there is none (0) and the agent goes on.
+func TestClusterHashSeed(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cluster := func(uid string) *fake.Clientset {
+		return fake.NewSimpleClientset(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system", UID: types.UID(uid)}})
+	}
+	a := clusterHashSeed(ctx, cluster("2b6f0cc9-4a52-4a0f-9b1e-6c1d2e3f4a5b"), log)
+	b := clusterHashSeed(ctx, cluster("2b6f0cc9-4a52-4a0f-9b1e-6c1d2e3f4a5b"), log)
+	c := clusterHashSeed(ctx, cluster("9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"), log)
+	if a == 0 || a != b || a == c {
+		t.Errorf("seeds %#x, %#x (same cluster) and %#x (another): want equal and nonzero, then different", a, b, c)
+	}
+	if s := clusterHashSeed(ctx, fake.NewSimpleClientset(), log); s != 0 {
+		t.Errorf("seed without kube-system: %#x, want 0", s)
 	}
 }

@@ -263,6 +263,8 @@ const (
 	hostProgToNetdev               = "to_netdev"
 	hostVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	hostVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	hostVarHASH_SEED_HI            = "HASH_SEED_HI"
+	hostVarHASH_SEED_LO            = "HASH_SEED_LO"
 	hostVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	hostVarPOD_CIDR_V4             = "POD_CIDR_V4"
 	hostVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -359,6 +361,8 @@ type hostMapSpecs struct {
 type hostVariableSpecs struct {
 	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -458,6 +462,8 @@ func (m *hostMaps) Close() error {
 type hostVariables struct {
 	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`

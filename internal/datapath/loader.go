@@ -63,6 +63,10 @@ type ProgramConfig struct {
 	// (bpf/lib/nodeport.h): with no kube-proxy beside Weir. Off, the
 	// branch is pruned at load and to_netdev is not attached.
 	ExternalServices bool
+	// HashSeed is mixed into the hash Maglev picks a NodePort flow's
+	// backend with: the same on every node of a cluster, unknown outside
+	// it.
+	HashSeed uint64
 
 	// senderFromCB loads copies that read the sending node and its VNI
 	// from skb->cb, for BPF_PROG_RUN (trace and tests): no tunnel
@@ -94,6 +98,7 @@ func (cfg ProgramConfig) constants() map[string]uint32 {
 	if cfg.ExternalServices {
 		c["SERVE_EXTERNAL_SERVICES"] = 1
 	}
+	c["HASH_SEED_LO"], c["HASH_SEED_HI"] = uint32(cfg.HashSeed), uint32(cfg.HashSeed>>32)
 	return c
 }
 

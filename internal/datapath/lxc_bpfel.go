@@ -178,6 +178,8 @@ const (
 	lxcProgToContainer            = "to_container"
 	lxcVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	lxcVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	lxcVarHASH_SEED_HI            = "HASH_SEED_HI"
+	lxcVarHASH_SEED_LO            = "HASH_SEED_LO"
 	lxcVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	lxcVarPOD_CIDR_V4             = "POD_CIDR_V4"
 	lxcVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -263,6 +265,8 @@ type lxcMapSpecs struct {
 type lxcVariableSpecs struct {
 	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -340,6 +344,8 @@ func (m *lxcMaps) Close() error {
 type lxcVariables struct {
 	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`

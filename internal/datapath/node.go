@@ -56,6 +56,8 @@ type NodeConfig struct {
 	// outside the cluster to NodePorts, external IPs and load balancer IPs
 	// are translated in from_netdev (ProgramConfig.ExternalServices).
 	KubeProxyReplacement bool
+	// HashSeed: see ProgramConfig.
+	HashSeed uint64
 }
 
 // Validate reports the first thing that is wrong with the config.
@@ -165,7 +167,7 @@ func (n *Node) setupDevices() error {
 	}
 	n.progs, err = LoadPrograms(ProgramConfig{Mode: n.cfg.Mode, OverlayIfindex: overlayIfindex,
 		PodCIDR: n.cfg.PodCIDR, ClusterCIDR: n.cfg.ClusterCIDR, PinDir: n.cfg.PinDir, NoIdentityOption: n.cfg.NoIdentityOption,
-		ExternalServices: n.cfg.KubeProxyReplacement})
+		ExternalServices: n.cfg.KubeProxyReplacement, HashSeed: n.cfg.HashSeed})
 	if err != nil {
 		return err
 	}

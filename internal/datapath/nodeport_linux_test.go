@@ -241,3 +241,41 @@ func TestNodePortFromPeerPod(t *testing.T) {
 		t.Errorf("a peer's pod to a Local NodePort without an endpoint here: %s, want dropped", tcVerdictName(ret))
 	}
 }
+
+// TestNodePortHashSeeded: two nodes loaded with the cluster's seed send
+// 200 flows from outside to the same backends (every node picks alike),
+// and a node of another seed sends most of them elsewhere: the picks
+// cannot be computed without the seed.
+func TestNodePortHashSeeded(t *testing.T) {
+	var backends []service.Backend
+	for i := range 10 {
+		backends = append(backends, service.Backend{Addr: netip.AddrFrom4([4]byte{10, 244, 2, byte(10 + i)}), Port: 8080})
+	}
+	fe := service.Frontend{Addr: nodeAddr, Port: 30090, Proto: service.ProtoTCP, External: true}
+	picks := func(seed uint64) []netip.AddrPort {
+		p := loadTestWith(t, ModeVXLAN, func(c *ProgramConfig) { c.ExternalServices, c.HashSeed = true, seed })
+		if err := (&Node{progs: p}).SetServices(service.Table{fe: {Backends: backends}}); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]netip.AddrPort, 200)
+		for i := range out {
+			_, b, _ := runCtx(t, p.FromNetdev, tcpFrame(hostMAC, peerHW, outside, nodeAddr, uint16(20000+i), 30090, 1, tcpSYN, nil), 3)
+			_, out[i] = tcpHeaders(t, b)
+		}
+		return out
+	}
+	a, b, other := picks(0x5eed5eed12345678), picks(0x5eed5eed12345678), picks(0x0123456789abcdef)
+	same := 0
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("flow %d: two nodes of one seed picked %v and %v", i, a[i], b[i])
+		}
+		if a[i] == other[i] {
+			same++
+		}
+	}
+	// Independent picks among 10 backends agree about one time in ten.
+	if same > 50 {
+		t.Errorf("another seed picked the same backend for %d of 200 flows, want about 20", same)
+	}
+}

@@ -159,6 +159,8 @@ const (
 	overlayProgToOverlay              = "to_overlay"
 	overlayVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	overlayVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	overlayVarHASH_SEED_HI            = "HASH_SEED_HI"
+	overlayVarHASH_SEED_LO            = "HASH_SEED_LO"
 	overlayVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	overlayVarPOD_CIDR_V4             = "POD_CIDR_V4"
 	overlayVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -244,6 +246,8 @@ type overlayMapSpecs struct {
 type overlayVariableSpecs struct {
 	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -321,6 +325,8 @@ func (m *overlayMaps) Close() error {
 type overlayVariables struct {
 	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`

@@ -97,6 +97,8 @@ const (
 	sockProgSock6Sendmsg           = "sock6_sendmsg"
 	sockVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	sockVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	sockVarHASH_SEED_HI            = "HASH_SEED_HI"
+	sockVarHASH_SEED_LO            = "HASH_SEED_LO"
 	sockVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	sockVarPOD_CIDR_V4             = "POD_CIDR_V4"
 	sockVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -178,6 +180,8 @@ type sockMapSpecs struct {
 type sockVariableSpecs struct {
 	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -236,6 +240,8 @@ func (m *sockMaps) Close() error {
 type sockVariables struct {
 	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`

@@ -92,6 +92,8 @@ const (
 	sockiterProgSockDestroyUdp         = "sock_destroy_udp"
 	sockiterVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	sockiterVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
+	sockiterVarHASH_SEED_HI            = "HASH_SEED_HI"
+	sockiterVarHASH_SEED_LO            = "HASH_SEED_LO"
 	sockiterVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	sockiterVarPOD_CIDR_V4             = "POD_CIDR_V4"
 	sockiterVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -168,6 +170,8 @@ type sockiterMapSpecs struct {
 type sockiterVariableSpecs struct {
 	CLUSTER_CIDR_V4         *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -228,6 +232,8 @@ func (m *sockiterMaps) Close() error {
 type sockiterVariables struct {
 	CLUSTER_CIDR_V4         *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4"`
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
+	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
+	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`
