@@ -124,9 +124,15 @@ func RunServices(ctx context.Context, st *lab.State, tools SigNetworkTools, fast
 	for i, n := range servicesNotRunnable {
 		skips[i] = n.Pattern
 	}
+	// ginkgo joins a relative report path to the suite's output
+	// directory: an absolute one lands where the result says.
+	junit, err := filepath.Abs(res.JUnit)
+	if err != nil {
+		return res, err
+	}
 	ginkgoArgs := []string{
 		"--procs=" + strconv.Itoa(procs), "--focus=" + focus, "--skip=" + strings.Join(skips, "|"),
-		"--timeout=3h", "--junit-report=" + res.JUnit, "--no-color",
+		"--timeout=3h", "--junit-report=" + junit, "--no-color",
 	}
 	suiteArgs := []string{
 		"--kubeconfig=" + st.Kube.Kubeconfig, "--provider=local",

@@ -68,11 +68,19 @@ func labImages(binDir string, bins map[string]string) ([]imageSpec, error) {
 		return nil, err
 	}
 	pause := imageSpec{Refs: []string{PauseImage}, Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}}
-	pausePath, err := pause.build()
+	// The fake registry's pause image is another image than the nodes'
+	// sandbox image (a second copy of the program makes its layer and ID
+	// differ): the kubelet remembers that an image ID was pulled with
+	// credentials, and would then insist on pulling the preloaded
+	// sandbox image of the same ID again, from the Internet, before
+	// running it in a pod without them.
+	testing := imageSpec{Refs: []string{"weir.local/fake-registry/pause:testing"},
+		Files: map[string]string{"/pause": filepath.Join(binDir, "weir-pause"), "/pause-testing": filepath.Join(binDir, "weir-pause")}, Entrypoint: []string{"/pause"}}
+	testingPath, err := testing.build()
 	if err != nil {
 		return nil, err
 	}
-	registry, err := fakeRegistryFiles(pausePath, "pause", "testing")
+	registry, err := fakeRegistryFiles(testingPath, "pause", "testing")
 	if err != nil {
 		return nil, err
 	}
