@@ -332,6 +332,17 @@ __always_inline_fn int nodeport_icmp_quote(struct __sk_buff *skb, const struct i
 	return 0;
 }
 
+/* nodeport_quote_answer is the flow direction answering the quoted
+ * packet: its addresses and ports swapped. */
+__always_inline_fn void nodeport_quote_answer(const struct icmp_quote *q, struct lb4_tuple *t)
+{
+	t->saddr = q->ip.daddr;
+	t->daddr = q->ip.saddr;
+	t->sport = q->dport;
+	t->dport = q->sport;
+	t->proto = q->ip.protocol;
+}
+
 /* csum_update16 is RFC 1624's update of a 16-bit one's complement
  * checksum for a 16-bit word that changes from from to to; words and
  * checksum as they are stored, so byte order does not matter. */
@@ -510,11 +521,7 @@ __always_inline_fn enum nodeport_result nodeport_icmp_in(struct __sk_buff *skb, 
 
 	if (nodeport_icmp_quote(skb, ip, l3_off, &q) < 0 || q.ip.saddr != frontend)
 		return NODEPORT_NOT_OURS;
-	fwd.saddr = q.ip.daddr;
-	fwd.daddr = q.ip.saddr;
-	fwd.sport = q.dport;
-	fwd.dport = q.sport;
-	fwd.proto = q.ip.protocol;
+	nodeport_quote_answer(&q, &fwd);
 	have = bpf_map_lookup_elem(&weir_lb4_nat_fwd, &fwd);
 	if (!have)
 		return NODEPORT_NOT_OURS;
@@ -545,11 +552,7 @@ __always_inline_fn int nodeport_icmp_out(struct __sk_buff *skb, const struct iph
 
 	if (nodeport_icmp_quote(skb, ip, l3_off, &q) < 0)
 		return 0;
-	rev.saddr = q.ip.daddr;
-	rev.daddr = q.ip.saddr;
-	rev.sport = q.dport;
-	rev.dport = q.sport;
-	rev.proto = q.ip.protocol;
+	nodeport_quote_answer(&q, &rev);
 	have = bpf_map_lookup_elem(&weir_lb4_nat_rev, &rev);
 	if (!have)
 		return 0;

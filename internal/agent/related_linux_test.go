@@ -59,16 +59,7 @@ func TestFragmentsAndICMPErrorsOfAllowedFlows(t *testing.T) {
 	var pc net.PacketConn
 	in(t, server, func() (err error) { pc, err = net.ListenPacket("udp4", ":9000"); return err })
 	defer pc.Close()
-	go func() { // echo each datagram whole
-		buf := make([]byte, 65536)
-		for {
-			k, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(buf[:k], from)
-		}
-	}()
+	go serveUDPEcho(pc)
 	before, err := n.dp.Metrics()
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"cmp"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -414,7 +413,8 @@ func (a *Agent) ServiceList() (*api.ServiceList, error) {
 		InSync:    a.services.applied && maps.EqualFunc(t, a.services.table, service.Entry.Equal),
 		Frontends: []api.ServiceFrontend{},
 	}
-	for f, e := range t {
+	for _, f := range slices.SortedFunc(maps.Keys(t), service.CompareFrontends) {
+		e := t[f]
 		fe := api.ServiceFrontend{
 			Addr: f.Addr, Port: f.Port, Protocol: protocolName(f.Proto), Service: a.serviceOwnerLocked(f), External: f.External,
 			Backends: []api.ServiceBackend{}, AffinitySeconds: int(e.AffinityTimeout.Seconds()), State: "serving",
@@ -431,20 +431,7 @@ func (a *Agent) ServiceList() (*api.ServiceList, error) {
 		}
 		l.Frontends = append(l.Frontends, fe)
 	}
-	slices.SortFunc(l.Frontends, func(x, y api.ServiceFrontend) int {
-		return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Port, y.Port), cmp.Compare(x.Protocol, y.Protocol), boolCompare(x.External, y.External))
-	})
 	return l, nil
-}
-
-func boolCompare(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
-	}
-	return -1
 }
 
 func protocolName(p uint8) string {

@@ -28,6 +28,20 @@ func emptyTwin(t *testing.T, m *ebpf.Map) *ebpf.Map {
 	return d
 }
 
+// serviceMaps reads the service and backend maps whole.
+func serviceMaps(t *testing.T, p *Programs) (map[sockLb4Key]sockLb4Service, map[sockLb4BackendKey]sockLb4Backend) {
+	t.Helper()
+	svcs, err := readMap[sockLb4Key, sockLb4Service](p.LB4Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := readMap[sockLb4BackendKey, sockLb4Backend](p.LB4Backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svcs, slots
+}
+
 // manyServices is a table of count frontends with two backends each.
 func manyServices(count int) service.Table {
 	t := service.Table{}
@@ -58,14 +72,7 @@ func TestSetServicesWritesOnlyWhatChanged(t *testing.T) {
 	if err := n.SetServices(after); err != nil {
 		t.Fatal(err)
 	}
-	svcs, err := readMap[sockLb4Key, sockLb4Service](p.LB4Services)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slots, err := readMap[sockLb4BackendKey, sockLb4Backend](p.LB4Backends)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svcs, slots := serviceMaps(t, p)
 	wantSvcs := map[sockLb4Key]sockLb4Service{lb4Key(changed): {Count: 3}}
 	wantSlots := map[sockLb4BackendKey]sockLb4Backend{{Svc: lb4Key(changed), Slot: 3}: lb4Backend(service.Backend{Addr: podB, Port: 9090})}
 	if !reflect.DeepEqual(svcs, wantSvcs) || !reflect.DeepEqual(slots, wantSlots) {
@@ -120,14 +127,7 @@ func TestUpdateServicesWritesOnlyTheChangedFrontends(t *testing.T) {
 	if err := n.UpdateServices(map[service.Frontend]*service.Entry{grown: &grownEntry, gone: nil}); err != nil {
 		t.Fatal(err)
 	}
-	svcs, err := readMap[sockLb4Key, sockLb4Service](p.LB4Services)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slots, err := readMap[sockLb4BackendKey, sockLb4Backend](p.LB4Backends)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svcs, slots := serviceMaps(t, p)
 	wantSvcs := map[sockLb4Key]sockLb4Service{lb4Key(grown): {Count: 3}}
 	wantSlots := map[sockLb4BackendKey]sockLb4Backend{{Svc: lb4Key(grown), Slot: 3}: lb4Backend(service.Backend{Addr: podB, Port: 9090})}
 	if !reflect.DeepEqual(svcs, wantSvcs) || !reflect.DeepEqual(slots, wantSlots) {

@@ -9,21 +9,10 @@ import (
 )
 
 // icmpErrorOf is an ICMP error of type/code from src to dst quoting the
-// whole IP packet of the Ethernet/IPv4 frame about.
+// whole IP packet of the Ethernet/IPv4 frame about, with a next-hop MTU
+// of 1500.
 func icmpErrorOf(src, dst netip.Addr, typ, code uint8, about []byte) []byte {
-	icmp := append([]byte{typ, code, 0, 0, 0, 0, 0x05, 0xdc}, about[14:]...) // next-hop MTU 1500
-	binary.BigEndian.PutUint16(icmp[2:4], onesComplement(icmp))
-	ip := make([]byte, 20)
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:4], uint16(20+len(icmp)))
-	ip[8] = 64
-	ip[9] = 1 // ICMP
-	s, d := src.As4(), dst.As4()
-	copy(ip[12:16], s[:])
-	copy(ip[16:20], d[:])
-	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
-	frame := append(ethHeader(hostMAC, peerHW, etherTypeIPv4), ip...)
-	return append(frame, icmp...)
+	return icmpErrorFrame(peerHW, src, dst, typ, code, 1500, about[14:])
 }
 
 // quoted reads an ICMP error frame: its outer addresses and the quoted

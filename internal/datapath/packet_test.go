@@ -119,8 +119,13 @@ func laterFragment(src, dst netip.Addr, proto uint8, id, offset uint16, more boo
 // icmpError is an ICMP error of type/code from src to dst quoting the IP
 // header and first 8 bytes of the Ethernet/IPv4 frame about.
 func icmpError(src, dst netip.Addr, typ, code uint8, about []byte) []byte {
-	quote := about[14 : 14+28]
-	icmp := append([]byte{typ, code, 0, 0, 0, 0, 0, 0}, quote...)
+	return icmpErrorFrame(podMAC, src, dst, typ, code, 0, about[14:14+28])
+}
+
+// icmpErrorFrame is an Ethernet/IPv4 ICMP error of type/code from src
+// (MAC srcMAC) to dst, its header's second word rest, quoting quote.
+func icmpErrorFrame(srcMAC net.HardwareAddr, src, dst netip.Addr, typ, code uint8, rest uint32, quote []byte) []byte {
+	icmp := append(binary.BigEndian.AppendUint32([]byte{typ, code, 0, 0}, rest), quote...)
 	binary.BigEndian.PutUint16(icmp[2:4], onesComplement(icmp))
 	ip := make([]byte, 20)
 	ip[0] = 0x45
@@ -131,6 +136,6 @@ func icmpError(src, dst netip.Addr, typ, code uint8, about []byte) []byte {
 	copy(ip[12:16], s[:])
 	copy(ip[16:20], d[:])
 	binary.BigEndian.PutUint16(ip[10:12], ipChecksum(ip))
-	frame := append(ethHeader(hostMAC, podMAC, etherTypeIPv4), ip...)
+	frame := append(ethHeader(hostMAC, srcMAC, etherTypeIPv4), ip...)
 	return append(frame, icmp...)
 }

@@ -145,7 +145,7 @@ func (c *Cache) Flush() []Frontend {
 			changed = append(changed, f)
 		}
 	}
-	slices.SortFunc(changed, compareFrontends)
+	slices.SortFunc(changed, CompareFrontends)
 	return changed
 }
 
@@ -267,7 +267,9 @@ func (c *Cache) HealthChecks() map[uint16]HealthCheck {
 	return out
 }
 
-func compareFrontends(a, b Frontend) int {
+// CompareFrontends orders frontends by address, port, protocol, and the
+// entry for sockets before the one for packets from outside.
+func CompareFrontends(a, b Frontend) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto), compareBool(a.External, b.External))
 }
 

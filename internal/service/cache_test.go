@@ -119,7 +119,7 @@ func TestCacheFollowsChangesOneServiceAtATime(t *testing.T) {
 				wantChanged = append(wantChanged, f)
 			}
 		}
-		slices.SortFunc(wantChanged, compareFrontends)
+		slices.SortFunc(wantChanged, CompareFrontends)
 		if !slices.Equal(changed, wantChanged) {
 			t.Fatalf("step %d: Flush reported %v, changed %v", step, changed, wantChanged)
 		}
