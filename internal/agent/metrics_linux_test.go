@@ -77,6 +77,7 @@ func metricsAfterTraffic(t *testing.T, flowEvents bool) {
 			t.Errorf("serve: %v", err)
 		}
 	}()
+	awaitAccepting(t, n.agent.cfg.MetricsAddr)
 
 	srv := sr.Address.Addr().String()
 	var open, rejected net.Listener

@@ -23,6 +23,22 @@ func freeLoopbackAddr(t *testing.T) string {
 	return addr
 }
 
+// awaitAccepting waits until addr accepts TCP connections: ServeOn opens
+// its health and metrics listeners after the test has started it, so a
+// request sent at once can find the port still closed.
+func awaitAccepting(t *testing.T, addr string) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return
+		}
+	}
+	t.Fatalf("%s never accepted a connection: %v", addr, err)
+}
+
 // The kubelet probes the agent over TCP; that port answers the health
 // check and nothing else of the local API, which stays root's socket.
 func TestHealthAddrServesHealthOnly(t *testing.T) {
