@@ -16,6 +16,10 @@
  *   connect6, sendmsg6, recvmsg6, getpeername6
  *                the same for AF_INET6 sockets naming a ClusterIP as an
  *                IPv4-mapped address (::ffff:10.96.0.10), as the JVM does
+ *   sockops      a translated TCP socket sending its SYN: note its flow's
+ *                frontend for flow records (lbflow.h); UDP is noted as it
+ *                is translated
+ *   sock_release a connected socket closing: forget its notes
  *
  * The programs run for every socket on the machine and act only in the
  * network namespaces of weir_sock_netns: this node's pods and, when no
@@ -31,6 +35,8 @@
 
 #include "lib/common.h"
 #include "lib/lb.h"
+#define WEIR_LBFLOW_SOCKETS
+#include "lib/lbflow.h"
 #include "lib/metrics.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -63,6 +69,59 @@ enum sock_lb_result {
 	SOCK_LB_TRANSLATED, /* *to is the backend */
 	SOCK_LB_REFUSED,    /* a Service without backends: the error is set */
 };
+
+/* ctx_load reads a context field where it is written. Without the
+ * barrier clang may sink the load into the branch that needs it and pick
+ * its address by the branch taken; the verifier refuses a load from a
+ * context or socket pointer moved that way. For 32-bit fields. */
+#define ctx_load(field)                            \
+	({                                         \
+		__u32 __v = (field);               \
+		asm volatile("" : "+r"(__v));      \
+		__v;                               \
+	})
+
+/* sock_v4 is a socket address as IPv4: v4 for an AF_INET socket, the
+ * last word of an AF_INET6 socket's IPv4-mapped address (w0..w3), 0 for
+ * any other. */
+__always_inline_fn __be32 sock_v4(__u32 family, __be32 v4, __be32 w0, __be32 w1, __be32 w2, __be32 w3)
+{
+	if (family == WEIR_AF_INET)
+		return v4;
+	if (family != WEIR_AF_INET6 || w0 != 0 || w1 != 0 || w2 != bpf_htonl(0x0000ffff))
+		return 0;
+	return w3;
+}
+
+/* sock_src_v4 reads the IPv4 address a socket is bound to, 0 when it is
+ * bound to none (or is an AF_INET6 socket bound to no mapped address). */
+__always_inline_fn __be32 sock_src_v4(const struct bpf_sock *sk)
+{
+	return sock_v4(ctx_load(sk->family), ctx_load(sk->src_ip4), ctx_load(sk->src_ip6[0]),
+		       ctx_load(sk->src_ip6[1]), ctx_load(sk->src_ip6[2]), ctx_load(sk->src_ip6[3]));
+}
+
+/* sock_dst_v4 is sock_src_v4 for the address a socket is connected to. */
+__always_inline_fn __be32 sock_dst_v4(const struct bpf_sock *sk)
+{
+	return sock_v4(ctx_load(sk->family), ctx_load(sk->dst_ip4), ctx_load(sk->dst_ip6[0]),
+		       ctx_load(sk->dst_ip6[1]), ctx_load(sk->dst_ip6[2]), ctx_load(sk->dst_ip6[3]));
+}
+
+/* sock_note_udp notes a UDP socket's flow for flow records (lbflow.h).
+ * The kernel gives a socket its port before sendmsg programs run, but
+ * after connect ones: a connect() of an unbound socket is noted without
+ * its port. */
+__always_inline_fn void sock_note_udp(struct bpf_sock_addr *ctx, __u32 client, const struct lb4_backend *be,
+				      __be32 vip, __be16 vport)
+{
+	struct bpf_sock *sk = ctx->sk;
+
+	if (!sk)
+		return;
+	lb4_flow_note(sk, client, sock_src_v4(sk), bpf_htons(sk->src_port), be->addr, be->port, IPPROTO_UDP, vip,
+		      vport);
+}
 
 /* sock_lb picks the backend a socket naming the IPv4 Service address vip
  * and the port the application named goes to, and remembers it for
@@ -120,6 +179,9 @@ __always_inline_fn enum sock_lb_result sock_lb(struct bpf_sock_addr *ctx, __be32
 	rval.vip = vip;
 	rval.port = key.port;
 	bpf_map_update_elem(&weir_lb4_revnat, &rkey, &rval, BPF_ANY);
+	/* TCP is noted when it has its port (sock_tcp_connecting). */
+	if (key.proto == IPPROTO_UDP)
+		sock_note_udp(ctx, *netns, be, vip, key.port);
 	metric_inc(affine ? METRIC_SOCK_LB_AFFINITY : METRIC_SOCK_LB);
 	return SOCK_LB_TRANSLATED;
 }
@@ -251,5 +313,76 @@ SEC("cgroup/getpeername6")
 int sock6_getpeername(struct bpf_sock_addr *ctx)
 {
 	sock6_reverse(ctx);
+	return SOCK_PROCEED;
+}
+
+/* sock_ops_v4 reads a TCP socket's IPv4 ends, also those of an AF_INET6
+ * socket connected to an IPv4-mapped address; 0 for any other socket. */
+__always_inline_fn int sock_ops_v4(const struct bpf_sock_ops *ctx, __be32 *local, __be32 *remote)
+{
+	__u32 family = ctx_load(ctx->family);
+	__be32 l4 = ctx_load(ctx->local_ip4), l6 = ctx_load(ctx->local_ip6[3]);
+
+	*remote = sock_v4(family, ctx_load(ctx->remote_ip4), ctx_load(ctx->remote_ip6[0]), ctx_load(ctx->remote_ip6[1]),
+			  ctx_load(ctx->remote_ip6[2]), ctx_load(ctx->remote_ip6[3]));
+	*local = family == WEIR_AF_INET ? l4 : l6;
+	return *remote != 0;
+}
+
+/* A TCP socket sock_lb translated is about to send its SYN: its source
+ * port is chosen now, so its flow can be noted (lbflow.h) before the
+ * first packet reaches from_container. */
+__always_inline_fn void sock_tcp_connecting(struct bpf_sock_ops *ctx)
+{
+	struct lb4_revnat_key rkey = {};
+	const struct lb4_revnat *rval;
+	const __u32 *netns;
+	__be32 local, remote;
+	__u64 client;
+
+	if (!sock_ops_v4(ctx, &local, &remote))
+		return;
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.addr = remote;
+	/* remote_port holds the port in network order in its upper half. */
+	rkey.port = (__be16)(ctx->remote_port >> 16);
+	rval = bpf_map_lookup_elem(&weir_lb4_revnat, &rkey);
+	if (!rval)
+		return; /* not translated: most connects */
+	client = bpf_get_netns_cookie(ctx);
+	netns = bpf_map_lookup_elem(&weir_sock_netns, &client);
+	if (!netns)
+		return;
+	if (ctx->sk)
+		lb4_flow_note(ctx->sk, *netns, local, bpf_htons((__u16)ctx->local_port), remote, rkey.port,
+			      IPPROTO_TCP, rval->vip, rval->port);
+}
+
+SEC("sockops")
+int sock_tcp_ops(struct bpf_sock_ops *ctx)
+{
+	if (ctx->op == BPF_SOCK_OPS_TCP_CONNECT_CB)
+		sock_tcp_connecting(ctx);
+	return 1;
+}
+
+/* A socket is released: its flow note goes with it (lbflow.h), and so
+ * does the reverse translation of its peer, which only its own calls
+ * could read. An unconnected UDP socket names no peer here; the reverse
+ * translations of its datagrams age out of the LRU. */
+SEC("cgroup/sock_release")
+int sock_released(struct bpf_sock *sk)
+{
+	struct lb4_revnat_key rkey = {};
+
+	if (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP)
+		return SOCK_PROCEED;
+	lb4_flow_forget(sk);
+	rkey.addr = sock_dst_v4(sk);
+	rkey.port = (__be16)sk->dst_port;
+	if (!rkey.addr || !rkey.port)
+		return SOCK_PROCEED; /* not connected */
+	rkey.cookie = bpf_get_socket_cookie(sk);
+	bpf_map_delete_elem(&weir_lb4_revnat, &rkey);
 	return SOCK_PROCEED;
 }

@@ -54,6 +54,7 @@
 #include "endpoint.h"
 #include "events.h"
 #include "frag.h"
+#include "lbflow.h"
 #include "policy.h"
 
 struct ct_key {
@@ -183,9 +184,11 @@ __always_inline_fn void ct_reverse(const struct ct_key *k, struct ct_key *r)
 /*
  * policy_judge_end judges one local end of a flow and reports its verdict;
  * it returns VERDICT_*. A Log rule makes even a quiet re-check report.
+ * client names the flow's sender for lbflow.h: a local pod's ifindex, 0
+ * for any other.
  */
 __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct identity_hint *hint, __u32 ifindex,
-					 __u8 dir, int report)
+					 __u8 dir, __u32 client, int report)
 {
 	struct verdict_event ev = {};
 	struct policy_verdict v;
@@ -207,6 +210,8 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct 
 	ev.proto = flow->proto;
 	ev.dir = dir;
 	ev.verdict = v.verdict;
+	ev.svc_match = lb4_flow_frontend(client, flow->saddr, flow->sport, flow->daddr, flow->dport, flow->proto,
+					 &ev.svc_addr, &ev.svc_port);
 	verdict_count(&ev);
 	event_emit(&ev);
 	return v.verdict;
@@ -222,15 +227,16 @@ __always_inline_fn int policy_decide(const struct ct_key *flow, const struct ide
 {
 	const struct endpoint_info *src = endpoint_lookup_v4(flow->saddr);
 	const struct endpoint_info *dst = endpoint_lookup_v4(flow->daddr);
+	__u32 client = src ? src->ifindex : 0;
 	int verdict;
 
 	if (src) {
-		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, report);
+		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, client, report);
 		if (verdict != VERDICT_ALLOWED)
 			return verdict;
 	}
 	if (dst)
-		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, report);
+		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, client, report);
 	return VERDICT_ALLOWED;
 }
 

@@ -29,6 +29,10 @@ struct verdict_event {
 	__u8 stage;     /* STAGE_* (policy.h) */
 	__u32 log;      /* a Log rule the evaluation passed, 0: none */
 	__u32 passed;   /* the Pass rule that sent evaluation on, 0: none */
+	__be32 svc_addr; /* the Service frontend the client named (lbflow.h), 0: none */
+	__be16 svc_port;
+	__u8 svc_match;  /* LB4_FLOW_* (lbflow.h): how svc_addr was found */
+	__u8 pad;
 };
 
 /* The ring buffer has no value type; this keeps the event's layout in BTF

@@ -22,7 +22,8 @@
  * weir_lb4_revnat: LRU hash, key struct lb4_revnat_key {socket cookie,
  * backend}, value struct lb4_revnat {vip}. What a socket was translated to,
  * so replies to unconnected UDP and getpeername() show the Service address
- * the application asked for.
+ * the application asked for. A connected socket's entry is deleted when
+ * the socket is released (sock.c); those of unconnected datagrams age out.
  *
  * weir_lb4_affinity: LRU hash, key struct lb4_affinity_key {service,
  * netns cookie}, value struct lb4_affinity {backend, last_ns}. The backend

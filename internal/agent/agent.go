@@ -128,7 +128,9 @@ type Agent struct {
 	// flows keeps the node's verdicts; flowNames explains them.
 	flows     *flowLog
 	flowNames atomic.Pointer[flowNames]
-	metrics   *metrics
+	// serviceNames names the Services flow records went through.
+	serviceNames serviceNames
+	metrics      *metrics
 	// healthChecks answers health check node ports (with
 	// KubeProxyReplacement; nil otherwise).
 	healthChecks *healthCheckServers

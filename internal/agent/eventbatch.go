@@ -26,6 +26,8 @@ type eventKey struct {
 	src     netip.Addr
 	dst     netip.AddrPort
 	proto   uint8
+	service netip.AddrPort
+	byCli   bool
 }
 
 // eventAgg is the events of one key since the last drain.
@@ -52,7 +54,7 @@ func newEventBatch() *eventBatch { return &eventBatch{pending: map[eventKey]*eve
 func keyOfEvent(ev datapath.VerdictEvent) eventKey {
 	return eventKey{ifindex: ev.Ifindex, dir: ev.Direction, verdict: ev.Verdict, stage: ev.Stage,
 		rule: ev.Rule, log: ev.Log, passed: ev.Passed, peer: ev.Peer,
-		src: ev.Src.Addr(), dst: ev.Dst, proto: ev.Proto}
+		src: ev.Src.Addr(), dst: ev.Dst, proto: ev.Proto, service: ev.Service, byCli: ev.ServiceByClient}
 }
 
 // add counts one event.

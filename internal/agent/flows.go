@@ -188,6 +188,9 @@ func (n *flowNames) explain(node string, ev datapath.VerdictEvent) api.Flow {
 		peer = ev.Dst.Addr()
 	}
 	f.Peer = peer.String()
+	if ev.Service.IsValid() {
+		f.ServiceAddr, f.ServiceByClient = ev.Service.String(), ev.ServiceByClient
+	}
 	if n != nil {
 		if pod, ok := n.pods[ev.Ifindex]; ok {
 			f.Pod = pod
@@ -323,11 +326,21 @@ func (a *Agent) readFlows(ctx context.Context, node *datapath.Node) error {
 			a.flows.batch.add(ev)
 			if a.flows.following.Load() > 0 {
 				// Followers see every event as it happens.
-				a.flows.send(a.flowNames.Load().explain(a.cfg.NodeName, ev))
+				a.flows.send(a.explainFlow(a.flowNames.Load(), ev))
 			}
 		}
 	}()
 	return nil
+}
+
+// explainFlow turns a datapath event into a flow record, naming the
+// Service the client named too.
+func (a *Agent) explainFlow(names *flowNames, ev datapath.VerdictEvent) api.Flow {
+	f := names.explain(a.cfg.NodeName, ev)
+	if ev.Service.IsValid() {
+		f.Service = a.serviceNames.name(ev.Service, ev.Proto)
+	}
+	return f
 }
 
 // recordEventBatch names the batched events, one record per key with its
@@ -337,7 +350,7 @@ func (a *Agent) recordEventBatch() {
 	defer a.recordMu.Unlock()
 	names := a.flowNames.Load()
 	for _, agg := range a.flows.batch.drain() {
-		f := names.explain(a.cfg.NodeName, agg.first)
+		f := a.explainFlow(names, agg.first)
 		f.Count, f.LastTime = agg.count, agg.last
 		switch {
 		case agg.peers > 0:

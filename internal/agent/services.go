@@ -250,6 +250,7 @@ func (a *Agent) servicesFailedLocked(err error, frontends int) {
 // endpoints churn).
 func (a *Agent) servicesWrittenLocked(old, now service.Table, whole bool) {
 	a.services.lastErr = ""
+	a.serviceNames.written(old, now, whole, a.serviceOwnerLocked)
 	a.recordProxyHealth(true)
 	a.serviceEvents.report(nil, a.serviceOwnerLocked, a.serviceObjectLocked)
 	if whole {

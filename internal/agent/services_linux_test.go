@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"reflect"
@@ -36,6 +37,26 @@ func serveTCP(ln net.Listener) {
 	}
 }
 
+// serveTCPAndUDP serves serveTCP on tcpPort and serveUDP on udpPort in
+// pod until the test ends.
+func serveTCPAndUDP(t *testing.T, pod ns.NetNS, tcpPort, udpPort int) {
+	t.Helper()
+	var ln net.Listener
+	var pc net.PacketConn
+	in(t, pod, func() (err error) {
+		if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", tcpPort)); err != nil {
+			return err
+		}
+		if pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", udpPort)); err != nil {
+			ln.Close()
+		}
+		return err
+	})
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go serveTCP(ln)
+	go serveUDP(pc)
+}
+
 // serveUDP answers each datagram with "pong".
 func serveUDP(pc net.PacketConn) {
 	buf := make([]byte, 64)
@@ -60,19 +81,7 @@ func TestSocketTranslatesServiceAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	serverIP := sr.Address.Addr()
-	var ln net.Listener
-	var pc net.PacketConn
-	in(t, server, func() (err error) {
-		if ln, err = net.Listen("tcp4", ":8080"); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp4", ":5353")
-		return err
-	})
-	defer ln.Close()
-	defer pc.Close()
-	go serveTCP(ln)
-	go serveUDP(pc)
+	serveTCPAndUDP(t, server, 8080, 5353)
 
 	vip := netip.MustParseAddr("10.96.0.10")
 	table := service.Table{

@@ -40,6 +40,7 @@ type FlowFilter struct {
 	Policy    string // decided, logged or passed by it: name, namespace/name or kind/name
 	Port      int    // to this destination port
 	Selector  string // the peer's labels match this label selector
+	Service   string // through this Service: name or namespace/name
 	Since     time.Time
 	Before    time.Time // last seen before it (paging)
 }
@@ -60,6 +61,7 @@ func (q FlowsQuery) Values() url.Values {
 	set("verdict", q.Verdict)
 	set("policy", q.Policy)
 	set("selector", q.Selector)
+	set("service", q.Service)
 	if q.Port != 0 {
 		v.Set("port", strconv.Itoa(q.Port))
 	}
@@ -79,7 +81,7 @@ func (q FlowsQuery) Values() url.Values {
 func ParseFlowsQuery(v url.Values) (FlowsQuery, error) {
 	q := FlowsQuery{Follow: v.Get("follow") != "", FlowFilter: FlowFilter{
 		Namespace: v.Get("namespace"), Pod: v.Get("pod"), Verdict: v.Get("verdict"),
-		Policy: v.Get("policy"), Selector: v.Get("selector"),
+		Policy: v.Get("policy"), Selector: v.Get("selector"), Service: v.Get("service"),
 	}}
 	var err error
 	if s := v.Get("port"); s != "" {
@@ -153,6 +155,9 @@ func (f FlowFilter) Matcher() func(Flow) bool {
 			return false
 		}
 		if !sel.Empty() && !sel.Matches(peerLabels(fl.PeerLabels)) {
+			return false
+		}
+		if f.Service != "" && fl.Service != f.Service && !strings.HasSuffix(fl.Service, "/"+f.Service) {
 			return false
 		}
 		parties := []string{fl.Pod, fl.Peer}

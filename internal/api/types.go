@@ -282,6 +282,21 @@ type Flow struct {
 	Src   string `json:"src"`
 	Dst   string `json:"dst"`
 	Proto string `json:"proto"`
+	// Service is the Service (namespace/name; a pod's hostPort says so)
+	// whose address the client named, when the client's node translated
+	// the connection at its socket: Dst is the backend it was sent to.
+	// ServiceAddr is the address and port the client named (a ClusterIP,
+	// a node's NodePort, ...). Both are empty when the client named Dst
+	// itself, or on the backend's node when the client is on another
+	// (that node never saw the Service address). Service alone is empty
+	// when the Service is gone by the time the record is named.
+	Service     string `json:"service,omitempty"`
+	ServiceAddr string `json:"serviceAddr,omitempty"`
+	// ServiceByClient says the Service was found by the client pod and
+	// the backend port, not by the connection's own socket: a UDP socket
+	// connect()ed before it had a port. A flow the same pod sent straight
+	// to that backend port at the same time is named the same.
+	ServiceByClient bool `json:"serviceByClient,omitempty"`
 	// Peer is the other end: a pod's namespace/name, a node, or an address.
 	Peer         string   `json:"peer"`
 	PeerIdentity uint32   `json:"peerIdentity"`

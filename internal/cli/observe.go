@@ -30,6 +30,7 @@ type observeFlags struct {
 	port      int
 	since     time.Duration
 	selector  string
+	service   string
 	limit     int
 	before    string
 
@@ -66,6 +67,7 @@ func NewObserveCommand() *cobra.Command {
 	cmd.Flags().StringVar(&f.policy, "policy", "", "only flows this policy decided, logged or passed (name, namespace/name or kind/name)")
 	cmd.Flags().IntVar(&f.port, "port", 0, "only flows to this destination port")
 	cmd.Flags().DurationVar(&f.since, "since", 0, "only flows seen in this last duration (e.g. 5m)")
+	cmd.Flags().StringVar(&f.service, "service", "", "only flows whose client named this Service's address (name, or namespace/name)")
 	cmd.Flags().StringVarP(&f.selector, "selector", "l", "", "only flows whose peer has these labels (label selector, e.g. app=db)")
 	cmd.Flags().IntVar(&f.limit, "limit", api.DefaultFlowLimit, fmt.Sprintf("newest matching records per node (at most %d); the agents search their whole store", api.MaxFlowLimit))
 	cmd.Flags().StringVar(&f.before, "before", "", "only records last seen before this RFC 3339 time: the next older page")
@@ -85,7 +87,7 @@ func (f *observeFlags) validate() error {
 		return fmt.Errorf("--limit %d: want 1 to %d", f.limit, api.MaxFlowLimit)
 	}
 	q := api.FlowsQuery{Follow: f.follow, Limit: f.limit, FlowFilter: api.FlowFilter{
-		Namespace: f.namespace, Pod: f.pod, Verdict: f.verdict, Policy: f.policy, Port: f.port, Selector: f.selector}}
+		Namespace: f.namespace, Pod: f.pod, Verdict: f.verdict, Policy: f.policy, Port: f.port, Selector: f.selector, Service: f.service}}
 	if f.since > 0 {
 		q.Since = time.Now().Add(-f.since)
 	}
@@ -195,7 +197,7 @@ func printFlowHeader(tw io.Writer, output string) {
 	switch output {
 	case "json", "yaml":
 	case "wide":
-		fmt.Fprintln(tw, "TIME\tLAST\tCOUNT\tNODE\tVERDICT\tSTAGE\tDIR\tPOD\tPEER\tPROTO\tSRC\tDST\tPEER-ID\tPEER-LABELS\tRULE\tLOGGED-BY")
+		fmt.Fprintln(tw, "TIME\tLAST\tCOUNT\tNODE\tVERDICT\tSTAGE\tDIR\tPOD\tPEER\tPROTO\tSRC\tDST\tSERVICE\tPEER-ID\tPEER-LABELS\tRULE\tLOGGED-BY")
 	default:
 		fmt.Fprintln(tw, "TIME\tCOUNT\tVERDICT\tDIR\tPOD\tPEER\tDST\tRULE")
 	}
@@ -218,12 +220,29 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 		if fl.LoggedBy != nil {
 			logged = fl.LoggedBy.Kind + "/" + fl.LoggedBy.Name
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", ts, lastSeen(fl).Format("15:04:05.000"),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", ts, lastSeen(fl).Format("15:04:05.000"),
 			max(fl.Count, 1), fl.Node, fl.Verdict, fl.Stage, fl.Direction, fl.Pod, fl.Peer,
-			fl.Proto, fl.Src, fl.Dst, fl.PeerIdentity, strings.Join(fl.PeerLabels, ","), fl.Rule, logged)
+			fl.Proto, fl.Src, fl.Dst, flowService(fl), fl.PeerIdentity, strings.Join(fl.PeerLabels, ","), fl.Rule, logged)
 	default:
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s/%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, fl.Direction, fl.Pod, fl.Peer, fl.Dst, fl.Proto, fl.Rule)
+		dst := fl.Dst + "/" + fl.Proto
+		if fl.ServiceAddr != "" {
+			dst += " via " + flowService(fl)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, fl.Direction, fl.Pod, fl.Peer, dst, fl.Rule)
 	}
+}
+
+// flowService names the Service a flow went through: its name and the
+// address the client named, "-" for none.
+func flowService(fl api.Flow) string {
+	if fl.ServiceAddr == "" {
+		return "-"
+	}
+	name := fl.Service
+	if name == "" {
+		name = "(gone)"
+	}
+	return name + " (" + fl.ServiceAddr + ")"
 }
 
 // foldedDst says what a folded scan record covers in the Dst column.

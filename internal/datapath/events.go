@@ -33,6 +33,15 @@ type VerdictEvent struct {
 	Peer     policy.Identity // the peer's label identity
 	Src, Dst netip.AddrPort
 	Proto    uint8
+	// Service is the frontend (ClusterIP, NodePort address, ...) the
+	// client named before the socket layer sent it to Dst; invalid when
+	// the client named Dst itself, or its node did not see it
+	// (bpf/lib/lbflow.h).
+	Service netip.AddrPort
+	// ServiceByClient says Service was found by the client and backend
+	// port alone, not by the flow's socket: a UDP socket connect()ed
+	// unbound is noted before it has a port (bpf/lib/lbflow.h).
+	ServiceByClient bool
 }
 
 // EventReader reads the verdict ring buffer. Only one reader per node.
@@ -98,26 +107,46 @@ func decodeVerdictEvent(sample []byte, bootOffset time.Duration) (VerdictEvent, 
 		Src:       netip.AddrPortFrom(addrOfBE32(raw.Saddr), htons(raw.Sport)),
 		Dst:       netip.AddrPortFrom(addrOfBE32(raw.Daddr), htons(raw.Dport)),
 		Proto:     raw.Proto,
+		Service:   serviceOfEvent(raw),
+		// LB4_FLOW_CLIENT (bpf/lib/lbflow.h)
+		ServiceByClient: raw.SvcMatch == 2,
 	}, nil
+}
+
+// serviceOfEvent reads the frontend an event names, if any.
+func serviceOfEvent(raw lxcVerdictEvent) netip.AddrPort {
+	if raw.SvcAddr == 0 {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(addrOfBE32(raw.SvcAddr), htons(raw.SvcPort))
 }
 
 // verdictEventSize is sizeof(struct verdict_event).
 var verdictEventSize = binary.Size(lxcVerdictEvent{})
+
+// verdictEventSizeNoService is the size of the events of the programs
+// before verdict events named the Service (48 bytes): during an upgrade
+// the old programs still write into the ring the new agent reads.
+const verdictEventSizeNoService = 48
 
 // rawVerdictEvent decodes struct verdict_event (bpf/lib/events.h) by its
 // offsets: every new connection has one or two events, and reflection
 // (binary.Read) would cost more than the rest of the record's path.
 // TestRawVerdictEventMatchesLayout holds the offsets to the generated type.
 func rawVerdictEvent(b []byte) (lxcVerdictEvent, error) {
-	if len(b) < verdictEventSize {
+	if len(b) != verdictEventSize && len(b) != verdictEventSizeNoService {
 		return lxcVerdictEvent{}, fmt.Errorf("decode verdict event: %d bytes, want %d", len(b), verdictEventSize)
 	}
 	e := binary.NativeEndian
-	return lxcVerdictEvent{
+	ev := lxcVerdictEvent{
 		TsNs: e.Uint64(b[0:]), Ifindex: e.Uint32(b[8:]), PeerId: e.Uint32(b[12:]), Rule: e.Uint32(b[16:]),
 		Saddr: e.Uint32(b[20:]), Daddr: e.Uint32(b[24:]), Sport: e.Uint16(b[28:]), Dport: e.Uint16(b[30:]),
 		Proto: b[32], Dir: b[33], Verdict: b[34], Stage: b[35], Log: e.Uint32(b[36:]), Passed: e.Uint32(b[40:]),
-	}, nil
+	}
+	if len(b) == verdictEventSize {
+		ev.SvcAddr, ev.SvcPort, ev.SvcMatch, ev.Pad = e.Uint32(b[44:]), e.Uint16(b[48:]), b[50], b[51]
+	}
+	return ev, nil
 }
 
 // Close stops the reader; a blocked Read returns ErrEventsClosed.

@@ -29,7 +29,15 @@ func TestRawVerdictEventMatchesLayout(t *testing.T) {
 			t.Fatalf("offsets decode %+v, the generated layout %+v", got, want)
 		}
 	}
-	if _, err := rawVerdictEvent(make([]byte, verdictEventSize-1)); err == nil {
-		t.Fatal("a short event decoded without error")
+	for _, size := range []int{verdictEventSize - 1, verdictEventSizeNoService - 1, verdictEventSize + 1} {
+		if _, err := rawVerdictEvent(make([]byte, size)); err == nil {
+			t.Fatalf("an event of %d bytes decoded without error", size)
+		}
+	}
+	// The previous programs' events, without the Service, still decode.
+	old := make([]byte, verdictEventSizeNoService)
+	old[32] = 17
+	if ev, err := rawVerdictEvent(old); err != nil || ev.Proto != 17 || ev.SvcAddr != 0 {
+		t.Fatalf("previous layout: %+v, %v", ev, err)
 	}
 }

@@ -98,6 +98,24 @@ type hostLb4BackendKey struct {
 	Slot uint32
 }
 
+type hostLb4Flow struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Pad   uint16
+	Saddr uint32
+}
+
+type hostLb4FlowKey struct {
+	_      structs.HostLayout
+	Client uint32
+	Daddr  uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Pad    [3]uint8
+}
+
 type hostLb4FragKey struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -243,6 +261,7 @@ const (
 	hostMapWeirIpcache             = "weir_ipcache"
 	hostMapWeirLb4Affinity         = "weir_lb4_affinity"
 	hostMapWeirLb4Backends         = "weir_lb4_backends"
+	hostMapWeirLb4Flows            = "weir_lb4_flows"
 	hostMapWeirLb4Frags            = "weir_lb4_frags"
 	hostMapWeirLb4Maglev           = "weir_lb4_maglev"
 	hostMapWeirLb4Members          = "weir_lb4_members"
@@ -337,6 +356,7 @@ type hostMapSpecs struct {
 	WeirIpcache      *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4Flows     *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4Frags     *ebpf.MapSpec `ebpf:"weir_lb4_frags"`
 	WeirLb4Maglev    *ebpf.MapSpec `ebpf:"weir_lb4_maglev"`
 	WeirLb4Members   *ebpf.MapSpec `ebpf:"weir_lb4_members"`
@@ -405,6 +425,7 @@ type hostMaps struct {
 	WeirIpcache      *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4Flows     *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4Frags     *ebpf.Map `ebpf:"weir_lb4_frags"`
 	WeirLb4Maglev    *ebpf.Map `ebpf:"weir_lb4_maglev"`
 	WeirLb4Members   *ebpf.Map `ebpf:"weir_lb4_members"`
@@ -437,6 +458,7 @@ func (m *hostMaps) Close() error {
 		m.WeirIpcache,
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
+		m.WeirLb4Flows,
 		m.WeirLb4Frags,
 		m.WeirLb4Maglev,
 		m.WeirLb4Members,

@@ -36,6 +36,8 @@ func (p *Programs) sockPrograms() map[string]struct {
 		"sendmsg6":     {p.SockSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
 		"recvmsg6":     {p.SockRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
 		"getpeername6": {p.SockGetpeername6, ebpf.AttachCgroupInet6GetPeername},
+		"sock_ops":     {p.SockTCPOps, ebpf.AttachCGroupSockOps},
+		"sock_release": {p.SockRelease, ebpf.AttachCgroupInetSockRelease},
 	}
 }
 

@@ -148,6 +148,11 @@ type Programs struct {
 	LB4Members       *ebpf.Map
 	LB4NodeAddrs     *ebpf.Map
 	SockNetNS        *ebpf.Map
+	// Noting the Service each translated flow went through, for flow
+	// records (bpf/lib/lbflow.h).
+	SockTCPOps  *ebpf.Program
+	SockRelease *ebpf.Program
+	LB4Flows    *ebpf.Map
 	// Closing sockets sent to removed backends (bpf/sock_iter.c).
 	SockDestroyTCP *ebpf.Program
 	SockDestroyUDP *ebpf.Program
@@ -187,7 +192,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy = lxc.WeirIpcache, lxc.WeirCidrIds, lxc.WeirEpPolicy, lxc.WeirPolicy
 	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
 	p.PeerNodes, p.CTAny, p.CTRevoked, p.Frags = lxc.WeirPeerNodes, lxc.WeirCtAny, lxc.WeirCtRevoked, lxc.WeirFrags
-	p.PolicySeq, p.Verdicts = lxc.WeirPolicySeq, lxc.WeirVerdicts
+	p.PolicySeq, p.Verdicts, p.LB4Flows = lxc.WeirPolicySeq, lxc.WeirVerdicts, lxc.WeirLb4Flows
 	seq, err := mapPolicySeq(p.PolicySeq)
 	if err != nil {
 		return nil, err
@@ -200,7 +205,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
 	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirPeerNodes, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
-		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts)
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts, ov.WeirLb4Flows)
 
 	var host hostObjects
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
@@ -209,7 +214,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.FromNetdev, p.ToNetdev = host.FromNetdev, host.ToNetdev
 	p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags = host.WeirLb4NatFwd, host.WeirLb4NatRev, host.WeirLb4Maglev, host.WeirLb4Frags
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
-		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts,
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts, host.WeirLb4Flows,
 		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirLb4NodeAddrs, host.WeirSockNetns)
 
 	var sock sockObjects
@@ -220,7 +225,8 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6 = sock.Sock6Connect, sock.Sock6Sendmsg, sock.Sock6Recvmsg, sock.Sock6Getpeername
 	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
 	p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs = sock.WeirLb4Affinity, sock.WeirLb4Members, sock.WeirLb4NodeAddrs
-	closeMaps(sock.WeirMetrics)
+	p.SockTCPOps, p.SockRelease = sock.SockTcpOps, sock.SockReleased
+	closeMaps(sock.WeirMetrics, sock.WeirLb4Flows)
 
 	// Only what the agent drives: the pinned maps the iterators read are
 	// loaded for them and closed after.
@@ -268,6 +274,7 @@ func (p *Programs) Close() {
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs, p.SockNetNS,
+		p.SockTCPOps, p.SockRelease, p.LB4Flows,
 		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags} {
 		switch v := c.(type) {
 		case *ebpf.Program:

@@ -73,6 +73,24 @@ type lxcFragPorts struct {
 	Pad   [3]uint8
 }
 
+type lxcLb4Flow struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Pad   uint16
+	Saddr uint32
+}
+
+type lxcLb4FlowKey struct {
+	_      structs.HostLayout
+	Client uint32
+	Daddr  uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Pad    [3]uint8
+}
+
 type lxcPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -128,22 +146,26 @@ type lxcVerdictCountKey struct {
 }
 
 type lxcVerdictEvent struct {
-	_       structs.HostLayout
-	TsNs    uint64
-	Ifindex uint32
-	PeerId  uint32
-	Rule    uint32
-	Saddr   uint32
-	Daddr   uint32
-	Sport   uint16
-	Dport   uint16
-	Proto   uint8
-	Dir     uint8
-	Verdict uint8
-	Stage   uint8
-	Log     uint32
-	Passed  uint32
-	_       [4]byte
+	_        structs.HostLayout
+	TsNs     uint64
+	Ifindex  uint32
+	PeerId   uint32
+	Rule     uint32
+	Saddr    uint32
+	Daddr    uint32
+	Sport    uint16
+	Dport    uint16
+	Proto    uint8
+	Dir      uint8
+	Verdict  uint8
+	Stage    uint8
+	Log      uint32
+	Passed   uint32
+	SvcAddr  uint32
+	SvcPort  uint16
+	SvcMatch uint8
+	Pad      uint8
+	_        [4]byte
 }
 
 type lxcWeirAddr struct {
@@ -167,6 +189,7 @@ const (
 	lxcMapWeirFlowConfig          = "weir_flow_config"
 	lxcMapWeirFrags               = "weir_frags"
 	lxcMapWeirIpcache             = "weir_ipcache"
+	lxcMapWeirLb4Flows            = "weir_lb4_flows"
 	lxcMapWeirMetrics             = "weir_metrics"
 	lxcMapWeirPeerNodes           = "weir_peer_nodes"
 	lxcMapWeirPolicy              = "weir_policy"
@@ -250,6 +273,7 @@ type lxcMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
@@ -307,6 +331,7 @@ type lxcMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
@@ -328,6 +353,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirFrags,
 		m.WeirIpcache,
+		m.WeirLb4Flows,
 		m.WeirMetrics,
 		m.WeirPeerNodes,
 		m.WeirPolicy,

@@ -25,7 +25,7 @@ const (
 	MapTunnels        = "tunnels"               // weir_tunnels: peers' pod CIDRs
 	MapServices       = "services"              // weir_lb4_services: Service frontends
 	MapBackends       = "backends"              // weir_lb4_backends: one slot per frontend and backend
-	MapRevNAT         = "revnat"                // weir_lb4_revnat: translated UDP sockets
+	MapRevNAT         = "revnat"                // weir_lb4_revnat: translated sockets
 	MapSocketNetNS    = "socket_netns"          // weir_sock_netns: namespaces translated at the socket
 	MapAffinity       = "service_affinity"      // weir_lb4_affinity, an LRU: each client's backend of an affinity Service
 	MapMembers        = "affinity_members"      // weir_lb4_members: the backends of affinity Services
@@ -33,11 +33,12 @@ const (
 	MapNATReplies     = "service_nat_replies"   // weir_lb4_nat_rev, an LRU: their replies
 	MapMaglev         = "service_maglev"        // weir_lb4_maglev: external frontends' Maglev tables
 	MapNATFragments   = "service_nat_fragments" // weir_lb4_frags, an LRU: fragmented datagrams of those flows
+	MapServiceFlows   = "service_flows"         // weir_lb4_flows, an LRU: the Service each translated flow went through
 )
 
 // FillMaps lists the maps MapEntries knows.
 var FillMaps = []string{MapConntrack, MapConntrackOther, MapRevokedFlows, MapFragments, MapPolicy, MapEndpointPolicy,
-	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapAffinity, MapMembers, MapNAT, MapNATReplies, MapMaglev, MapNATFragments, MapSocketNetNS}
+	MapIPCache, MapCIDRIdentities, MapPeerNodes, MapEndpoints, MapTunnels, MapServices, MapBackends, MapRevNAT, MapAffinity, MapMembers, MapNAT, MapNATReplies, MapMaglev, MapNATFragments, MapSocketNetNS, MapServiceFlows}
 
 // ErrUnknownMap is returned for a name not in FillMaps.
 var ErrUnknownMap = errors.New("unknown map")
@@ -112,6 +113,8 @@ func (n *Node) MapEntries(name string, limit int) (int, error) {
 		count, err = countKeys(p.LB4Maglev, limit) // values are 32 KiB: keys alone
 	case MapNATFragments:
 		count, err = countEntries[hostLb4FragKey, hostLb4Nat](p.LB4Frags, limit)
+	case MapServiceFlows:
+		count, err = countEntries[sockLb4FlowKey, sockLb4Flow](p.LB4Flows, limit)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("count entries of map %s: %w", name, err)
@@ -126,7 +129,7 @@ func (n *Node) fillMap(name string) (*ebpf.Map, error) {
 		MapIPCache: p.IPCache, MapCIDRIdentities: p.CIDRIDs, MapFragments: p.Frags, MapEndpoints: p.Endpoints, MapTunnels: p.Tunnels,
 		MapServices: p.LB4Services, MapBackends: p.LB4Backends, MapRevNAT: p.LB4RevNAT, MapSocketNetNS: p.SockNetNS,
 		MapAffinity: p.LB4Affinity, MapMembers: p.LB4Members, MapNAT: p.LB4NatFwd, MapNATReplies: p.LB4NatRev, MapMaglev: p.LB4Maglev,
-		MapNATFragments: p.LB4Frags,
+		MapNATFragments: p.LB4Frags, MapServiceFlows: p.LB4Flows,
 	}[name]
 	if m == nil {
 		return nil, fmt.Errorf("map %q: %w", name, ErrUnknownMap)

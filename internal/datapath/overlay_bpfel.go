@@ -73,6 +73,24 @@ type overlayFragPorts struct {
 	Pad   [3]uint8
 }
 
+type overlayLb4Flow struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Pad   uint16
+	Saddr uint32
+}
+
+type overlayLb4FlowKey struct {
+	_      structs.HostLayout
+	Client uint32
+	Daddr  uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Pad    [3]uint8
+}
+
 type overlayPolicyEntry struct {
 	_     structs.HostLayout
 	Allow uint32
@@ -148,6 +166,7 @@ const (
 	overlayMapWeirFlowConfig          = "weir_flow_config"
 	overlayMapWeirFrags               = "weir_frags"
 	overlayMapWeirIpcache             = "weir_ipcache"
+	overlayMapWeirLb4Flows            = "weir_lb4_flows"
 	overlayMapWeirMetrics             = "weir_metrics"
 	overlayMapWeirPeerNodes           = "weir_peer_nodes"
 	overlayMapWeirPolicy              = "weir_policy"
@@ -231,6 +250,7 @@ type overlayMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
@@ -288,6 +308,7 @@ type overlayMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
@@ -309,6 +330,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirFrags,
 		m.WeirIpcache,
+		m.WeirLb4Flows,
 		m.WeirMetrics,
 		m.WeirPeerNodes,
 		m.WeirPolicy,

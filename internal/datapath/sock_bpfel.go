@@ -38,6 +38,24 @@ type sockLb4BackendKey struct {
 	Slot uint32
 }
 
+type sockLb4Flow struct {
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Pad   uint16
+	Saddr uint32
+}
+
+type sockLb4FlowKey struct {
+	_      structs.HostLayout
+	Client uint32
+	Daddr  uint32
+	Sport  uint16
+	Dport  uint16
+	Proto  uint8
+	Pad    [3]uint8
+}
+
 type sockLb4Key struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -81,6 +99,8 @@ type sockLb4Service struct {
 const (
 	sockMapWeirLb4Affinity         = "weir_lb4_affinity"
 	sockMapWeirLb4Backends         = "weir_lb4_backends"
+	sockMapWeirLb4FlowSocks        = "weir_lb4_flow_socks"
+	sockMapWeirLb4Flows            = "weir_lb4_flows"
 	sockMapWeirLb4Members          = "weir_lb4_members"
 	sockMapWeirLb4NodeAddrs        = "weir_lb4_node_addrs"
 	sockMapWeirLb4Revnat           = "weir_lb4_revnat"
@@ -95,6 +115,8 @@ const (
 	sockProgSock6Getpeername       = "sock6_getpeername"
 	sockProgSock6Recvmsg           = "sock6_recvmsg"
 	sockProgSock6Sendmsg           = "sock6_sendmsg"
+	sockProgSockReleased           = "sock_released"
+	sockProgSockTcpOps             = "sock_tcp_ops"
 	sockVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	sockVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
 	sockVarHASH_SEED_HI            = "HASH_SEED_HI"
@@ -158,6 +180,8 @@ type sockProgramSpecs struct {
 	Sock6Getpeername *ebpf.ProgramSpec `ebpf:"sock6_getpeername"`
 	Sock6Recvmsg     *ebpf.ProgramSpec `ebpf:"sock6_recvmsg"`
 	Sock6Sendmsg     *ebpf.ProgramSpec `ebpf:"sock6_sendmsg"`
+	SockReleased     *ebpf.ProgramSpec `ebpf:"sock_released"`
+	SockTcpOps       *ebpf.ProgramSpec `ebpf:"sock_tcp_ops"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -166,6 +190,8 @@ type sockProgramSpecs struct {
 type sockMapSpecs struct {
 	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
+	WeirLb4FlowSocks *ebpf.MapSpec `ebpf:"weir_lb4_flow_socks"`
+	WeirLb4Flows     *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4Members   *ebpf.MapSpec `ebpf:"weir_lb4_members"`
 	WeirLb4NodeAddrs *ebpf.MapSpec `ebpf:"weir_lb4_node_addrs"`
 	WeirLb4Revnat    *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
@@ -213,6 +239,8 @@ func (o *sockObjects) Close() error {
 type sockMaps struct {
 	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
+	WeirLb4FlowSocks *ebpf.Map `ebpf:"weir_lb4_flow_socks"`
+	WeirLb4Flows     *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4Members   *ebpf.Map `ebpf:"weir_lb4_members"`
 	WeirLb4NodeAddrs *ebpf.Map `ebpf:"weir_lb4_node_addrs"`
 	WeirLb4Revnat    *ebpf.Map `ebpf:"weir_lb4_revnat"`
@@ -225,6 +253,8 @@ func (m *sockMaps) Close() error {
 	return _SockClose(
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
+		m.WeirLb4FlowSocks,
+		m.WeirLb4Flows,
 		m.WeirLb4Members,
 		m.WeirLb4NodeAddrs,
 		m.WeirLb4Revnat,
@@ -263,6 +293,8 @@ type sockPrograms struct {
 	Sock6Getpeername *ebpf.Program `ebpf:"sock6_getpeername"`
 	Sock6Recvmsg     *ebpf.Program `ebpf:"sock6_recvmsg"`
 	Sock6Sendmsg     *ebpf.Program `ebpf:"sock6_sendmsg"`
+	SockReleased     *ebpf.Program `ebpf:"sock_released"`
+	SockTcpOps       *ebpf.Program `ebpf:"sock_tcp_ops"`
 }
 
 func (p *sockPrograms) Close() error {
@@ -275,6 +307,8 @@ func (p *sockPrograms) Close() error {
 		p.Sock6Getpeername,
 		p.Sock6Recvmsg,
 		p.Sock6Sendmsg,
+		p.SockReleased,
+		p.SockTcpOps,
 	)
 }
 

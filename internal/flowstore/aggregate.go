@@ -9,14 +9,16 @@ import (
 )
 
 // key is what makes flows the same record: every field that names the
-// parties, the port, the verdict or the rules that led to it, and neither
-// the time nor the source port. PeerLabels is left out: it is a slice,
+// parties, the port, the Service, the verdict or the rules that led to
+// it, and neither the time nor the source port. PeerLabels is left out: it is a slice,
 // and it follows from PeerIdentity.
 type key struct {
 	node, pod, direction, verdict, stage string
 	src, dst, proto, peer, rule          string
 	peerIdentity                         uint32
 	decider, loggedBy, passedBy          api.FlowRule // zero: none
+	service, serviceAddr                 string
+	serviceByClient                      bool
 }
 
 func keyOf(f api.Flow) key {
@@ -25,6 +27,7 @@ func keyOf(f api.Flow) key {
 		src: srcAddr(f.Src), dst: f.Dst, proto: f.Proto, peer: f.Peer, rule: f.Rule,
 		peerIdentity: f.PeerIdentity,
 		decider:      ruleOf(f.Decider), loggedBy: ruleOf(f.LoggedBy), passedBy: ruleOf(f.PassedBy),
+		service: f.Service, serviceAddr: f.ServiceAddr, serviceByClient: f.ServiceByClient,
 	}
 }
 

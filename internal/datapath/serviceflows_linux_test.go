@@ -1,0 +1,70 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// TestEventsNameTheNotedService: a flow the socket layer noted carries its
+// frontend into both verdict events (BPF_PROG_RUN); a UDP flow found by
+// its client's portless note says so; a note naming another client
+// address, or another client's note, names nothing.
+func TestEventsNameTheNotedService(t *testing.T) {
+	p, n, rd := eventNode(t)
+	loadPolicy(t, n, policy.NewCompiler(), nil, policyFixture())
+	vip := netip.MustParseAddr("10.96.0.10")
+	note := func(client uint32, sport uint16, saddr netip.Addr, vport uint16) {
+		t.Helper()
+		key := sockLb4FlowKey{Client: client, Daddr: be32(podB), Sport: htons(sport), Dport: htons(7777), Proto: 17}
+		val := sockLb4Flow{Vip: be32(vip), Port: htons(vport)}
+		if saddr.IsValid() {
+			val.Saddr = be32(saddr)
+		}
+		if err := p.LB4Flows.Put(key, val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	note(ifA, 40001, netip.Addr{}, 53)                       // the socket's own note
+	note(ifA, 0, netip.Addr{}, 54)                           // a connected UDP socket's portless one
+	note(ifA, 40003, netip.MustParseAddr("10.244.1.99"), 55) // another client address
+	note(ifB, 40004, netip.Addr{}, 56)                       // another client
+
+	for _, tc := range []struct {
+		sport    uint16
+		want     netip.AddrPort
+		byClient bool
+	}{
+		{40001, netip.AddrPortFrom(vip, 53), false},
+		{40002, netip.AddrPortFrom(vip, 54), true},
+		{40003, netip.AddrPort{}, false}, // its own note names another address: none
+	} {
+		if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, tc.sport, 7777), ifA); ret != tcActRedirect {
+			t.Fatalf("A:%d->B: verdict %d, want redirect", tc.sport, ret)
+		}
+		for _, dir := range []policy.Direction{policy.Egress, policy.Ingress} {
+			ev := readEvent(t, rd)
+			if ev.Direction != dir || ev.Src.Port() != tc.sport || ev.Service != tc.want || ev.ServiceByClient != tc.byClient {
+				t.Errorf("A:%d->B %v event names service %v (by client %v), want %v (by client %v): %+v",
+					tc.sport, dir, ev.Service, ev.ServiceByClient, tc.want, tc.byClient, ev)
+			}
+		}
+	}
+
+	// Without the portless note, another client's note names nothing.
+	key := sockLb4FlowKey{Client: ifA, Daddr: be32(podB), Dport: htons(7777), Proto: 17}
+	if err := p.LB4Flows.Delete(key); err != nil {
+		t.Fatal(err)
+	}
+	for _, sport := range []uint16{40004, 40005} {
+		if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, sport, 7777), ifA); ret != tcActRedirect {
+			t.Fatalf("A:%d->B: verdict %d, want redirect", sport, ret)
+		}
+		for range 2 {
+			if ev := readEvent(t, rd); ev.Service.IsValid() || ev.ServiceByClient {
+				t.Errorf("A:%d->B event names service %v (by client %v), want none", sport, ev.Service, ev.ServiceByClient)
+			}
+		}
+	}
+}
