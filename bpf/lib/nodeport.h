@@ -61,6 +61,7 @@
 #include "endpoint.h"
 #include "frag.h"
 #include "lb.h"
+#include "lbnat.h"
 #include "metrics.h"
 
 /* The mark from_netdev sets on a translated packet whose backend is on
@@ -72,39 +73,6 @@
 #define NODEPORT_ICMP_UNREACH 3
 #define NODEPORT_ICMP_TIME_EXCEEDED 11
 #define NODEPORT_ICMP_PARAMETER 12
-
-/* struct lb4_tuple: one direction of a flow. */
-struct lb4_tuple {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u8 pad[3];
-};
-
-/* struct lb4_nat: where a flow's packets are rewritten to. */
-struct lb4_nat {
-	__be32 addr;
-	__be16 port;
-	__u16 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
-	__type(key, struct lb4_tuple);	/* client -> frontend */
-	__type(value, struct lb4_nat);	/* the backend */
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weir_lb4_nat_fwd SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 262144);
-	__type(key, struct lb4_tuple);	/* backend -> client */
-	__type(value, struct lb4_nat);	/* the frontend */
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} weir_lb4_nat_rev SEC(".maps");
 
 /* struct lb4_frag_key: a fragmented datagram of a translated flow, as it
  * arrived (before the translation), and which way it went. */

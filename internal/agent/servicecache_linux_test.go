@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -140,5 +142,71 @@ func TestRestartedAgentKeepsServicesUntilSynced(t *testing.T) {
 	hostPort := service.Frontend{Addr: n.cfg.NodeIP, Port: 30900, Proto: service.ProtoTCP}
 	if got, _ := n.dp.Services(); len(got[hostPort].Backends) != 1 {
 		t.Errorf("after the sync the hostPort has %v, want the pod", got[hostPort])
+	}
+}
+
+// partialWrites passes writes on to the real datapath, except that the
+// next UpdateServices, when failNext is set, writes one frontend of its
+// change and fails, as a map filling up midway would; it records the
+// sockets the agent asks to close.
+type partialWrites struct {
+	Datapath
+	failNext bool
+	closed   map[service.Frontend][]service.Backend
+}
+
+var errHalfWritten = errors.New("map full after one frontend")
+
+func (w *partialWrites) UpdateServices(c map[service.Frontend]*service.Entry) error {
+	if !w.failNext {
+		return w.Datapath.UpdateServices(c)
+	}
+	w.failNext = false
+	first := slices.MinFunc(slices.Collect(maps.Keys(c)), service.CompareFrontends)
+	if err := w.Datapath.UpdateServices(map[service.Frontend]*service.Entry{first: c[first]}); err != nil {
+		return err
+	}
+	return errHalfWritten
+}
+
+func (w *partialWrites) CloseServiceSockets(removed map[service.Frontend][]service.Backend, netns []string) error {
+	for f, bs := range removed {
+		w.closed[f] = append(w.closed[f], bs...)
+	}
+	return w.Datapath.CloseServiceSockets(removed, netns)
+}
+
+// TestPartlyFailedWriteStillClosesRemovedBackends: a write that fails
+// after removing a backend from one frontend leaves the agent's record
+// of the maps behind them; the rewrite that follows still closes the
+// sockets of that backend, on every frontend that lost it.
+func TestPartlyFailedWriteStillClosesRemovedBackends(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	n.stop()
+	n.cfg.KubeProxyReplacement = true
+	w := &partialWrites{closed: map[service.Frontend][]service.Backend{}}
+	n.start(func(d Datapath) Datapath { w.Datapath = d; return w })
+	a, b := netip.MustParseAddr("10.244.1.200"), netip.MustParseAddr("10.244.2.200")
+	web := []*corev1.Service{clusterIPService("web", "10.96.0.10")}
+	n.applyServices(web, readyEndpoints("web", 8080, 5353, a, b))
+
+	w.failNext = true
+	n.agent.mu.Lock()
+	n.agent.syncServicesLocked(nil, []k8s.ServiceUpdate{{Key: service.Key("default", "web"), Service: web[0],
+		Slices: []*discoveryv1.EndpointSlice{readyEndpoints("web", 8080, 5353, a)}}})
+	applied := n.agent.services.applied
+	n.agent.mu.Unlock()
+	if applied {
+		t.Fatal("the failed write counts as applied")
+	}
+	n.applyServices(web, readyEndpoints("web", 8080, 5353, a))
+	mapsMatchAgent(t, n, 2)
+	for _, f := range []service.Frontend{
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: service.ProtoTCP},
+		{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: service.ProtoUDP},
+	} {
+		if !slices.ContainsFunc(w.closed[f], func(be service.Backend) bool { return be.Addr == b }) {
+			t.Errorf("%v: sockets to the removed backend %v never closed (closed: %v)", f, b, w.closed)
+		}
 	}
 }

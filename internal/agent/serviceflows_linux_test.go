@@ -50,15 +50,22 @@ func TestFlowsNameTheServiceTheClientNamed(t *testing.T) {
 		if err := pingUnconnected(netip.MustParseAddrPort("10.96.0.10:53")); err != nil {
 			return err
 		}
-		// Connected UDP: connect() of an unbound socket.
-		c, err := net.Dial("udp4", "10.96.0.10:53")
-		if err != nil {
-			return err
+		// Connected UDP: connect() of unbound sockets, two sharing
+		// their pod's portless note; the second still names the Service
+		// after the first is gone.
+		var conns [2]net.Conn
+		for i := range conns {
+			var err error
+			if conns[i], err = net.Dial("udp4", "10.96.0.10:53"); err != nil {
+				return err
+			}
 		}
-		if err := pingConn(c); err != nil {
-			return err
+		for _, c := range conns {
+			if err := pingConn(c); err != nil {
+				return err
+			}
+			c.Close()
 		}
-		c.Close()
 		// Straight to the pod, once the connected socket is gone.
 		return pingUnconnected(netip.AddrPortFrom(serverIP, 5353))
 	})
@@ -66,13 +73,14 @@ func TestFlowsNameTheServiceTheClientNamed(t *testing.T) {
 	type want struct {
 		dst, proto, service, addr string
 		byClient                  bool
+		count                     uint64
 	}
 	wants := []want{
-		{direct(8080), "TCP", "default/web", "10.96.0.10:80", false},
-		{direct(8080), "TCP", "", "", false},
-		{direct(5353), "UDP", "default/web", "10.96.0.10:53", false},
-		{direct(5353), "UDP", "default/web", "10.96.0.10:53", true},
-		{direct(5353), "UDP", "", "", false},
+		{direct(8080), "TCP", "default/web", "10.96.0.10:80", false, 1},
+		{direct(8080), "TCP", "", "", false, 1},
+		{direct(5353), "UDP", "default/web", "10.96.0.10:53", false, 1},
+		{direct(5353), "UDP", "default/web", "10.96.0.10:53", true, 2},
+		{direct(5353), "UDP", "", "", false, 1},
 	}
 	for _, pod := range []string{"default/client", "default/server"} {
 		var flows []api.Flow
@@ -84,20 +92,20 @@ func TestFlowsNameTheServiceTheClientNamed(t *testing.T) {
 			}
 			missing = nil
 			for _, w := range wants {
-				found := false
+				var count uint64
 				for _, f := range flows {
 					if f.Pod == pod && f.Verdict == "allowed" && f.Dst == w.dst && f.Proto == w.proto &&
 						f.Service == w.service && f.ServiceAddr == w.addr && f.ServiceByClient == w.byClient {
-						found = true
+						count += max(f.Count, 1)
 					}
 				}
-				if !found {
+				if count != w.count {
 					missing = append(missing, w)
 				}
 			}
 		}
 		for _, w := range missing {
-			t.Errorf("%s: no allowed %s flow to %s naming service %q (%q, by client %v); flows: %+v", pod, w.proto, w.dst, w.service, w.addr, w.byClient, flowsOf(flows))
+			t.Errorf("%s: not %d allowed %s flows to %s naming service %q (%q, by client %v); flows: %+v", pod, w.count, w.proto, w.dst, w.service, w.addr, w.byClient, flowsOf(flows))
 		}
 	}
 

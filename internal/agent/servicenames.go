@@ -15,6 +15,18 @@ import (
 type serviceNames struct {
 	mu     sync.RWMutex
 	owners map[service.Frontend]string
+	// nodeAddrs are the addresses where NodePorts' any-node entries serve.
+	nodeAddrs map[netip.Addr]bool
+}
+
+// setNodeAddrs records where the any-node entries serve.
+func (s *serviceNames) setNodeAddrs(addrs []netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nodeAddrs = make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		s.nodeAddrs[a] = true
+	}
 }
 
 // written records a write of the service maps: old and now are the
@@ -34,14 +46,20 @@ func (s *serviceNames) written(old, now service.Table, whole bool, owner func(se
 	}
 }
 
-// name is the owner of the frontend a socket named: addr, or, for a
-// NodePort reached at a node's address, its any-node entry. "" when the
-// maps hold no such frontend (any more).
+// name is the owner of the frontend a client named: addr, for a socket
+// or a flow from outside, or, for a NodePort a socket reached at a node's
+// address, its any-node entry. "" when the maps hold no such frontend
+// (any more).
 func (s *serviceNames) name(addr netip.AddrPort, proto uint8) string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if o, ok := s.owners[service.Frontend{Addr: addr.Addr(), Port: addr.Port(), Proto: proto}]; ok {
-		return o
+	for _, external := range []bool{false, true} {
+		if o, ok := s.owners[service.Frontend{Addr: addr.Addr(), Port: addr.Port(), Proto: proto, External: external}]; ok {
+			return o
+		}
+	}
+	if !s.nodeAddrs[addr.Addr()] && !addr.Addr().IsLoopback() {
+		return "" // a ClusterIP gone since, not a NodePort
 	}
 	return s.owners[service.Frontend{Addr: service.AnyNode, Port: addr.Port(), Proto: proto}]
 }

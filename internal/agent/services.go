@@ -91,6 +91,7 @@ func (a *Agent) setNodeAddrsLocked(addrs []netip.Addr) {
 		return
 	}
 	st.nodeAddrs, st.nodeAddrsSet = slices.Clone(addrs), true
+	a.serviceNames.setNodeAddrs(addrs)
 }
 
 // applyServiceUpdates programs the Services the watcher saw change, each
@@ -228,12 +229,35 @@ func (a *Agent) rewriteServicesLocked(cluster service.Table) {
 	if err != nil {
 		old = st.table
 	}
+	// After a failed write the maps may hold part of it: backends that
+	// part removed are gone from the maps but not from st.table, the last
+	// write known whole, and their sockets still need closing.
+	old = withBackendsOf(old, st.table)
 	if err := a.dp.SetServices(t); err != nil {
 		a.servicesFailedLocked(err, len(t))
 		return
 	}
 	st.applied, st.table = true, t
 	a.servicesWrittenLocked(old, t, true)
+}
+
+// withBackendsOf is t with, for each frontend, the backends more has for
+// it as well: what either table sends a frontend's sockets to.
+func withBackendsOf(t, more service.Table) service.Table {
+	out := maps.Clone(t)
+	if out == nil {
+		out = service.Table{}
+	}
+	for f, e := range more {
+		have := out[f]
+		for _, b := range e.Backends {
+			if !slices.Contains(have.Backends, b) {
+				have.Backends = append(slices.Clip(have.Backends), b)
+			}
+		}
+		out[f] = have
+	}
+	return out
 }
 
 func (a *Agent) servicesFailedLocked(err error, frontends int) {

@@ -102,8 +102,10 @@ type hostLb4Flow struct {
 	_     structs.HostLayout
 	Vip   uint32
 	Port  uint16
-	Pad   uint16
+	Flags uint8
+	Pad   uint8
 	Saddr uint32
+	Refs  uint32
 }
 
 type hostLb4FlowKey struct {

@@ -193,6 +193,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
 	p.PeerNodes, p.CTAny, p.CTRevoked, p.Frags = lxc.WeirPeerNodes, lxc.WeirCtAny, lxc.WeirCtRevoked, lxc.WeirFrags
 	p.PolicySeq, p.Verdicts, p.LB4Flows = lxc.WeirPolicySeq, lxc.WeirVerdicts, lxc.WeirLb4Flows
+	closeMaps(lxc.WeirLb4NatFwd, lxc.WeirLb4NatRev)
 	seq, err := mapPolicySeq(p.PolicySeq)
 	if err != nil {
 		return nil, err
@@ -205,7 +206,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
 	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirPeerNodes, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
-		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts, ov.WeirLb4Flows)
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts, ov.WeirLb4Flows, ov.WeirLb4NatFwd, ov.WeirLb4NatRev)
 
 	var host hostObjects
 	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
@@ -226,7 +227,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.SockNetNS = sock.WeirLb4Services, sock.WeirLb4Backends, sock.WeirLb4Revnat, sock.WeirSockNetns
 	p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs = sock.WeirLb4Affinity, sock.WeirLb4Members, sock.WeirLb4NodeAddrs
 	p.SockTCPOps, p.SockRelease = sock.SockTcpOps, sock.SockReleased
-	closeMaps(sock.WeirMetrics, sock.WeirLb4Flows)
+	closeMaps(sock.WeirMetrics, sock.WeirLb4Flows, sock.WeirLb4FlowSocks)
 
 	// Only what the agent drives: the pinned maps the iterators read are
 	// loaded for them and closed after.

@@ -77,8 +77,10 @@ type lxcLb4Flow struct {
 	_     structs.HostLayout
 	Vip   uint32
 	Port  uint16
-	Pad   uint16
+	Flags uint8
+	Pad   uint8
 	Saddr uint32
+	Refs  uint32
 }
 
 type lxcLb4FlowKey struct {
@@ -89,6 +91,23 @@ type lxcLb4FlowKey struct {
 	Dport  uint16
 	Proto  uint8
 	Pad    [3]uint8
+}
+
+type lxcLb4Nat struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type lxcLb4Tuple struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type lxcPolicyEntry struct {
@@ -190,6 +209,8 @@ const (
 	lxcMapWeirFrags               = "weir_frags"
 	lxcMapWeirIpcache             = "weir_ipcache"
 	lxcMapWeirLb4Flows            = "weir_lb4_flows"
+	lxcMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
+	lxcMapWeirLb4NatRev           = "weir_lb4_nat_rev"
 	lxcMapWeirMetrics             = "weir_metrics"
 	lxcMapWeirPeerNodes           = "weir_peer_nodes"
 	lxcMapWeirPolicy              = "weir_policy"
@@ -274,6 +295,8 @@ type lxcMapSpecs struct {
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
+	WeirLb4NatFwd  *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev  *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
@@ -332,6 +355,8 @@ type lxcMaps struct {
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
+	WeirLb4NatFwd  *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev  *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
@@ -354,6 +379,8 @@ func (m *lxcMaps) Close() error {
 		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirLb4Flows,
+		m.WeirLb4NatFwd,
+		m.WeirLb4NatRev,
 		m.WeirMetrics,
 		m.WeirPeerNodes,
 		m.WeirPolicy,

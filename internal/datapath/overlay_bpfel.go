@@ -77,8 +77,10 @@ type overlayLb4Flow struct {
 	_     structs.HostLayout
 	Vip   uint32
 	Port  uint16
-	Pad   uint16
+	Flags uint8
+	Pad   uint8
 	Saddr uint32
+	Refs  uint32
 }
 
 type overlayLb4FlowKey struct {
@@ -89,6 +91,23 @@ type overlayLb4FlowKey struct {
 	Dport  uint16
 	Proto  uint8
 	Pad    [3]uint8
+}
+
+type overlayLb4Nat struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type overlayLb4Tuple struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
 }
 
 type overlayPolicyEntry struct {
@@ -167,6 +186,8 @@ const (
 	overlayMapWeirFrags               = "weir_frags"
 	overlayMapWeirIpcache             = "weir_ipcache"
 	overlayMapWeirLb4Flows            = "weir_lb4_flows"
+	overlayMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
+	overlayMapWeirLb4NatRev           = "weir_lb4_nat_rev"
 	overlayMapWeirMetrics             = "weir_metrics"
 	overlayMapWeirPeerNodes           = "weir_peer_nodes"
 	overlayMapWeirPolicy              = "weir_policy"
@@ -251,6 +272,8 @@ type overlayMapSpecs struct {
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
+	WeirLb4NatFwd  *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev  *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
 	WeirMetrics    *ebpf.MapSpec `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.MapSpec `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.MapSpec `ebpf:"weir_policy"`
@@ -309,6 +332,8 @@ type overlayMaps struct {
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
+	WeirLb4NatFwd  *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev  *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
 	WeirMetrics    *ebpf.Map `ebpf:"weir_metrics"`
 	WeirPeerNodes  *ebpf.Map `ebpf:"weir_peer_nodes"`
 	WeirPolicy     *ebpf.Map `ebpf:"weir_policy"`
@@ -331,6 +356,8 @@ func (m *overlayMaps) Close() error {
 		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirLb4Flows,
+		m.WeirLb4NatFwd,
+		m.WeirLb4NatRev,
 		m.WeirMetrics,
 		m.WeirPeerNodes,
 		m.WeirPolicy,

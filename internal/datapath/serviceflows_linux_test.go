@@ -52,12 +52,19 @@ func TestEventsNameTheNotedService(t *testing.T) {
 		}
 	}
 
-	// Without the portless note, another client's note names nothing.
+	// Without the portless note, another client's note names nothing;
+	// nor does a portless note that sockets naming different frontends
+	// share.
 	key := sockLb4FlowKey{Client: ifA, Daddr: be32(podB), Dport: htons(7777), Proto: 17}
 	if err := p.LB4Flows.Delete(key); err != nil {
 		t.Fatal(err)
 	}
-	for _, sport := range []uint16{40004, 40005} {
+	for _, sport := range []uint16{40004, 40005, 40006} {
+		if sport == 40006 {
+			if err := p.LB4Flows.Put(key, sockLb4Flow{Vip: be32(vip), Port: htons(54), Flags: 1, Refs: 2}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if ret, _ := run(t, p.FromContainer, udpFlow(podA, podB, sport, 7777), ifA); ret != tcActRedirect {
 			t.Fatalf("A:%d->B: verdict %d, want redirect", sport, ret)
 		}
@@ -65,6 +72,35 @@ func TestEventsNameTheNotedService(t *testing.T) {
 			if ev := readEvent(t, rd); ev.Service.IsValid() || ev.ServiceByClient {
 				t.Errorf("A:%d->B event names service %v (by client %v), want none", sport, ev.Service, ev.ServiceByClient)
 			}
+		}
+	}
+}
+
+// TestEventsNameTheNodePortOfAFlowFromOutside: a flow from outside the
+// cluster that nodeport.h translated to a local backend names the
+// frontend it arrived at (its reply translation), and one that was not
+// translated names none.
+func TestEventsNameTheNodePortOfAFlowFromOutside(t *testing.T) {
+	p := loadTestWith(t, ModeVXLAN, func(c *ProgramConfig) { c.ExternalServices = true })
+	n := &Node{progs: p}
+	rd, err := n.OpenEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	loadPolicy(t, n, policy.NewCompiler(), nil, policyFixture())
+	client := netip.MustParseAddr("192.0.2.10")
+	front := netip.MustParseAddrPort("10.99.0.11:30053")
+	rev := hostLb4Tuple{Saddr: be32(podB), Daddr: be32(client), Sport: htons(7777), Dport: htons(40000), Proto: 17}
+	if err := p.LB4NatRev.Put(rev, hostLb4Nat{Addr: be32(front.Addr()), Port: htons(front.Port())}); err != nil {
+		t.Fatal(err)
+	}
+	for sport, want := range map[uint16]netip.AddrPort{40000: front, 40001: {}} {
+		if ret, _ := run(t, p.ToContainer, udpFlow(client, podB, sport, 7777), ifB); ret != tcActOK {
+			t.Fatalf("outside:%d -> B: verdict %d, want pass", sport, ret)
+		}
+		if ev := readEvent(t, rd); ev.Direction != policy.Ingress || ev.Service != want || ev.ServiceByClient {
+			t.Errorf("outside:%d -> B event names %v (by client %v), want %v: %+v", sport, ev.Service, ev.ServiceByClient, want, ev)
 		}
 	}
 }

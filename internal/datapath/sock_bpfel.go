@@ -42,8 +42,10 @@ type sockLb4Flow struct {
 	_     structs.HostLayout
 	Vip   uint32
 	Port  uint16
-	Pad   uint16
+	Flags uint8
+	Pad   uint8
 	Saddr uint32
+	Refs  uint32
 }
 
 type sockLb4FlowKey struct {
@@ -70,6 +72,13 @@ type sockLb4MemberKey struct {
 	Backend sockLb4Backend
 }
 
+type sockLb4Nat struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
 type sockLb4Revnat struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -93,6 +102,16 @@ type sockLb4Service struct {
 	AffinityS uint32
 }
 
+type sockLb4Tuple struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -102,6 +121,8 @@ const (
 	sockMapWeirLb4FlowSocks        = "weir_lb4_flow_socks"
 	sockMapWeirLb4Flows            = "weir_lb4_flows"
 	sockMapWeirLb4Members          = "weir_lb4_members"
+	sockMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
+	sockMapWeirLb4NatRev           = "weir_lb4_nat_rev"
 	sockMapWeirLb4NodeAddrs        = "weir_lb4_node_addrs"
 	sockMapWeirLb4Revnat           = "weir_lb4_revnat"
 	sockMapWeirLb4Services         = "weir_lb4_services"
@@ -193,6 +214,8 @@ type sockMapSpecs struct {
 	WeirLb4FlowSocks *ebpf.MapSpec `ebpf:"weir_lb4_flow_socks"`
 	WeirLb4Flows     *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4Members   *ebpf.MapSpec `ebpf:"weir_lb4_members"`
+	WeirLb4NatFwd    *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev    *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
 	WeirLb4NodeAddrs *ebpf.MapSpec `ebpf:"weir_lb4_node_addrs"`
 	WeirLb4Revnat    *ebpf.MapSpec `ebpf:"weir_lb4_revnat"`
 	WeirLb4Services  *ebpf.MapSpec `ebpf:"weir_lb4_services"`
@@ -242,6 +265,8 @@ type sockMaps struct {
 	WeirLb4FlowSocks *ebpf.Map `ebpf:"weir_lb4_flow_socks"`
 	WeirLb4Flows     *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4Members   *ebpf.Map `ebpf:"weir_lb4_members"`
+	WeirLb4NatFwd    *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
+	WeirLb4NatRev    *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
 	WeirLb4NodeAddrs *ebpf.Map `ebpf:"weir_lb4_node_addrs"`
 	WeirLb4Revnat    *ebpf.Map `ebpf:"weir_lb4_revnat"`
 	WeirLb4Services  *ebpf.Map `ebpf:"weir_lb4_services"`
@@ -256,6 +281,8 @@ func (m *sockMaps) Close() error {
 		m.WeirLb4FlowSocks,
 		m.WeirLb4Flows,
 		m.WeirLb4Members,
+		m.WeirLb4NatFwd,
+		m.WeirLb4NatRev,
 		m.WeirLb4NodeAddrs,
 		m.WeirLb4Revnat,
 		m.WeirLb4Services,

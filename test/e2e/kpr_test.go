@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -164,6 +165,16 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 			t.Errorf("%s: the backend saw %q, want %s", c.name, body, c.from)
 		}
 	}
+	// Flow records name the Service each connection went through: the
+	// client pod's on n1 by its socket (the ClusterIP it connected to by
+	// name), the outside host's on n2, where the backend is, by the
+	// NodePort translation.
+	waitFor(t, 10*time.Second, func() error {
+		return errors.Join(
+			flowsNameService(ctx, st, "n1", "kpr/client", "kpr/cluster", ":80"),
+			flowsNameService(ctx, st, "n2", "kpr/echo", "kpr/cluster", n2+":30777"),
+			flowsNameService(ctx, st, "n2", "kpr/echo", "kpr/local", n2+":30778"))
+	})
 	if body, err := get("http://" + n1 + ":30778/clientip"); err == nil {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint answered %q, want a drop", body)
 	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "timeout") {

@@ -956,6 +956,31 @@ func flowsInclude(ctx context.Context, st *lab.State, node, pod, allowRule, deny
 	return nil
 }
 
+// flowsNameService checks that a node's agent holds an allowed flow of
+// pod through service, at an address ending in addr.
+func flowsNameService(ctx context.Context, st *lab.State, node, pod, service, addr string) error {
+	var sock string
+	for _, n := range st.Nodes {
+		if n.Name == node {
+			sock = n.Socket
+		}
+	}
+	var seen []string
+	found := false
+	err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: pod, Service: service}}, func(f api.Flow) error {
+		seen = append(seen, f.Direction+" "+f.Dst+" via "+f.ServiceAddr)
+		found = found || (f.Verdict == "allowed" && f.Service == service && strings.HasSuffix(f.ServiceAddr, addr))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("no allowed flow of %s on %s through %s at *%s; its flows through it: %v", pod, node, service, addr, seen)
+	}
+	return nil
+}
+
 // TestKubernetesNativeNewPods runs the new-pod experiment on a cluster in
 // native routing, where the sending node puts a fresh pod's identity into
 // the packets that open its flows (bpf/lib/nativeid.h): the server's node
