@@ -210,9 +210,12 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct 
 	ev.proto = flow->proto;
 	ev.dir = dir;
 	ev.verdict = v.verdict;
+	verdict_count(&ev);
+	if (!events_on())
+		return v.verdict;
+	/* Only an event names the Service: no lookup with events off. */
 	ev.svc_match = lb4_flow_frontend(client, flow->saddr, flow->sport, flow->daddr, flow->dport, flow->proto,
 					 &ev.svc_addr, &ev.svc_port);
-	verdict_count(&ev);
 	event_emit(&ev);
 	return v.verdict;
 }

@@ -109,20 +109,26 @@ __always_inline_fn void verdict_count(const struct verdict_event *ev)
 		metric_inc(METRIC_VERDICT_COUNT_FULL);
 }
 
+/* events_on reports whether verdict events are written (weir_flow_config). */
+__always_inline_fn int events_on(void)
+{
+	__u32 zero = 0;
+	const struct flow_config *cfg = bpf_map_lookup_elem(&weir_flow_config, &zero);
+
+	return !cfg || !cfg->no_events;
+}
+
 /*
- * event_emit writes one event without waking the reader: the agent polls
- * the ring every few tens of milliseconds, so a burst of new connections
- * costs one wakeup, not one per connection. Once an eighth of the ring is
- * waiting the reader is woken at once, long before events would be lost.
+ * event_emit writes one event, events being on, without waking the reader:
+ * the agent polls the ring every few tens of milliseconds, so a burst of
+ * new connections costs one wakeup, not one per connection. Once an eighth
+ * of the ring is waiting the reader is woken at once, long before events
+ * would be lost.
  */
 __always_inline_fn void event_emit(const struct verdict_event *ev)
 {
 	__u64 flags = BPF_RB_NO_WAKEUP;
-	__u32 zero = 0;
-	struct flow_config *cfg = bpf_map_lookup_elem(&weir_flow_config, &zero);
 
-	if (cfg && cfg->no_events)
-		return;
 	if (bpf_ringbuf_query(&weir_events, BPF_RB_AVAIL_DATA) > EVENTS_RING_SIZE / 8)
 		flags = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_output(&weir_events, (void *)ev, sizeof(*ev), flags) < 0)
