@@ -26,6 +26,11 @@
  *              device): their source, the backend, is rewritten back to
  *              the address and port the client asked for
  *
+ * A new flow sent to a backend on another node is reported as an event
+ * of its own (VERDICT_FORWARDED): the backend's node judges its policy,
+ * but sees this node's address as the source, and neither the client nor
+ * the frontend, so only this node can say which Service the client used.
+ *
  * The stack's conntrack sees the translated flow (client to backend) from
  * its first packet, so a local pod's reply is no new connection and is not
  * masqueraded, and a remote backend's reply is de-SNATed by the stack
@@ -59,8 +64,11 @@
 
 #include "common.h"
 #include "endpoint.h"
+#include "events.h"
 #include "frag.h"
+#include "identity.h"
 #include "lb.h"
+#include "lbflow.h"
 #include "lbnat.h"
 #include "metrics.h"
 
@@ -401,7 +409,7 @@ __always_inline_fn void nodeport_keep_reply(const struct lb4_tuple *fwd, const s
  * externalTrafficPolicy: Local NodePort only when this node has no
  * endpoint for it, and is dropped, as the packet of a client outside. */
 __always_inline_fn enum nodeport_result nodeport_pick(int peer_pod, const struct lb4_tuple *fwd, int syn,
-						      struct lb4_nat *to)
+						      struct lb4_nat *to, int *fresh)
 {
 	struct lb4_key key = {};
 	struct lb4_tuple rev = {};
@@ -451,7 +459,32 @@ __always_inline_fn enum nodeport_result nodeport_pick(int peer_pod, const struct
 	    bpf_map_update_elem(&weir_lb4_nat_fwd, fwd, to, BPF_ANY) < 0)
 		return NODEPORT_DROP;
 	metric_inc(METRIC_NODEPORT_NEW);
+	*fresh = 1;
 	return NODEPORT_TRANSLATED;
+}
+
+/* nodeport_report_forward reports a new flow from outside, fwd, that this
+ * node sent to to, a backend on another node (see the top of this file).
+ * Like a verdict event it is not counted per packet, only per new flow. */
+__always_inline_fn void nodeport_report_forward(const struct lb4_tuple *fwd, const struct lb4_nat *to)
+{
+	struct verdict_event ev = {};
+
+	if (!events_on())
+		return;
+	ev.ts_ns = bpf_ktime_get_ns();
+	ev.peer_id = ipcache_identity_v4(fwd->saddr);
+	ev.saddr = fwd->saddr;
+	ev.daddr = to->addr;
+	ev.sport = fwd->sport;
+	ev.dport = to->port;
+	ev.proto = fwd->proto;
+	ev.dir = POLICY_INGRESS;
+	ev.verdict = VERDICT_FORWARDED;
+	ev.svc_addr = fwd->daddr;
+	ev.svc_port = fwd->dport;
+	ev.svc_match = LB4_FLOW_NAT;
+	event_emit(&ev);
 }
 
 /* nodeport_frag_in sends a later fragment from outside where its
@@ -543,7 +576,7 @@ __always_inline_fn enum nodeport_result nodeport_v4(struct __sk_buff *skb, const
 	struct lb4_nat to;
 	__u32 l4_off = l3_off + ip->ihl * 4;
 	enum nodeport_result res;
-	int syn, first;
+	int syn, first, fresh = 0;
 	__be16 id;
 
 	if (!SERVE_EXTERNAL_SERVICES)
@@ -559,7 +592,7 @@ __always_inline_fn enum nodeport_result nodeport_v4(struct __sk_buff *skb, const
 	fwd.proto = ip->protocol;
 	id = ip->id;
 	first = nodeport_first_fragment(ip);
-	res = nodeport_pick(peer_pod, &fwd, syn, &to);
+	res = nodeport_pick(peer_pod, &fwd, syn, &to, &fresh);
 	if (res != NODEPORT_TRANSLATED)
 		return res;
 	if (nodeport_rewrite(skb, l3_off, l4_off, fwd.proto,
@@ -570,8 +603,11 @@ __always_inline_fn enum nodeport_result nodeport_v4(struct __sk_buff *skb, const
 	}
 	if (first)
 		nodeport_frag_note(fwd.saddr, fwd.daddr, id, fwd.proto, LB_FRAG_IN, to.addr);
-	if (!endpoint_lookup_v4(to.addr))
+	if (!endpoint_lookup_v4(to.addr)) {
 		skb->mark |= WEIR_MARK_NODEPORT_SNAT;
+		if (fresh)
+			nodeport_report_forward(&fwd, &to);
+	}
 	metric_inc(METRIC_NODEPORT);
 	return NODEPORT_TRANSLATED;
 }

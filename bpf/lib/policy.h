@@ -68,6 +68,9 @@
 #define VERDICT_ALLOWED 1
 #define VERDICT_DENIED 2
 #define VERDICT_REJECTED 3
+/* Not a policy verdict: from_netdev translated a flow from outside to a
+ * backend on another node, whose policy judges it (nodeport.h). */
+#define VERDICT_FORWARDED 4
 #define STAGE_UNENFORCED 0
 #define STAGE_ADMIN 1
 #define STAGE_NETWORKPOLICY 2

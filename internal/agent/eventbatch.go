@@ -114,7 +114,7 @@ func foldScans(aggs []eventAgg) []eventAgg {
 func foldBy(aggs []eventAgg, above int, coarse func(eventKey) eventKey, mark func(*eventAgg, int)) []eventAgg {
 	groups := map[eventKey][]int{}
 	for i, a := range aggs {
-		if a.first.Verdict != policy.VerdictAllow {
+		if v := a.first.Verdict; v == policy.VerdictDeny || v == policy.VerdictReject {
 			k := coarse(keyOfEvent(a.first))
 			groups[k] = append(groups[k], i)
 		}

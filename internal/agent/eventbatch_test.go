@@ -72,17 +72,25 @@ func TestScanIsFoldedAndHistorySurvives(t *testing.T) {
 		a.flows.batch.add(datapath.VerdictEvent{Time: t0.Add(time.Second), Ifindex: 8, Direction: policy.Egress, Verdict: policy.VerdictDeny,
 			Stage: policy.StageNetworkPolicyDefaultDeny, Src: netip.AddrPortFrom(scanner, 50001), Dst: netip.AddrPortFrom(dst, 22), Proto: 6, Peer: policy.Identity(300 + h)})
 	}
+	// Flows from outside sent to another node's backends, from one
+	// client to many ports of a node, are no scan: forwarded, not denied.
+	for p := 1; p <= 20; p++ {
+		a.flows.batch.add(datapath.VerdictEvent{Time: t0.Add(time.Second), Direction: policy.Ingress, Verdict: policy.VerdictForwarded,
+			Src: netip.AddrPortFrom(scanner, 50002), Dst: netip.AddrPortFrom(web, uint16(30000+p)), Proto: 6})
+	}
 	a.recordEventBatch()
 
 	got, err := l.recent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var history, ports, peers int
+	var history, ports, peers, forwarded int
 	for _, f := range got {
 		switch {
 		case f.Verdict == "allowed":
 			history++
+		case f.Verdict == "forwarded":
+			forwarded++
 		case f.PortsFolded > 0:
 			ports++
 			if f.PortsFolded != 20000 || f.Count != 20000 || f.Dst != web.String() {
@@ -95,7 +103,8 @@ func TestScanIsFoldedAndHistorySurvives(t *testing.T) {
 			}
 		}
 	}
-	if history != 10 || ports != 1 || peers != 1 || len(got) != 12 {
-		t.Fatalf("%d records: %d of the history (want 10), %d port-scan (want 1), %d address-scan (want 1)", len(got), history, ports, peers)
+	if history != 10 || ports != 1 || peers != 1 || forwarded != 20 || len(got) != 32 {
+		t.Fatalf("%d records: %d of the history (want 10), %d port-scan (want 1), %d address-scan (want 1), %d forwarded (want 20, unfolded)",
+			len(got), history, ports, peers, forwarded)
 	}
 }

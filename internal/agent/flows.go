@@ -148,12 +148,14 @@ func (l *flowLog) addCounters(counters map[string]uint64) {
 type flowNames struct {
 	pods   map[int]string                   // host ifindex -> namespace/name
 	byIP   map[netip.Addr]string            // cluster pods and nodes
+	nodeOf map[netip.Addr]string            // cluster pods' addresses -> their node
 	labels map[policy.Identity][]string     // identity -> its labels
 	rules  map[policy.RuleID]policy.RuleRef // from the compiled result
 }
 
 func newFlowNames(s k8s.Snapshot, eps map[string]datapath.PolicyEndpoint, res *policy.Result) *flowNames {
-	n := &flowNames{pods: map[int]string{}, byIP: map[netip.Addr]string{}, labels: map[policy.Identity][]string{}, rules: res.Rules}
+	n := &flowNames{pods: map[int]string{}, byIP: map[netip.Addr]string{}, nodeOf: map[netip.Addr]string{},
+		labels: map[policy.Identity][]string{}, rules: res.Rules}
 	for pod, ep := range eps {
 		n.pods[ep.Ifindex] = pod
 	}
@@ -168,6 +170,7 @@ func newFlowNames(s k8s.Snapshot, eps map[string]datapath.PolicyEndpoint, res *p
 		}
 		for _, ip := range p.IPs {
 			n.byIP[ip] = p.Key()
+			n.nodeOf[ip] = p.NodeName
 		}
 	}
 	for _, id := range s.IdentityObjects {
@@ -201,12 +204,38 @@ func (n *flowNames) explain(node string, ev datapath.VerdictEvent) api.Flow {
 		f.PeerLabels = n.labels[ev.Peer]
 	}
 	f.Verdict = ev.Verdict.String()
+	if ev.Verdict == policy.VerdictForwarded {
+		n.explainForward(&f, ev)
+		return f
+	}
 	f.Stage = ev.Stage.String()
 	f.Rule = n.why(ev, f.Direction)
 	f.Decider = n.flowRule(ev.Rule)
 	f.LoggedBy = n.flowRule(ev.Log)
 	f.PassedBy = n.flowRule(ev.Passed)
 	return f
+}
+
+// explainForward names a flow from outside that this node translated to
+// a Service's backend on another node (bpf/lib/nodeport.h): no policy
+// judged it here, so the record names the backend (its Pod, though not
+// local) and the node whose policy judges it.
+func (n *flowNames) explainForward(f *api.Flow, ev datapath.VerdictEvent) {
+	f.Pod = ev.Dst.Addr().String()
+	node := ""
+	if n != nil {
+		if pod, ok := n.byIP[ev.Dst.Addr()]; ok {
+			f.Pod = pod
+		}
+		node = n.nodeOf[ev.Dst.Addr()]
+	}
+	if node == "" {
+		node = "the backend's node"
+	} else {
+		node = "node " + node
+	}
+	f.Rule = "translated here from outside the cluster and forwarded to " + node +
+		", whose policy judges it (it sees this node's address as the source)"
 }
 
 // explainCount names a verdict counter as explain names an event: the

@@ -90,6 +90,7 @@ func TestFlowNamesExplainVerdicts(t *testing.T) {
 	n := &flowNames{
 		pods:   map[int]string{7: "demo/frontend"},
 		byIP:   map[netip.Addr]string{b: "demo/backend"},
+		nodeOf: map[netip.Addr]string{b: "n2"},
 		labels: map[policy.Identity][]string{300: {"k8s:app=backend"}},
 		rules: map[policy.RuleID]policy.RuleRef{
 			5: {Kind: policy.KindNetworkPolicy, Namespace: "demo", Name: "allow-web", Direction: policy.Egress, Index: 0},
@@ -126,6 +127,17 @@ func TestFlowNamesExplainVerdicts(t *testing.T) {
 	ev.Direction, ev.Ifindex = policy.Ingress, 8
 	if f = n.explain("n1", ev); f.Pod != "ifindex 8" || f.Peer != a.String() || !strings.Contains(f.Rule, "no policy selects") {
 		t.Fatalf("unknown endpoint explained as %+v", f)
+	}
+	// A flow from outside this node sent on to a backend on n2: no policy
+	// judged it here; the record names the backend and its node.
+	outside := netip.MustParseAddr("192.0.2.9")
+	fwd := datapath.VerdictEvent{Direction: policy.Ingress, Verdict: policy.VerdictForwarded, Peer: 2,
+		Src: netip.AddrPortFrom(outside, 40000), Dst: netip.AddrPortFrom(b, 80), Proto: 6,
+		Service: netip.MustParseAddrPort("10.99.0.11:30080")}
+	f = n.explain("n1", fwd)
+	if f.Verdict != "forwarded" || f.Pod != "demo/backend" || f.Peer != outside.String() || f.Stage != "" ||
+		f.Decider != nil || f.ServiceAddr != "10.99.0.11:30080" || !strings.Contains(f.Rule, "forwarded to node n2") {
+		t.Fatalf("forwarded flow explained as %+v", f)
 	}
 }
 

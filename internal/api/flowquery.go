@@ -36,7 +36,7 @@ type FlowsQuery struct {
 type FlowFilter struct {
 	Namespace string // a party (pod or peer) in this namespace
 	Pod       string // a party with this name, or namespace/name
-	Verdict   string // allowed, denied or rejected
+	Verdict   string // allowed, denied, rejected or forwarded
 	Policy    string // decided, logged or passed by it: name, namespace/name or kind/name
 	Port      int    // to this destination port
 	Selector  string // the peer's labels match this label selector
@@ -107,9 +107,9 @@ func ParseFlowsQuery(v url.Values) (FlowsQuery, error) {
 // Validate says what is wrong with q, if anything.
 func (q FlowsQuery) Validate() error {
 	switch q.Verdict {
-	case "", "allowed", "denied", "rejected":
+	case "", "allowed", "denied", "rejected", "forwarded":
 	default:
-		return fmt.Errorf("verdict %q: want allowed, denied or rejected: %w", q.Verdict, ErrInvalidFlowsQuery)
+		return fmt.Errorf("verdict %q: want allowed, denied, rejected or forwarded: %w", q.Verdict, ErrInvalidFlowsQuery)
 	}
 	if q.Port < 0 || q.Port > 65535 {
 		return fmt.Errorf("port %d: want 1 to 65535: %w", q.Port, ErrInvalidFlowsQuery)

@@ -271,11 +271,15 @@ type KubeStatus struct {
 // Flow is one policy verdict of a node's datapath, with the names the
 // agent knows for its parties.
 type Flow struct {
-	Time      time.Time `json:"time"`
-	Node      string    `json:"node"`
-	Verdict   string    `json:"verdict"`   // "allowed" (a new connection), "denied" or "rejected"
-	Direction string    `json:"direction"` // of the local pod: ingress or egress
-	Pod       string    `json:"pod"`       // the local pod judged, namespace/name
+	Time time.Time `json:"time"`
+	Node string    `json:"node"`
+	// Verdict is "allowed" (a new connection), "denied" or "rejected";
+	// or "forwarded", no verdict: the node translated a flow from outside
+	// the cluster (a NodePort, an external address) to a backend on
+	// another node, which judges it. Such a record's Pod is that backend.
+	Verdict   string `json:"verdict"`
+	Direction string `json:"direction"` // of the local pod: ingress or egress
+	Pod       string `json:"pod"`       // the local pod judged, namespace/name
 	// Src is the address:port of the first packet; in an aggregate
 	// (Count set) it is the address alone, as its flows came from many
 	// ephemeral source ports.
@@ -288,8 +292,10 @@ type Flow struct {
 	// ServiceAddr is the address and port the client named (a ClusterIP,
 	// a node's NodePort, ...). Both are empty when the client named Dst
 	// itself, or on the backend's node when the client is on another
-	// (that node never saw the Service address). Service alone is empty
-	// when the Service is gone by the time the record is named.
+	// (that node never saw the Service address): a flow from outside
+	// that another node forwarded is named by that node's "forwarded"
+	// record. Service alone is empty when the Service is gone by the
+	// time the record is named.
 	Service     string `json:"service,omitempty"`
 	ServiceAddr string `json:"serviceAddr,omitempty"`
 	// ServiceByClient says the Service was found by the client pod and

@@ -63,7 +63,7 @@ func NewObserveCommand() *cobra.Command {
 	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: json, yaml, wide, or empty for a table")
 	cmd.Flags().StringVarP(&f.namespace, "namespace", "n", "", "only flows of pods in this namespace")
 	cmd.Flags().StringVar(&f.pod, "pod", "", "only flows of this pod (name, or namespace/name)")
-	cmd.Flags().StringVar(&f.verdict, "verdict", "", "only this verdict: allowed, denied or rejected")
+	cmd.Flags().StringVar(&f.verdict, "verdict", "", "only this verdict: allowed, denied, rejected or forwarded (a flow from outside sent to a backend on another node)")
 	cmd.Flags().StringVar(&f.policy, "policy", "", "only flows this policy decided, logged or passed (name, namespace/name or kind/name)")
 	cmd.Flags().IntVar(&f.port, "port", 0, "only flows to this destination port")
 	cmd.Flags().DurationVar(&f.since, "since", 0, "only flows seen in this last duration (e.g. 5m)")

@@ -3,6 +3,7 @@ package datapath
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/weirnet/weir/internal/policy"
 )
@@ -103,4 +104,56 @@ func TestEventsNameTheNodePortOfAFlowFromOutside(t *testing.T) {
 			t.Errorf("outside:%d -> B event names %v (by client %v), want %v: %+v", sport, ev.Service, ev.ServiceByClient, want, ev)
 		}
 	}
+}
+
+// TestNodePortForwardIsReported: a new flow from outside that from_netdev
+// translates to a backend on another node is reported once, as forwarded,
+// naming the client, the backend and the frontend it arrived at (that
+// node sees only this node's address). Later packets of the flow, a flow
+// to a local backend (its pod's ingress reports it) and any flow while
+// events are off report nothing.
+func TestNodePortForwardIsReported(t *testing.T) {
+	p := loadTestWith(t, ModeVXLAN, func(c *ProgramConfig) { c.ExternalServices = true })
+	n := &Node{progs: p}
+	if err := n.SetServices(nodePortTable()); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := n.OpenEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	send := func(sport, dport uint16, flags uint8) {
+		t.Helper()
+		frame := tcpFrame(hostMAC, peerHW, outside, nodeAddr, sport, dport, 1, flags, nil)
+		if ret, _, _ := runCtx(t, p.FromNetdev, frame, 3); ret != tcActOK {
+			t.Fatalf("outside:%d -> NodePort %d: %s, want ok", sport, dport, tcVerdictName(ret))
+		}
+	}
+	// expect reads the next event: the forwarded flow from sport.
+	expect := func(sport uint16) {
+		t.Helper()
+		ev := readEvent(t, rd)
+		want := VerdictEvent{Verdict: policy.VerdictForwarded, Direction: policy.Ingress, Proto: 6,
+			Src: netip.AddrPortFrom(outside, sport), Dst: netip.AddrPortFrom(remote, 8080),
+			Service: netip.AddrPortFrom(nodeAddr, 30081)}
+		ev.Time, ev.Peer = time.Time{}, 0
+		if ev != want {
+			t.Errorf("event %+v, want %+v", ev, want)
+		}
+	}
+
+	send(40001, 30081, tcpSYN)
+	expect(40001)
+	send(40001, 30081, tcpACK) // the same flow
+	send(40002, 30080, tcpSYN) // a local backend
+	if err := n.SetFlowEvents(false); err != nil {
+		t.Fatal(err)
+	}
+	send(40003, 30081, tcpSYN)
+	if err := n.SetFlowEvents(true); err != nil {
+		t.Fatal(err)
+	}
+	send(40004, 30081, tcpSYN)
+	expect(40004) // nothing came between
 }

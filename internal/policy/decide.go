@@ -9,6 +9,11 @@ const (
 	VerdictDeny
 	// VerdictReject drops and answers the sender.
 	VerdictReject
+	// VerdictForwarded is no decision of policy: the datapath translated
+	// a flow from outside the cluster to a Service's backend on another
+	// node and sent it there, where that backend's policy judges it. Only
+	// the datapath's reports carry it; no policy gives it.
+	VerdictForwarded
 )
 
 func (v Verdict) String() string {
@@ -19,6 +24,8 @@ func (v Verdict) String() string {
 		return "denied"
 	case VerdictReject:
 		return "rejected"
+	case VerdictForwarded:
+		return "forwarded"
 	}
 	return "unknown"
 }

@@ -168,12 +168,14 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 	// Flow records name the Service each connection went through: the
 	// client pod's on n1 by its socket (the ClusterIP it connected to by
 	// name), the outside host's on n2, where the backend is, by the
-	// NodePort translation.
+	// NodePort translation; the outside host's through n1's NodePort on
+	// n1, which forwarded it to n2 (n2 sees n1's address).
 	waitFor(t, 10*time.Second, func() error {
 		return errors.Join(
-			flowsNameService(ctx, st, "n1", "kpr/client", "kpr/cluster", ":80"),
-			flowsNameService(ctx, st, "n2", "kpr/echo", "kpr/cluster", n2+":30777"),
-			flowsNameService(ctx, st, "n2", "kpr/echo", "kpr/local", n2+":30778"))
+			flowsNameService(ctx, st, "n1", "kpr/client", "allowed", "kpr/cluster", ":80"),
+			flowsNameService(ctx, st, "n2", "kpr/echo", "allowed", "kpr/cluster", n2+":30777"),
+			flowsNameService(ctx, st, "n2", "kpr/echo", "allowed", "kpr/local", n2+":30778"),
+			flowsNameService(ctx, st, "n1", "kpr/echo", "forwarded", "kpr/cluster", n1+":30777"))
 	})
 	if body, err := get("http://" + n1 + ":30778/clientip"); err == nil {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint answered %q, want a drop", body)

@@ -956,9 +956,10 @@ func flowsInclude(ctx context.Context, st *lab.State, node, pod, allowRule, deny
 	return nil
 }
 
-// flowsNameService checks that a node's agent holds an allowed flow of
-// pod through service, at an address ending in addr.
-func flowsNameService(ctx context.Context, st *lab.State, node, pod, service, addr string) error {
+// flowsNameService checks that a node's agent holds a flow of pod with
+// verdict (allowed; forwarded: from outside, to a backend on another
+// node) through service, at an address ending in addr.
+func flowsNameService(ctx context.Context, st *lab.State, node, pod, verdict, service, addr string) error {
 	var sock string
 	for _, n := range st.Nodes {
 		if n.Name == node {
@@ -968,15 +969,15 @@ func flowsNameService(ctx context.Context, st *lab.State, node, pod, service, ad
 	var seen []string
 	found := false
 	err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: pod, Service: service}}, func(f api.Flow) error {
-		seen = append(seen, f.Direction+" "+f.Dst+" via "+f.ServiceAddr)
-		found = found || (f.Verdict == "allowed" && f.Service == service && strings.HasSuffix(f.ServiceAddr, addr))
+		seen = append(seen, f.Verdict+" "+f.Direction+" "+f.Dst+" via "+f.ServiceAddr)
+		found = found || (f.Verdict == verdict && f.Service == service && strings.HasSuffix(f.ServiceAddr, addr))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
 	if !found {
-		return fmt.Errorf("no allowed flow of %s on %s through %s at *%s; its flows through it: %v", pod, node, service, addr, seen)
+		return fmt.Errorf("no %s flow of %s on %s through %s at *%s; its flows through it: %v", verdict, pod, node, service, addr, seen)
 	}
 	return nil
 }
