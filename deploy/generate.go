@@ -10,3 +10,4 @@ package deploy
 //
 //go:generate go run ../hack/upstreamcrd -channel experimental -out crd-clusternetworkpolicies.yaml
 //go:generate sh -c "set -e; go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0 crd paths=../internal/k8s/apis/weirv1alpha1 output:crd:stdout > crd-weirclusternetworkpolicies.yaml.tmp; mv crd-weirclusternetworkpolicies.yaml.tmp crd-weirclusternetworkpolicies.yaml"
+//go:generate sh -c "cp crds.yaml helm/weir/crds/securityidentities.yaml && cp crd-clusternetworkpolicies.yaml helm/weir/crds/clusternetworkpolicies.yaml && cp crd-weirclusternetworkpolicies.yaml helm/weir/crds/weirclusternetworkpolicies.yaml && cp ../docs/grafana-dashboard.json helm/weir/dashboards/weir.json"

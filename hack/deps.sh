@@ -58,7 +58,20 @@ weir_umount_bpffs() {
 weir_build() {
   echo "==> building bin/weir, bin/weir-agent, bin/weir-cni"
   mkdir -p bin
-  CGO_ENABLED=0 go build -o bin/ ./cmd/...
+  CGO_ENABLED=0 go build -ldflags "$(weir_version_ldflags)" -o bin/ ./cmd/...
+}
+
+# weir_version_ldflags stamps the commit the binaries are built from into
+# them (`weir version`), whether or not the toolchain stamps VCS data
+# itself (GOFLAGS=-buildvcs=false).
+weir_version_ldflags() {
+  local pkg=github.com/weirnet/weir/internal/version
+  local rev
+  rev=$(git rev-parse HEAD 2>/dev/null) || return 0
+  printf -- '-X %s.commit=%s -X %s.commitTime=%s' "$pkg" "$rev" "$pkg" "$(git log -1 --format=%cI)"
+  if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    printf -- ' -X %s.modified=true' "$pkg"
+  fi
 }
 
 # weir_lab_build builds (first time only; ~15 min on 2 cores, then cached in

@@ -22,6 +22,7 @@ import (
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/flowstore"
+	"github.com/weirnet/weir/internal/version"
 )
 
 // flags are the command line, kept as strings until validated together.
@@ -36,6 +37,9 @@ type flags struct {
 	proxyHealthzAddr                                   string
 	proxyStatusAddr                                    string
 	flowMaxBytes                                       int64
+	tunnelPort                                         uint16
+	mtu                                                int
+	configDir                                          string
 }
 
 func main() {
@@ -43,6 +47,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "weir-agent:", err)
 		os.Exit(1)
 	}
+}
+
+// newVersionCommand is `weir-agent version`: this binary's build.
+func newVersionCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Show this agent binary's version, commit and Go toolchain",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch output {
+			case "json":
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(version.Get())
+			case "":
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), "weir-agent", version.Get())
+				return err
+			}
+			return fmt.Errorf("--output %q: want json or empty", output)
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "json: as JSON; empty: one line")
+	return cmd
 }
 
 func newCommand() *cobra.Command {
@@ -53,6 +79,11 @@ func newCommand() *cobra.Command {
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.configDir != "" {
+				if err := applyConfigDir(cmd.Flags(), f.configDir); err != nil {
+					return err
+				}
+			}
 			cfg, err := f.config()
 			if err != nil {
 				return err
@@ -63,7 +94,7 @@ func newCommand() *cobra.Command {
 			return agent.Run(ctx, cfg, log)
 		},
 	}
-	cmd.AddCommand(newHealthCommand())
+	cmd.AddCommand(newHealthCommand(), newVersionCommand())
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")
@@ -88,6 +119,9 @@ func newCommand() *cobra.Command {
 	fl.BoolVar(&f.socketLB, "socket-lb", true, "translate pods' ClusterIP connections at the socket (false, which needs --kube-proxy-replacement=false: Weir leaves every Service to kube-proxy, e.g. for a service mesh whose sidecars must see ClusterIPs, or to measure kube-proxy beside Weir)")
 	fl.StringVar(&f.proxyHealthzAddr, "kube-proxy-healthz-addr", "0.0.0.0:10256", "with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are answered, as cloud load balancers probe them (empty: not served)")
 	fl.StringVar(&f.proxyStatusAddr, "kube-proxy-status-addr", "127.0.0.1:10249", "with --kube-proxy-replacement: where kube-proxy's /proxyMode is answered (empty: not served)")
+	fl.Uint16Var(&f.tunnelPort, "tunnel-port", datapath.VXLANPort, "the overlay's UDP port (--mode=vxlan), the same on every node")
+	fl.IntVar(&f.mtu, "mtu", 0, "the pods' MTU (0: the underlay device's, less 50 bytes of VXLAN in vxlan mode); set it lower where the underlay's path carries less than its device says")
+	fl.StringVar(&f.configDir, "config-dir", "", "a directory of files named after flags, each holding the flag's value (a mounted ConfigMap); a flag given on the command line wins")
 	fl.BoolVar(&f.identityOption, "identity-option", true, "native routing: carry the sending pod's identity in the first packet of each flow as an IPv4 option, so other nodes know a new pod from its first packet (false: for underlays that drop IPv4 options; a new pod is then unidentified on other nodes until its address arrives)")
 	return cmd
 }
@@ -134,6 +168,12 @@ func (f flags) config() (agent.Config, error) {
 	if f.kubeProxyReplacement && !f.socketLB {
 		return agent.Config{}, errors.New("--socket-lb=false leaves Services to kube-proxy, which --kube-proxy-replacement says is not there: drop one of them")
 	}
+	if f.tunnelPort == 0 {
+		return agent.Config{}, fmt.Errorf("--tunnel-port 0: want 1-65535 (%d is VXLAN's)", datapath.VXLANPort)
+	}
+	if f.mtu < 0 {
+		return agent.Config{}, fmt.Errorf("--mtu %d: want a pod MTU such as 1450, or 0 for the underlay's", f.mtu)
+	}
 	if f.flowMaxBytes <= 0 {
 		return agent.Config{}, fmt.Errorf("--flow-max-bytes %d: want a positive number of bytes, such as %d (64 MiB)", f.flowMaxBytes, flowstore.DefaultMaxBytes)
 	}
@@ -149,6 +189,7 @@ func (f flags) config() (agent.Config, error) {
 		NoIdentityOption:     !f.identityOption,
 		KubeProxyReplacement: f.kubeProxyReplacement, NoSocketLB: !f.socketLB,
 		ProxyHealthzAddr: f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
+		TunnelPort: f.tunnelPort, MTU: f.mtu,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

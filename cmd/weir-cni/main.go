@@ -17,5 +17,5 @@ func init() {
 }
 
 func main() {
-	skel.PluginMainFuncs(cni.Funcs(), cni.SupportedVersions, cni.About)
+	skel.PluginMainFuncs(cni.Funcs(), cni.SupportedVersions, cni.About())
 }

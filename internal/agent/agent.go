@@ -82,6 +82,9 @@ type Config struct {
 	// /healthz (and /livez) and /proxyMode are answered with
 	// KubeProxyReplacement; empty: not served.
 	ProxyHealthzAddr, ProxyStatusAddr string
+	// TunnelPort and MTU: see datapath.NodeConfig.
+	TunnelPort uint16
+	MTU        int
 }
 
 // nodeConfig is the datapath's share of the config.
@@ -91,6 +94,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 		NodeIP: c.NodeIP, PodCIDR: c.PodCIDR, ClusterCIDR: c.ClusterCIDR, PinDir: c.PinDir,
 		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
 		KubeProxyReplacement: c.KubeProxyReplacement, HashSeed: c.HashSeed,
+		TunnelPort: c.TunnelPort, MTU: c.MTU,
 	}
 }
 

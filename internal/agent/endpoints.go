@@ -62,7 +62,7 @@ func (a *Agent) Add(req api.AddRequest) (_ *api.AddResponse, retErr error) {
 				fmt.Sprintf("hostPort %d hostIP %v is neither this node's address %v nor %v", hp.Port, hp.HostIP, a.cfg.NodeIP, service.Loopback),
 				errors.New("leave hostIP empty, or set it to the node's own address or 127.0.0.1 (the node's own processes only)"))
 		}
-		if slices.Contains(reservedPorts, service.PortProto{Port: hp.Port, Proto: hp.Proto}) {
+		if slices.Contains(a.cfg.reservedPorts(), service.PortProto{Port: hp.Port, Proto: hp.Proto}) {
 			return nil, api.Errorf(api.CodeInvalidConfig,
 				fmt.Sprintf("hostPort %d/%s is the overlay's port on every node", hp.Port, protocolName(hp.Proto)),
 				errors.New("pick another hostPort: the cluster's tunnel traffic arrives there"))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -302,4 +303,51 @@ func TestAddFaultInjectionStress(t *testing.T) {
 		n.assertClean(fmt.Sprintf("cycle %d after DEL", i))
 	}
 	t.Logf("%d cycles; faults injected per step: %v", cycles, injected)
+}
+
+// TestTunnelPortAndMTU: a restart with another overlay port and a pod MTU
+// replaces the overlay device to match, pods get that MTU, the new port
+// is reserved from hostPorts, and an MTU the underlay cannot carry is
+// refused at setup.
+func TestTunnelPortAndMTU(t *testing.T) {
+	n := newTestNode(t, "10.244.1.0/24")
+	n.stop()
+	n.cfg.TunnelPort, n.cfg.MTU = 8472, 1400
+	n.start(nil)
+	err := n.nodeNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(datapath.OverlayDevice)
+		if err != nil {
+			return err
+		}
+		vx, ok := l.(*netlink.Vxlan)
+		if !ok || vx.Port != 8472 || vx.MTU != 1400 {
+			return fmt.Errorf("overlay %s: port %d MTU %d, want 8472 and 1400", l.Type(), vx.Port, l.Attrs().MTU)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := n.newPod()
+	resp, err := n.agent.Add(addReq("c1", pod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.MTU != 1400 {
+		t.Errorf("pod MTU %d, want 1400", resp.MTU)
+	}
+	req := addReq("c2", n.newPod())
+	req.PortMappings = []api.PortMapping{{HostPort: 8472, ContainerPort: 53, Protocol: "udp"}}
+	if _, err := n.agent.Add(req); codeOf(err) != api.CodeInvalidConfig {
+		t.Errorf("hostPort 8472/UDP, the overlay's port: %v, want code %d", err, api.CodeInvalidConfig)
+	}
+
+	nc := n.cfg.nodeConfig()
+	nc.NetNS, nc.MTU = n.nodeNS.Path(), 1460
+	if dp, err := datapath.SetupNode(nc); err == nil {
+		dp.Close()
+		t.Errorf("MTU 1460 over a 1500-byte underlay in vxlan mode was accepted")
+	} else if !strings.Contains(err.Error(), "more than eth0 carries") {
+		t.Errorf("MTU 1460: %v, want an error saying eth0 carries less", err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http/pprof"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/version"
 )
 
 // maxBody bounds request bodies; a GC list of 10,000 pods fits easily.
@@ -33,6 +34,9 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, l)
+	})
+	mux.HandleFunc("GET "+api.PathVersion, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, version.Get())
 	})
 	mux.HandleFunc("GET "+api.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
 		s, err := a.Status()

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/weirnet/weir/internal/api"
-	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/service"
 )
@@ -314,7 +313,9 @@ func (a *Agent) serviceObjectLocked(key string) *corev1.Service {
 
 // reservedPorts are ports no Service address or hostPort may take on a
 // node: the overlay's, which every node's tunnel traffic arrives on.
-var reservedPorts = []service.PortProto{{Port: datapath.VXLANPort, Proto: service.ProtoUDP}}
+func (c Config) reservedPorts() []service.PortProto {
+	return []service.PortProto{{Port: c.nodeConfig().OverlayPort(), Proto: service.ProtoUDP}}
+}
 
 // hostPortsLocked lists this node's pods' hostPorts where cluster (the
 // cluster's Services) has no frontend (with no kube-proxy beside the
@@ -357,7 +358,7 @@ func (a *Agent) hostPortsLocked(cluster service.Table) (service.Table, map[servi
 // serviceOptions is whose view the Service table is built for: this node,
 // and with no kube-proxy beside it, every node's address for NodePorts.
 func (a *Agent) serviceOptions(nodes []k8s.Node) service.Options {
-	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement, Reserved: reservedPorts}
+	opts := service.Options{Node: a.cfg.NodeName, ReplaceKubeProxy: a.cfg.KubeProxyReplacement, Reserved: a.cfg.reservedPorts()}
 	for _, n := range nodes {
 		if n.Name == a.cfg.NodeName {
 			opts.Zone = n.Labels[corev1.LabelTopologyZone] // trafficDistribution's hints name it

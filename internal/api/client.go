@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/weirnet/weir/internal/version"
 )
 
 // DefaultSocket is where weir-agent listens unless told otherwise.
@@ -70,6 +72,12 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 func (c *Client) Services(ctx context.Context) (*ServiceList, error) {
 	var l ServiceList
 	return &l, c.do(ctx, http.MethodGet, PathServices, nil, &l)
+}
+
+// Version returns which build the agent is.
+func (c *Client) Version(ctx context.Context) (*version.Info, error) {
+	var v version.Info
+	return &v, c.do(ctx, http.MethodGet, PathVersion, nil, &v)
 }
 
 // SetPeers replaces the agent's peers.

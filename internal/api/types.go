@@ -15,6 +15,7 @@ const (
 	PathPeers     = "/v1/peers"
 	PathFlows     = "/v1/flows"
 	PathServices  = "/v1/services"
+	PathVersion   = "/v1/version"
 )
 
 // Attachment names one interface of one container.

@@ -15,7 +15,8 @@ func NewRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand(), NewServiceCommand())
+	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand(), NewServiceCommand(),
+		NewVersionCommand(), NewPreflightCommand())
 	return root
 }
 

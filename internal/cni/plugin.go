@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"time"
@@ -12,13 +13,19 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/weirnet/weir/internal/api"
+	weirversion "github.com/weirnet/weir/internal/version"
 )
 
 // SupportedVersions are the CNI specification versions weir-cni speaks.
 var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
-// About is printed by VERSION callers that ask for it.
-const About = "weir-cni: eBPF pod networking (asks weir-agent on the node)"
+// About is what skel prints when the plugin runs without CNI_COMMAND: a
+// line for people, then this build's version.Info as JSON, which
+// `weir version` reads.
+func About() string {
+	b, _ := json.Marshal(weirversion.Get())
+	return "weir-cni: eBPF pod networking (asks weir-agent on the node), " + weirversion.Get().String() + "\n" + string(b)
+}
 
 // timeout bounds one call to the agent; kubelet's own is longer.
 const timeout = 60 * time.Second

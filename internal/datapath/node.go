@@ -26,6 +26,13 @@ const VXLANPort = 4789
 // Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8.
 const vxlanOverhead = 50
 
+// The pod MTUs NodeConfig.MTU accepts: IPv4's least that every link
+// carries, up to a jumbo frame.
+const (
+	minPodMTU = 576
+	maxPodMTU = 9000
+)
+
 // routeProtocol tags every route Weir installs so it can find and remove
 // exactly its own (see /etc/iproute2/rt_protos; 0xe8 is unassigned).
 const routeProtocol = netlink.RouteProtocol(0xe8)
@@ -58,6 +65,21 @@ type NodeConfig struct {
 	KubeProxyReplacement bool
 	// HashSeed: see ProgramConfig.
 	HashSeed uint64
+	// TunnelPort is the overlay's UDP port (vxlan mode), the same on
+	// every node; 0: VXLANPort.
+	TunnelPort uint16
+	// MTU is the pods' MTU; 0: the underlay device's, less the overlay's
+	// overhead in vxlan mode. Set it below that where the underlay's path
+	// carries less than its device says (a cloud's own encapsulation).
+	MTU int
+}
+
+// OverlayPort is the overlay's UDP port in effect.
+func (c NodeConfig) OverlayPort() uint16 {
+	if c.TunnelPort == 0 {
+		return VXLANPort
+	}
+	return c.TunnelPort
 }
 
 // Validate reports the first thing that is wrong with the config.
@@ -75,6 +97,8 @@ func (c NodeConfig) Validate() error {
 		return fmt.Errorf("cluster CIDR %v does not contain pod CIDR %v", c.ClusterCIDR, c.PodCIDR)
 	case c.PinDir == "":
 		return errors.New("pin directory is empty")
+	case c.MTU != 0 && (c.MTU < minPodMTU || c.MTU > maxPodMTU):
+		return fmt.Errorf("MTU %d: want %d to %d, or 0 for the underlay's", c.MTU, minPodMTU, maxPodMTU)
 	}
 	_, err := ParseMode(string(c.Mode))
 	return err
@@ -156,9 +180,17 @@ func (n *Node) setupDevices() error {
 		return fmt.Errorf("underlay device %s: %w", n.cfg.UnderlayDev, err)
 	}
 	n.podMTU = under.Attrs().MTU
-	overlayIfindex := 0
 	if n.cfg.Mode == ModeVXLAN {
 		n.podMTU -= vxlanOverhead
+	}
+	if n.cfg.MTU != 0 {
+		if n.cfg.MTU > n.podMTU {
+			return fmt.Errorf("MTU %d: more than %s carries (%d for pods in %s mode)", n.cfg.MTU, n.cfg.UnderlayDev, n.podMTU, n.cfg.Mode)
+		}
+		n.podMTU = n.cfg.MTU
+	}
+	overlayIfindex := 0
+	if n.cfg.Mode == ModeVXLAN {
 		vx, err := n.ensureVXLAN(n.podMTU)
 		if err != nil {
 			return err
@@ -213,7 +245,7 @@ func (n *Node) setupDevices() error {
 
 func (n *Node) ensureVXLAN(mtu int) (netlink.Link, error) {
 	if l, err := n.nl.LinkByName(OverlayDevice); err == nil {
-		if _, ok := l.(*netlink.Vxlan); ok && l.Attrs().MTU == mtu {
+		if vx, ok := l.(*netlink.Vxlan); ok && l.Attrs().MTU == mtu && vx.Port == int(n.cfg.OverlayPort()) {
 			return l, n.nl.LinkSetUp(l)
 		}
 		if err := n.nl.LinkDel(l); err != nil {
@@ -223,7 +255,7 @@ func (n *Node) ensureVXLAN(mtu int) (netlink.Link, error) {
 	vx := &netlink.Vxlan{
 		LinkAttrs: netlink.LinkAttrs{Name: OverlayDevice, MTU: mtu, Flags: net.FlagUp},
 		FlowBased: true, // collect metadata: the datapath sets the tunnel key
-		Port:      VXLANPort,
+		Port:      int(n.cfg.OverlayPort()),
 		Learning:  false,
 	}
 	if err := n.nl.LinkAdd(vx); err != nil {

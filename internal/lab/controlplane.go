@@ -52,6 +52,8 @@ func (st *State) kubeBin(b string) string {
 		dir = "etcd"
 	case "containerd", "ctr", "containerd-shim-runc-v2":
 		dir = "containerd"
+	case "helm":
+		dir = "helm"
 	}
 	return filepath.Join(st.Kube.Bins[dir], b)
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/weirnet/weir/deploy"
 	"github.com/weirnet/weir/internal/lab/manifests"
 )
 
@@ -57,8 +55,10 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	if err := st.startControlPlane(ctx, p, out); err != nil {
 		return err
 	}
-	if err := st.applyManifests(ctx, deploy.Manifests, nil, "crds.yaml",
-		"crd-clusternetworkpolicies.yaml", "crd-weirclusternetworkpolicies.yaml", "rbac.yaml"); err != nil {
+	// Weir's chart, as an operator installs it: the CRDs and RBAC now,
+	// before any node, and the agent DaemonSet, whose pods start as the
+	// nodes register (unless the agents run as host processes).
+	if err := st.installWeir(ctx); err != nil {
 		return err
 	}
 	// The agents' watches fail their sync on a kind not yet served.
@@ -69,11 +69,6 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	}
 	for i := range st.Nodes {
 		if err := st.startKubeNode(ctx, p, &st.Nodes[i], images); err != nil {
-			return err
-		}
-	}
-	if st.Config.AgentMode != AgentHost {
-		if err := st.deployAgents(ctx); err != nil {
 			return err
 		}
 	}
@@ -100,31 +95,6 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "  cluster ready in %s; kubectl: `weir lab kubectl get nodes`, or KUBECONFIG=%s\n",
 		time.Since(start).Round(100*time.Millisecond), st.Kube.Kubeconfig)
 	return st.save()
-}
-
-// deployAgents applies the agent DaemonSet, with every path under the
-// lab's run directory and $(NODE_NAME), since the lab's nodes share one
-// file system.
-func (st *State) deployAgents(ctx context.Context) error {
-	node := filepath.Join(st.RunDir, "$(NODE_NAME)")
-	params := deploy.AgentParams{
-		Image: AgentImage, PullPolicy: "Never", Mode: string(st.Config.Mode), ClusterCIDR: st.Config.ClusterCIDR.String(),
-		StateDir: filepath.Join(node, "state"), Socket: filepath.Join(node, "agent.sock"),
-		PinDir:     filepath.Join(pinRoot(st.Config.Name), "$(NODE_NAME)"),
-		CNIConfDir: filepath.Join(node, "cni", "net.d"), CNIBinDir: filepath.Join(node, "cni", "bin"),
-		APIServerHost: controlPlaneIP.String(), APIServerPort: strconv.Itoa(apiPort),
-		// Each node is its own network namespace: one port serves all.
-		HealthPort: 9879, MetricsPort: 9880, KubeProxyReplacement: st.replacesKubeProxy(),
-		// Pod network namespaces appear under the run directory after the
-		// agent starts. The lab mounted bpffs already.
-		Mounts: []deploy.Mount{{Name: "lab", Path: st.RunDir, Propagation: "HostToContainer"}, {Name: "bpffs", Path: "/sys/fs/bpf"}},
-	}
-	b, err := deploy.RenderAgent(params)
-	if err != nil {
-		return err
-	}
-	_, err = st.Kubectl(ctx, strings.NewReader(string(b)), "apply", "-f", "-")
-	return err
 }
 
 // sharedMount bind-mounts dir onto itself and makes it shared, as every

@@ -14,6 +14,7 @@ const (
 	EtcdVersion       = "v3.6.16"
 	ContainerdVersion = "v2.4.2"
 	CoreDNSVersion    = "v1.15.0"
+	HelmVersion       = "v3.22.0"
 )
 
 // kubernetesStaging are the modules kubernetes' own go.mod replaces with
@@ -91,11 +92,21 @@ func containerdBuild() GoBuild {
 	}
 }
 
+// HelmBuild is helm, which installs Weir's chart (deploy/helm/weir) in
+// the lab and lints and renders it in the tests.
+func HelmBuild() GoBuild {
+	mod := "helm.sh/helm/v3"
+	return GoBuild{
+		Name: "helm", Module: mod, Version: HelmVersion, Pkgs: []string{mod + "/cmd/helm"},
+		Env: []string{"CGO_ENABLED=0"}, LDFlags: "-s -w -X helm.sh/helm/v3/internal/version.version=" + HelmVersion,
+	}
+}
+
 // ClusterBinaries builds (once, then from the cache) everything a
 // Kubernetes lab runs and returns the directory of each build.
 func ClusterBinaries(ctx context.Context, progress io.Writer) (map[string]string, error) {
 	out := map[string]string{}
-	for _, b := range []GoBuild{etcdBuild(), containerdBuild(), KubernetesBuild(), agnhostBuild(), corednsBuild(), referencePluginsBuild()} {
+	for _, b := range []GoBuild{etcdBuild(), containerdBuild(), KubernetesBuild(), agnhostBuild(), corednsBuild(), referencePluginsBuild(), HelmBuild()} {
 		dir, err := b.Run(ctx, progress)
 		if err != nil {
 			return nil, err

@@ -16,8 +16,10 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/conformance"
 	"github.com/weirnet/weir/internal/lab"
+	"github.com/weirnet/weir/internal/version"
 )
 
 // kprManifest is one agnhost netexec pod on n2 with a hostPort, a NodePort
@@ -177,6 +179,13 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 			flowsNameService(ctx, st, "n2", "kpr/echo", "allowed", "kpr/local", n2+":30778"),
 			flowsNameService(ctx, st, "n1", "kpr/echo", "forwarded", "kpr/cluster", n1+":30777"))
 	})
+	// The agents the chart installed report the build this tree is.
+	for _, n := range st.Nodes {
+		v, err := api.NewClient(n.Socket).Version(ctx)
+		if err != nil || v.Version != version.Version || v.Platform == "" {
+			t.Errorf("%s: agent version %+v, %v; want %s", n.Name, v, err, version.Version)
+		}
+	}
 	if body, err := get("http://" + n1 + ":30778/clientip"); err == nil {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint answered %q, want a drop", body)
 	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "timeout") {

@@ -1,0 +1,95 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/weirnet/weir/deploy"
+)
+
+// HelmRelease is the name the lab installs Weir's chart under, in
+// kube-system.
+const HelmRelease = "weir"
+
+// installWeir installs (or upgrades to) Weir's chart with helm, with the
+// lab's values: the CRDs and RBAC always, since agents run as host
+// processes need them too, and the agent DaemonSet unless they do.
+func (st *State) installWeir(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "weir-chart-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	chart, err := deploy.WriteChart(dir)
+	if err != nil {
+		return err
+	}
+	values, err := yaml.Marshal(st.chartValues())
+	if err != nil {
+		return err
+	}
+	file := filepath.Join(dir, "values.yaml")
+	if err := os.WriteFile(file, values, 0o644); err != nil {
+		return err
+	}
+	_, err = st.Helm(ctx, "upgrade", "--install", HelmRelease, chart, "--namespace", "kube-system", "--values", file)
+	return err
+}
+
+// chartValues are the chart's values for this lab: its image (imported
+// into every node, never pulled), mode and CIDR; every host path under the
+// lab's run directory and $(NODE_NAME), since the lab's nodes share one
+// file system; the API server reached directly, not through a Service.
+func (st *State) chartValues() map[string]any {
+	repo, tag, _ := strings.Cut(AgentImage, ":")
+	node := filepath.Join(st.RunDir, "$(NODE_NAME)")
+	return map[string]any{
+		"image":                map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
+		"routingMode":          string(st.Config.Mode),
+		"clusterCIDR":          st.Config.ClusterCIDR.String(),
+		"kubeProxyReplacement": st.replacesKubeProxy(),
+		"k8sServiceHost":       controlPlaneIP.String(),
+		"k8sServicePort":       strconv.Itoa(apiPort),
+		"agent": map[string]any{
+			"enabled": st.Config.AgentMode != AgentHost,
+			"paths": map[string]any{
+				"state": filepath.Join(node, "state"), "socket": filepath.Join(node, "agent.sock"),
+				"bpfPin":  filepath.Join(pinRoot(st.Config.Name), "$(NODE_NAME)"),
+				"cniConf": filepath.Join(node, "cni", "net.d"), "cniBin": filepath.Join(node, "cni", "bin"),
+			},
+			// Pod network namespaces appear under the run directory after
+			// the agent starts. The lab mounted bpffs already.
+			"hostMounts": []map[string]any{
+				{"name": "lab", "path": st.RunDir, "propagation": "HostToContainer"},
+				{"name": "bpffs", "path": "/sys/fs/bpf"},
+			},
+		},
+		// The agents run as host processes present client certificates
+		// in this group.
+		"rbac": map[string]any{"extraGroups": []string{"weir:agents"}},
+	}
+}
+
+// Helm runs the lab's helm with its admin kubeconfig, keeping helm's own
+// cache and configuration in the lab's run directory.
+func (st *State) Helm(ctx context.Context, args ...string) ([]byte, error) {
+	if st.Kube == nil {
+		return nil, fmt.Errorf("lab %s runs no Kubernetes", st.Config.Name)
+	}
+	cmd := exec.CommandContext(ctx, st.kubeBin("helm"), append(args, "--kubeconfig", st.Kube.Kubeconfig)...)
+	home := filepath.Join(st.RunDir, "helm")
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
