@@ -142,7 +142,7 @@ func TestChartDefaults(t *testing.T) {
 	}
 	cm := objs["ConfigMap/weir-config"].(*corev1.ConfigMap)
 	for flag, want := range map[string]string{
-		"mode": "vxlan", "tunnel-port": "4789", "mtu": "0", "cluster-cidr": "10.244.0.0/16", "kube-proxy-replacement": "true",
+		"mode": "vxlan", "tunnel-port": "4789", "mtu": "0", "cluster-cidr": "10.244.0.0/16", "kube-proxy-replacement": "false",
 		"health-addr": "127.0.0.1:9879", "metrics-addr": ":9880", "socket": "/run/weir/agent.sock", "cni-conf-dir": "/etc/cni/net.d",
 		"flow-events": "true", "flow-max-bytes": "67108864",
 	} {
@@ -204,11 +204,11 @@ func TestChartDefaults(t *testing.T) {
 // and RBAC alone with the extra group bound.
 func TestChartValueSets(t *testing.T) {
 	def := render(t)["DaemonSet/weir-agent"].(*appsv1.DaemonSet)
-	objs := render(t, "routingMode=native", "tunnelPort=8472", "mtu=1400", "kubeProxyReplacement=false", "metrics.port=0",
+	objs := render(t, "routingMode=native", "tunnelPort=8472", "mtu=1400", "kubeProxyReplacement=true", "metrics.port=0",
 		"k8sServiceHost=10.0.0.1", "k8sServicePort=6443", "agent.extraArgs={--identity-option=false}",
 		"image.tag=v9", "image.pullPolicy=Always")
 	cm := objs["ConfigMap/weir-config"].(*corev1.ConfigMap)
-	for flag, want := range map[string]string{"mode": "native", "tunnel-port": "8472", "mtu": "1400", "kube-proxy-replacement": "false"} {
+	for flag, want := range map[string]string{"mode": "native", "tunnel-port": "8472", "mtu": "1400", "kube-proxy-replacement": "true"} {
 		if cm.Data[flag] != want {
 			t.Errorf("ConfigMap %s = %q, want %q", flag, cm.Data[flag], want)
 		}
@@ -233,6 +233,12 @@ func TestChartValueSets(t *testing.T) {
 	}
 	if ds.Spec.Template.Annotations["weir.io/config-checksum"] == def.Spec.Template.Annotations["weir.io/config-checksum"] {
 		t.Error("another configuration has the same checksum: an upgrade would not roll the agents")
+	}
+
+	// An IPv6 address to listen on is bracketed, as the agent parses it.
+	cm = render(t, "metrics.bindAddress=fd00::1")["ConfigMap/weir-config"].(*corev1.ConfigMap)
+	if cm.Data["metrics-addr"] != "[fd00::1]:9880" {
+		t.Errorf("metrics-addr %q, want [fd00::1]:9880", cm.Data["metrics-addr"])
 	}
 
 	objs = render(t, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom", "dashboards.enabled=true", "dashboards.namespace=monitoring")
@@ -267,15 +273,18 @@ func TestChartValueSets(t *testing.T) {
 // impossible value into an install-time error that names it.
 func TestChartRefusesBadValues(t *testing.T) {
 	for set, want := range map[string]string{
-		"routingMod=vxlan":                 "additional properties 'routingMod' not allowed",
-		"routingMode=geneve":               "'vxlan', 'native'",
-		"mtu=100":                          "/mtu",
-		"tunnelPort=70000":                 "/tunnelPort",
-		"clusterCIDR=10.244.0.0":           "/clusterCIDR",
-		"agent.paths.state=var/lib/weir":   "/agent/paths/state",
-		"image.pullPolicy=Sometimes":       "/image/pullPolicy",
-		"agent.extraArgs={identity=false}": "/agent/extraArgs/0",
+		"routingMod=vxlan":                                   "additional properties 'routingMod' not allowed",
+		"routingMode=geneve":                                 "'vxlan', 'native'",
+		"mtu=100":                                            "/mtu",
+		"tunnelPort=70000":                                   "/tunnelPort",
+		"clusterCIDR=10.244.0.0":                             "/clusterCIDR",
+		"agent.paths.state=var/lib/weir":                     "/agent/paths/state",
+		"image.pullPolicy=Sometimes":                         "/image/pullPolicy",
+		"agent.extraArgs={identity=false}":                   "/agent/extraArgs/0",
 		"metrics.serviceMonitor.enabled=true,metrics.port=0": "needs metrics.port",
+		"kubeProxyReplacement=true":                          "needs k8sServiceHost",
+		"metrics.port=9879":                                  "the same port",
+		"k8sServicePort=99999":                               "/k8sServicePort",
 	} {
 		_, err := runHelm(t, "template", "weir", "deploy/helm/weir", "--set", set)
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -287,7 +296,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 // TestChartLints: helm lint --strict passes with the defaults and with the
 // other value sets.
 func TestChartLints(t *testing.T) {
-	for _, set := range [][]string{nil, {"routingMode=native", "kubeProxyReplacement=false"}, {"agent.enabled=false"},
+	for _, set := range [][]string{nil, {"routingMode=native", "kubeProxyReplacement=true", "k8sServiceHost=10.0.0.1"}, {"agent.enabled=false"},
 		{"metrics.serviceMonitor.enabled=true", "dashboards.enabled=true"}} {
 		args := []string{"lint", "--strict", "deploy/helm/weir"}
 		for _, s := range set {
@@ -331,7 +340,7 @@ const plainHeader = `# Weir for clusters without Helm: deploy/helm/weir rendered
 // with Weir.
 func TestChartCopiesAreCurrent(t *testing.T) {
 	for from, to := range map[string]string{
-		"crds.yaml": "helm/weir/crds/securityidentities.yaml",
+		"crds.yaml":                           "helm/weir/crds/securityidentities.yaml",
 		"crd-clusternetworkpolicies.yaml":     "helm/weir/crds/clusternetworkpolicies.yaml",
 		"crd-weirclusternetworkpolicies.yaml": "helm/weir/crds/weirclusternetworkpolicies.yaml",
 		"../docs/grafana-dashboard.json":      "helm/weir/dashboards/weir.json",

@@ -58,7 +58,7 @@ weir_umount_bpffs() {
 weir_build() {
   echo "==> building bin/weir, bin/weir-agent, bin/weir-cni"
   mkdir -p bin
-  CGO_ENABLED=0 go build -ldflags "$(weir_version_ldflags)" -o bin/ ./cmd/...
+  CGO_ENABLED=0 go build -trimpath -ldflags "$(weir_version_ldflags)" -o bin/ ./cmd/...
 }
 
 # weir_version_ldflags stamps the commit the binaries are built from into

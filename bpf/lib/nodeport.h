@@ -417,6 +417,7 @@ __always_inline_fn enum nodeport_result nodeport_pick(int peer_pod, const struct
 	const struct lb4_service *svc;
 	const struct lb4_backend *be;
 	const struct lb4_nat *have;
+	struct lb4_nat had = {};
 	int affine;
 
 	key.vip = fwd->daddr;
@@ -434,6 +435,8 @@ __always_inline_fn enum nodeport_result nodeport_pick(int peer_pod, const struct
 		nodeport_keep_reply(fwd, to);
 		return NODEPORT_TRANSLATED;
 	}
+	if (have)
+		had = *have; /* a SYN again: a retransmission, or the tuple reused */
 	/* Only a SYN opens a TCP flow: a stray segment of none (a scan, or
 	 * a flow whose entry the LRU evicted) makes no entries, and the
 	 * stack answers it. */
@@ -459,7 +462,9 @@ __always_inline_fn enum nodeport_result nodeport_pick(int peer_pod, const struct
 	    bpf_map_update_elem(&weir_lb4_nat_fwd, fwd, to, BPF_ANY) < 0)
 		return NODEPORT_DROP;
 	metric_inc(METRIC_NODEPORT_NEW);
-	*fresh = 1;
+	/* A retransmitted SYN goes where its first went (Maglev, affinity):
+	 * the same flow, not a new one to report. */
+	*fresh = !have || had.addr != to->addr || had.port != to->port;
 	return NODEPORT_TRANSLATED;
 }
 

@@ -15,11 +15,13 @@ import (
 // flag. $(NAME) in a value is the environment variable NAME, as in a
 // container's args (the chart's paths carry $(NODE_NAME)). Names starting with a dot are the kubelet's own (..data and the
 // timestamped directory behind the keys' links). A file naming no flag is
-// an error, so a typo in the ConfigMap does not pass unnoticed.
-func applyConfigDir(fl *pflag.FlagSet, dir string) error {
+// returned as a warning, not an error: during an upgrade an agent of the
+// older version may restart with the newer ConfigMap (the chart's schema
+// catches typos at install time). A value a flag refuses is an error.
+func applyConfigDir(fl *pflag.FlagSet, dir string) (warnings []string, _ error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return fmt.Errorf("--config-dir: %w", err)
+		return nil, fmt.Errorf("--config-dir: %w", err)
 	}
 	for _, e := range entries {
 		name := e.Name()
@@ -32,20 +34,21 @@ func applyConfigDir(fl *pflag.FlagSet, dir string) error {
 		}
 		f := fl.Lookup(name)
 		if f == nil || name == "config-dir" {
-			return fmt.Errorf("--config-dir %s: %q is no flag of weir-agent (see weir-agent --help)", dir, name)
+			warnings = append(warnings, fmt.Sprintf("--config-dir %s: %q is no flag of this weir-agent (a newer version's? see weir-agent --help): ignored", dir, name))
+			continue
 		}
 		if f.Changed {
 			continue // the command line wins
 		}
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return fmt.Errorf("--config-dir: %w", err)
+			return warnings, fmt.Errorf("--config-dir: %w", err)
 		}
 		if err := fl.Set(name, expandEnv(strings.TrimSpace(string(b)))); err != nil {
-			return fmt.Errorf("--config-dir %s: %s: %w", dir, name, err)
+			return warnings, fmt.Errorf("--config-dir %s: %s: %w", dir, name, err)
 		}
 	}
-	return nil
+	return warnings, nil
 }
 
 // envRef is a reference to an environment variable, as Kubernetes expands

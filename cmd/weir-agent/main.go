@@ -80,7 +80,11 @@ func newCommand() *cobra.Command {
 		Args:         cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.configDir != "" {
-				if err := applyConfigDir(cmd.Flags(), f.configDir); err != nil {
+				warnings, err := applyConfigDir(cmd.Flags(), f.configDir)
+				for _, w := range warnings {
+					fmt.Fprintln(os.Stderr, "weir-agent: warning:", w)
+				}
+				if err != nil {
 					return err
 				}
 			}
@@ -94,7 +98,7 @@ func newCommand() *cobra.Command {
 			return agent.Run(ctx, cfg, log)
 		},
 	}
-	cmd.AddCommand(newHealthCommand(), newVersionCommand())
+	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand())
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")
@@ -120,7 +124,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.proxyHealthzAddr, "kube-proxy-healthz-addr", "0.0.0.0:10256", "with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are answered, as cloud load balancers probe them (empty: not served)")
 	fl.StringVar(&f.proxyStatusAddr, "kube-proxy-status-addr", "127.0.0.1:10249", "with --kube-proxy-replacement: where kube-proxy's /proxyMode is answered (empty: not served)")
 	fl.Uint16Var(&f.tunnelPort, "tunnel-port", datapath.VXLANPort, "the overlay's UDP port (--mode=vxlan), the same on every node")
-	fl.IntVar(&f.mtu, "mtu", 0, "the pods' MTU (0: the underlay device's, less 50 bytes of VXLAN in vxlan mode); set it lower where the underlay's path carries less than its device says")
+	fl.IntVar(&f.mtu, "mtu", 0, "the pods' MTU (0: the underlay device's, less 50 bytes of VXLAN in vxlan mode); set it lower where the underlay's path carries less than its device says. A change reaches pods created after it")
 	fl.StringVar(&f.configDir, "config-dir", "", "a directory of files named after flags, each holding the flag's value (a mounted ConfigMap); a flag given on the command line wins")
 	fl.BoolVar(&f.identityOption, "identity-option", true, "native routing: carry the sending pod's identity in the first packet of each flow as an IPv4 option, so other nodes know a new pod from its first packet (false: for underlays that drop IPv4 options; a new pod is then unidentified on other nodes until its address arrives)")
 	return cmd

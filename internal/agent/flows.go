@@ -222,20 +222,18 @@ func (n *flowNames) explain(node string, ev datapath.VerdictEvent) api.Flow {
 // local) and the node whose policy judges it.
 func (n *flowNames) explainForward(f *api.Flow, ev datapath.VerdictEvent) {
 	f.Pod = ev.Dst.Addr().String()
-	node := ""
+	to := "a backend that is no pod of the cluster (an address its EndpointSlice names)"
 	if n != nil {
-		if pod, ok := n.byIP[ev.Dst.Addr()]; ok {
-			f.Pod = pod
+		name, known := n.byIP[ev.Dst.Addr()]
+		switch node := n.nodeOf[ev.Dst.Addr()]; {
+		case known && node != "":
+			f.Pod, to = name, "node "+node+", whose policy judges it"
+		case known:
+			f.Pod, to = name, name+" (a hostNetwork backend), which judges no pod policy"
 		}
-		node = n.nodeOf[ev.Dst.Addr()]
 	}
-	if node == "" {
-		node = "the backend's node"
-	} else {
-		node = "node " + node
-	}
-	f.Rule = "translated here from outside the cluster and forwarded to " + node +
-		", whose policy judges it (it sees this node's address as the source)"
+	f.Rule = "translated here from outside the cluster and forwarded to " + to +
+		" (it sees this node's address as the source)"
 }
 
 // explainCount names a verdict counter as explain names an event: the

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -13,7 +15,7 @@ import (
 // NewPreflightCommand is `weir preflight`: whether this node's kernel has
 // what Weir needs.
 func NewPreflightCommand() *cobra.Command {
-	var output string
+	var output, mode string
 	cmd := &cobra.Command{
 		Use:   "preflight",
 		Short: "Check that this node's kernel has what Weir needs, naming what breaks without each missing feature",
@@ -27,10 +29,18 @@ func NewPreflightCommand() *cobra.Command {
 			if output != "" && output != "json" {
 				return fmt.Errorf("--output %q: want json or empty", output)
 			}
-			return runPreflight(datapath.PreflightChecks(datapath.DefaultPreflightPaths), output == "json", cmd.OutOrStdout())
+			m, err := datapath.ParseMode(mode)
+			if err != nil {
+				return fmt.Errorf("--mode: %w", err)
+			}
+			if os.Geteuid() != 0 {
+				return errors.New("preflight runs as root, as the agent does: it loads eBPF programs and tries tcx and VXLAN in a throwaway network namespace (sudo weir preflight)")
+			}
+			return runPreflight(datapath.PreflightChecks(datapath.DefaultPreflightPaths, m), output == "json", cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "json: the results as JSON; empty: a table")
+	cmd.Flags().StringVar(&mode, "mode", string(datapath.ModeVXLAN), "the routing mode the node is to run (the chart's routingMode): vxlan needs VXLAN, native does not")
 	return cmd
 }
 

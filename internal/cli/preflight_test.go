@@ -24,7 +24,7 @@ func TestPreflightNamesWhatIsMissing(t *testing.T) {
 	}
 	paths := datapath.PreflightPaths{BTF: filepath.Join(dir, "no-btf"), JIT: jit, Conntrack: filepath.Join(dir, "no-conntrack")}
 	var checks []datapath.Check
-	for _, c := range datapath.PreflightChecks(paths) {
+	for _, c := range datapath.PreflightChecks(paths, datapath.ModeVXLAN) {
 		switch c.Name {
 		case "btf", "bpf jit", "conntrack":
 			checks = append(checks, c)

@@ -16,7 +16,7 @@ func NewRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand(), NewServiceCommand(),
-		NewVersionCommand(), NewPreflightCommand())
+		NewVersionCommand(), NewPreflightCommand(), NewImageCommand())
 	return root
 }
 

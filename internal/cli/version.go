@@ -60,7 +60,7 @@ func NewVersionCommand() *cobra.Command {
 		Use:   "version",
 		Short: "Show the version of the CLI, the node's agent and CNI plugin, and the kernel's features",
 		Example: "  weir version\n  weir version --lab weir-lab -o json\n" +
-			"  sudo weir version --features   # with the kernel checks of weir preflight that load nothing",
+			"  sudo weir version --features   # with weir preflight's kernel checks, but for loading Weir's programs",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "" && output != "json" {
@@ -104,7 +104,7 @@ func collectVersions(ctx context.Context, sockets map[string]string, cniPath str
 	}
 	if features {
 		var quick []datapath.Check
-		for _, c := range datapath.PreflightChecks(datapath.DefaultPreflightPaths) {
+		for _, c := range datapath.PreflightChecks(datapath.DefaultPreflightPaths, datapath.ModeVXLAN) {
 			if c.Name != datapath.CheckPrograms {
 				quick = append(quick, c)
 			}

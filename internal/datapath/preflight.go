@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 
@@ -65,10 +66,10 @@ var DefaultPreflightPaths = PreflightPaths{
 	MountInfo: "/proc/self/mountinfo",
 }
 
-// PreflightChecks are the checks of a node that is to run Weir, in the
-// order they depend on each other: the BPF syscall first, the programs
-// themselves after what they need.
-func PreflightChecks(p PreflightPaths) []Check {
+// PreflightChecks are the checks of a node that is to run Weir in mode,
+// in the order they depend on each other: the BPF syscall first, the
+// programs themselves after what they need.
+func PreflightChecks(p PreflightPaths, mode Mode) []Check {
 	return []Check{
 		{Name: "bpf syscall", Required: true, Needed: "every part of the datapath: nothing of Weir runs without it (CONFIG_BPF_SYSCALL, and root or CAP_BPF+CAP_NET_ADMIN)",
 			Probe: func() error { return features.HaveProgramType(ebpf.SchedCLS) }},
@@ -86,7 +87,7 @@ func PreflightChecks(p PreflightPaths) []Check {
 			Probe: probePrograms},
 		{Name: "tcx", Required: true, Needed: "attaching the datapath to pod and node devices (Linux 6.6 or later, CONFIG_NET_XGRESS)",
 			Probe: func() error { return inThrowawayNetns(probeTCX) }},
-		{Name: "vxlan", Required: false, Needed: "--mode=vxlan, the default, between nodes (CONFIG_VXLAN); --mode=native works without it",
+		{Name: "vxlan", Required: mode == ModeVXLAN, Needed: "--mode=vxlan, the default, between nodes (CONFIG_VXLAN); --mode=native works without it",
 			Probe: func() error { return inThrowawayNetns(probeVXLAN) }},
 	}
 }
@@ -97,12 +98,22 @@ func RunPreflight(checks []Check) []CheckResult {
 	out := make([]CheckResult, 0, len(checks))
 	for _, c := range checks {
 		r := CheckResult{Name: c.Name, Needed: c.Needed, Required: c.Required, OK: true}
-		if err := c.Probe(); err != nil {
+		if err := probe(c.Probe); err != nil {
 			r.OK, r.Problem = false, err.Error()
 		}
 		out = append(out, r)
 	}
 	return out
+}
+
+// probe runs p, turning a panic into its error.
+func probe(p func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("the check panicked: %v", r)
+		}
+	}()
+	return p()
 }
 
 // PreflightError is nil when every required check passed, and otherwise
@@ -150,10 +161,14 @@ func probeBPFFS() error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(dir); err != nil {
-		return fmt.Errorf("remove %s: %w", dir, err)
+	rmErr := os.Remove(dir)
+	if err := bpffs.Release(); err != nil {
+		return err
 	}
-	return bpffs.Release()
+	if rmErr != nil {
+		return fmt.Errorf("remove %s: %w", dir, rmErr)
+	}
+	return nil
 }
 
 // probeCgroup2 finds a cgroup v2 hierarchy, or checks that one can be
@@ -192,40 +207,41 @@ func probePrograms() (retErr error) {
 			retErr = err
 		}
 	}()
-	p, err := LoadPrograms(ProgramConfig{Mode: ModeVXLAN, OverlayIfindex: 1, PinDir: dir,
-		PodCIDR: netip.MustParsePrefix("10.244.0.0/24"), ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")})
-	if err != nil {
-		return err
+	// Both modes, with kube-proxy replacement: the load-time constants
+	// prune what a configuration does not use, so each must pass.
+	for i, mode := range []Mode{ModeVXLAN, ModeNative} {
+		pins := filepath.Join(dir, string(mode))
+		if err := os.Mkdir(pins, 0o755); err != nil {
+			return err
+		}
+		p, err := LoadPrograms(ProgramConfig{Mode: mode, OverlayIfindex: 1 - i, PinDir: pins, ExternalServices: true,
+			PodCIDR: netip.MustParsePrefix("10.244.0.0/24"), ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16")})
+		if err != nil {
+			return fmt.Errorf("%s mode: %w", mode, err)
+		}
+		p.Close()
 	}
-	p.Close()
 	return nil
 }
 
-// inThrowawayNetns runs f on this goroutine's thread in a new network
-// namespace, which goes when f returns: what f makes there cannot touch
-// the node's own devices.
+// inThrowawayNetns runs f in a new network namespace, which goes when f
+// returns: what f makes there cannot touch the node's own devices. f runs
+// on a goroutine of its own, locked to its thread, and the thread is never
+// unlocked: Go ends it with the goroutine instead of running anything else
+// in the scratch namespace, whatever failed.
 func inThrowawayNetns(f func() error) error {
-	runtime.LockOSThread()
-	orig, err := vns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open this network namespace: %w", err)
-	}
-	defer orig.Close()
-	scratch, err := vns.New()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("make a throwaway network namespace: %w", err)
-	}
-	ferr := f()
-	scratch.Close()
-	if err := vns.Set(orig); err != nil {
-		// The thread stays locked, and Go ends it with the goroutine,
-		// rather than run other goroutines in the scratch namespace.
-		return fmt.Errorf("return from the throwaway network namespace: %w", err)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		scratch, err := vns.New()
+		if err != nil {
+			errc <- fmt.Errorf("make a throwaway network namespace: %w", err)
+			return
+		}
+		defer scratch.Close()
+		errc <- f()
+	}()
+	return <-errc
 }
 
 // probeTCX attaches a program to the tcx ingress of the throwaway

@@ -17,7 +17,7 @@ import (
 func TestPreflightPassesHere(t *testing.T) {
 	testutil.RequireRoot(t)
 	before := preflightLeftovers(t)
-	results := RunPreflight(PreflightChecks(DefaultPreflightPaths))
+	results := RunPreflight(PreflightChecks(DefaultPreflightPaths, ModeVXLAN))
 	for _, r := range results {
 		if !r.OK {
 			t.Errorf("%s: %s", r.Name, r.Problem)
@@ -56,4 +56,13 @@ func preflightLeftovers(t *testing.T) string {
 		}
 	}
 	return strings.Join(left, " ")
+}
+
+// TestPreflightReportsAPanic: a check that panics is a failed check, not
+// a crashed preflight.
+func TestPreflightReportsAPanic(t *testing.T) {
+	r := RunPreflight([]Check{{Name: "x", Required: true, Probe: func() error { panic("boom") }}})
+	if len(r) != 1 || r[0].OK || !strings.Contains(r[0].Problem, "boom") || PreflightError(r) == nil {
+		t.Fatalf("results %+v", r)
+	}
 }

@@ -109,7 +109,8 @@ func TestEventsNameTheNodePortOfAFlowFromOutside(t *testing.T) {
 // TestNodePortForwardIsReported: a new flow from outside that from_netdev
 // translates to a backend on another node is reported once, as forwarded,
 // naming the client, the backend and the frontend it arrived at (that
-// node sees only this node's address). Later packets of the flow, a flow
+// node sees only this node's address). Later packets of the flow (a
+// retransmitted SYN too), a flow
 // to a local backend (its pod's ingress reports it) and any flow while
 // events are off report nothing.
 func TestNodePortForwardIsReported(t *testing.T) {
@@ -145,6 +146,7 @@ func TestNodePortForwardIsReported(t *testing.T) {
 
 	send(40001, 30081, tcpSYN)
 	expect(40001)
+	send(40001, 30081, tcpSYN) // its SYN retransmitted
 	send(40001, 30081, tcpACK) // the same flow
 	send(40002, 30080, tcpSYN) // a local backend
 	if err := n.SetFlowEvents(false); err != nil {

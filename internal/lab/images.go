@@ -104,10 +104,6 @@ func labImages(binDir string, bins map[string]string) ([]imageSpec, error) {
 			"/bin/sh": "/usr/bin/dash", "/usr/bin/dig": "/usr/bin/dig", "/usr/bin/getent": "/usr/bin/getent",
 			"/coredns": filepath.Join(bins["coredns"], "coredns"),
 		}, SharedLibs: true, Busybox: true, Cmd: []string{"sh"}},
-		{Refs: []string{AgentImage}, Files: map[string]string{
-			"/usr/bin/weir-agent": filepath.Join(binDir, "weir-agent"),
-			"/usr/bin/weir-cni":   filepath.Join(binDir, "weir-cni"),
-		}, Busybox: true, Entrypoint: []string{"/usr/bin/weir-agent"}},
 		{Refs: []string{CoreDNSImage}, Files: map[string]string{"/coredns": filepath.Join(bins["coredns"], "coredns")}, Entrypoint: []string{"/coredns"}},
 		// The benchmarks' load generators, Debian's builds with their libraries.
 		{Refs: []string{LoadToolsImage}, Files: map[string]string{

@@ -125,7 +125,11 @@ func (st *State) buildImages() ([]string, error) {
 		}
 		out = append(out, path)
 	}
-	return out, nil
+	agent, err := agentImage(st.Config.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, agent), nil
 }
 
 // Kubectl runs the lab's kubectl with the admin kubeconfig.

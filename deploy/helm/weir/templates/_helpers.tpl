@@ -25,7 +25,9 @@ bpf-pin-dir: {{ .Values.agent.paths.bpfPin | quote }}
 cni-conf-dir: {{ .Values.agent.paths.cniConf | quote }}
 health-addr: {{ printf "127.0.0.1:%d" (int .Values.health.port) | quote }}
 {{- if .Values.metrics.port }}
-metrics-addr: {{ printf "%s:%d" .Values.metrics.bindAddress (int .Values.metrics.port) | quote }}
+{{- $host := .Values.metrics.bindAddress }}
+{{- if contains ":" $host }}{{ $host = printf "[%s]" $host }}{{ end }}
+metrics-addr: {{ printf "%s:%d" $host (int .Values.metrics.port) | quote }}
 {{- end }}
 flow-events: {{ .Values.flows.events | quote }}
 flow-max-bytes: {{ .Values.flows.maxBytes | int64 | quote }}
