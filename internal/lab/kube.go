@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -309,20 +310,33 @@ func (st *State) AgentPID(node string) (int, error) {
 	return agentPID(n.Socket)
 }
 
-// agentPID finds the weir-agent process serving socket, whether the
-// flag came as "--socket=PATH" (DaemonSet) or "--socket PATH" (host).
+// agentPID finds the weir-agent process serving socket: a host process
+// names it in its flags ("--socket PATH"); the DaemonSet's agent reads it
+// from the chart's ConfigMap, and its container's environment carries it
+// (WEIR_AGENT_SOCKET, which the health command reads too).
 func agentPID(socket string) (int, error) {
-	pids := procsMatching(func(args []string) bool {
-		if filepath.Base(args[0]) != "weir-agent" {
-			return false
+	agents := procsMatching(func(args []string) bool { return filepath.Base(args[0]) == "weir-agent" })
+	for _, pid := range agents {
+		if agentServes(pid, socket) {
+			return pid, nil
 		}
-		i := slices.Index(args, "--socket")
-		return slices.Contains(args[1:], "--socket="+socket) || (i > 0 && i+1 < len(args) && args[i+1] == socket)
-	})
-	if len(pids) == 0 {
-		return 0, fmt.Errorf("no weir-agent process serves %s", socket)
 	}
-	return pids[0], nil
+	return 0, fmt.Errorf("no weir-agent process serves %s", socket)
+}
+
+// agentServes says whether the weir-agent process pid serves socket, by
+// its flags or its environment.
+func agentServes(pid int, socket string) bool {
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+	if i := slices.Index(args, "--socket"); slices.Contains(args[1:], "--socket="+socket) || (i > 0 && i+1 < len(args) && args[i+1] == socket) {
+		return true
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	return err == nil && slices.Contains(strings.Split(string(env), "\x00"), "WEIR_AGENT_SOCKET="+socket)
 }
 
 // routePodsFromControlPlane routes each node's pod CIDR from the control
