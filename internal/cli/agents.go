@@ -59,8 +59,8 @@ func newAgentsCommand(d agentsCommand) *cobra.Command {
 		Use: d.use, Short: d.short, Example: d.example,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" {
-				return fmt.Errorf("--output %q: want json or empty", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			sockets, err := agentSockets(socket, labName)
 			if err != nil {
@@ -86,4 +86,12 @@ func writeIndentedJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// checkOutput refuses an --output other than json or empty (text).
+func checkOutput(output string) error {
+	if output != "" && output != "json" {
+		return fmt.Errorf("--output %q: want json or empty", output)
+	}
+	return nil
 }

@@ -26,8 +26,8 @@ func NewPreflightCommand() *cobra.Command {
 		Example: "  sudo weir preflight\n  sudo weir preflight -o json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" {
-				return fmt.Errorf("--output %q: want json or empty", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			m, err := datapath.ParseMode(mode)
 			if err != nil {

@@ -63,8 +63,8 @@ func NewVersionCommand() *cobra.Command {
 			"  sudo weir version --features   # with weir preflight's kernel checks, but for loading Weir's programs",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "" && output != "json" {
-				return fmt.Errorf("--output %q: want json or empty", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			sockets, err := agentSockets(socket, labName)
 			if err != nil {

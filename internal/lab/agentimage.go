@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -62,17 +61,8 @@ func agentImage(binDir string) (string, error) {
 // filesKey hashes the files' names and contents.
 func filesKey(files map[string]string) (string, error) {
 	h := sha256.New()
-	for _, dst := range sortedKeys(files) {
-		f, err := os.Open(files[dst])
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(h, "%s\n", dst)
-		_, err = io.Copy(h, f)
-		f.Close()
-		if err != nil {
-			return "", err
-		}
+	if err := hashFiles(h, files); err != nil {
+		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }

@@ -252,17 +252,8 @@ func (s imageSpec) key(files map[string]string) (string, error) {
 	for _, dst := range sortedKeys(s.Scripts) {
 		fmt.Fprintf(h, "%s %q\n", dst, s.Scripts[dst])
 	}
-	for _, dst := range sortedKeys(files) {
-		f, err := os.Open(files[dst])
-		if err != nil {
-			return "", fmt.Errorf("image %s: %w", s.Refs[0], err)
-		}
-		fmt.Fprintf(h, "%s\n", dst)
-		_, err = io.Copy(h, f)
-		f.Close()
-		if err != nil {
-			return "", err
-		}
+	if err := hashFiles(h, files); err != nil {
+		return "", fmt.Errorf("image %s: %w", s.Refs[0], err)
 	}
 	base := strings.NewReplacer("/", "_", ":", "_").Replace(s.Refs[0])
 	return base + "-" + hex.EncodeToString(h.Sum(nil))[:16], nil
@@ -430,4 +421,22 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// hashFiles writes each file's image path and content into h, in path
+// order: an image cache's key.
+func hashFiles(h io.Writer, files map[string]string) error {
+	for _, dst := range sortedKeys(files) {
+		f, err := os.Open(files[dst])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s\n", dst)
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
