@@ -249,7 +249,7 @@ func runOne(ctx context.Context, o options, s setup, test string, rep int, res *
 	if err := s.setFlowEvents(); err != nil {
 		return err
 	}
-	before, err := datapath.ProgramStats()
+	before, err := datapath.ProgramStats(datapath.ProgramNames)
 	if err != nil {
 		return err
 	}
@@ -289,7 +289,7 @@ func runOne(ctx context.Context, o options, s setup, test string, rep int, res *
 	if !costOnly {
 		return nil
 	}
-	after, err := datapath.ProgramStats()
+	after, err := datapath.ProgramStats(datapath.ProgramNames)
 	if err != nil {
 		return err
 	}

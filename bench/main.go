@@ -48,6 +48,8 @@ type options struct {
 	setups  []string
 	samples int
 	keep    bool
+	// services: pairs of runs at the fewest and most Services
+	sizePairs int
 }
 
 func newRoot() *cobra.Command {
@@ -116,6 +118,7 @@ func newRoot() *cobra.Command {
 	sv.Flags().IntVar(&svo.reps, "reps", 3, "repetitions at every Service count, the proxies in a rotating order within each")
 	sv.Flags().DurationVar(&svo.duration, "duration", 3*time.Second, "length of one connection-rate, request/response or DNS run")
 	sv.Flags().IntSliceVar(&svo.levels, "services", []int{4, 100, 1000, 5000}, "Service counts in the cluster, increasing (each bulk Service has an EndpointSlice of 2 endpoints)")
+	sv.Flags().IntVar(&svo.sizePairs, "size-pairs", 4, "pairs of runs of Weir alone at the fewest and the most Service counts, the count changed between the halves (0: none)")
 	sv.Flags().IntVar(&svo.samples, "changes", 5, "Service changes timed per repetition and proxy (a new Service until its ClusterIP answers)")
 	sv.Flags().StringVar(&svo.out, "out", "bench/results", "directory for services.{json,md,png}")
 	sv.Flags().BoolVar(&svo.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")

@@ -119,6 +119,11 @@ func runServices(ctx context.Context, o options, out io.Writer) (retErr error) {
 			break
 		}
 	}
+	if runErr == nil {
+		if runErr = b.measureSizePairs(ctx, o.levels[0], o.levels[len(o.levels)-1]); runErr != nil {
+			res.Incomplete = runErr.Error()
+		}
+	}
 	res.summarise()
 	res.Finished = time.Now().UTC().Format(time.RFC3339)
 	return errors.Join(runErr, res.write(o.out, out))
@@ -325,6 +330,26 @@ func (b *svBench) switchTo(ctx context.Context, p serviceProxy) error {
 // growTo creates bulk Services (each with its EndpointSlice) until there
 // are n, sixteen creations at a time.
 func (b *svBench) growTo(ctx context.Context, n int) error {
+	if err := b.forEachBulk(ctx, b.bulk, n, b.createBulk); err != nil {
+		return err
+	}
+	b.bulk = max(b.bulk, n)
+	return nil
+}
+
+// shrinkTo deletes the newest bulk Services and their EndpointSlices
+// until n are left, sixteen deletions at a time.
+func (b *svBench) shrinkTo(ctx context.Context, n int) error {
+	if err := b.forEachBulk(ctx, n, b.bulk, b.deleteBulk); err != nil {
+		return err
+	}
+	b.bulk = min(b.bulk, n)
+	return nil
+}
+
+// forEachBulk runs fn for the bulk Service numbers from to to-1 on
+// sixteen workers, stopping at the first error.
+func (b *svBench) forEachBulk(ctx context.Context, from, to int, fn func(context.Context, int) error) error {
 	todo := make(chan int)
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup
@@ -333,7 +358,7 @@ func (b *svBench) growTo(ctx context.Context, n int) error {
 		go func() {
 			defer wg.Done()
 			for i := range todo {
-				if err := b.createBulk(ctx, i); err != nil {
+				if err := fn(ctx, i); err != nil {
 					errs <- err
 					return
 				}
@@ -342,7 +367,7 @@ func (b *svBench) growTo(ctx context.Context, n int) error {
 	}
 	var err error
 loop:
-	for i := b.bulk; i < n; i++ {
+	for i := from; i < to; i++ {
 		select {
 		case todo <- i:
 		case err = <-errs:
@@ -355,17 +380,13 @@ loop:
 	if err == nil {
 		err = <-errs
 	}
-	if err != nil {
-		return err
-	}
-	b.bulk = max(b.bulk, n)
-	return nil
+	return err
 }
 
 // createBulk makes bulk Service i: a ClusterIP Service without a selector
 // and its EndpointSlice, as a controller would write it.
 func (b *svBench) createBulk(ctx context.Context, i int) error {
-	name := fmt.Sprintf("bulk-%05d", i)
+	name := bulkName(i)
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: svNamespace, Labels: map[string]string{svBulkLabel: "true"}},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
@@ -390,6 +411,20 @@ func (b *svBench) createBulk(ctx context.Context, i int) error {
 	}
 	return nil
 }
+
+// deleteBulk deletes bulk Service i and its EndpointSlice.
+func (b *svBench) deleteBulk(ctx context.Context, i int) error {
+	name := bulkName(i)
+	if err := b.c.CoreV1().Services(svNamespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete Service %s: %w", name, err)
+	}
+	if err := b.c.DiscoveryV1().EndpointSlices(svNamespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete EndpointSlice %s: %w", name, err)
+	}
+	return nil
+}
+
+func bulkName(i int) string { return fmt.Sprintf("bulk-%05d", i) }
 
 // proxyPIDs are the processes whose CPU and memory a Service proxy costs:
 // the agents, and kube-proxy where it runs.

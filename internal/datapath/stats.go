@@ -10,8 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ProgramNames are the names Weir's programs carry in the kernel.
+// ProgramNames are the names Weir's packet programs carry in the kernel.
 var ProgramNames = []string{"from_container", "from_overlay", "to_overlay", "from_netdev"}
+
+// SocketProgramNames are the names of the programs a new TCP connection
+// from a pod runs besides the packet programs: the connect translation,
+// the sockops program that notes the Service at the handshake, and the
+// release hook.
+var SocketProgramNames = []string{"sock4_connect", "sock_tcp_ops", "sock_released"}
 
 // ProgramStat is the kernel's run-time accounting for one program name,
 // summed over every loaded instance (every node of a lab).
@@ -31,10 +37,10 @@ func EnableRunTimeStats() (io.Closer, error) {
 }
 
 // ProgramStats reads the run count and run time of every loaded program
-// named in ProgramNames.
-func ProgramStats() (map[string]ProgramStat, error) {
+// carrying one of names.
+func ProgramStats(names []string) (map[string]ProgramStat, error) {
 	want := map[string]bool{}
-	for _, n := range ProgramNames {
+	for _, n := range names {
 		want[n] = true
 	}
 	out := map[string]ProgramStat{}
