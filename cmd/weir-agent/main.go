@@ -98,7 +98,7 @@ func newCommand() *cobra.Command {
 			return agent.Run(ctx, cfg, log)
 		},
 	}
-	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand())
+	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand(), newRelayCommand(), newProbeCommand(), newUninstallCommand())
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")
@@ -240,10 +240,15 @@ func newHealthCommand() *cobra.Command {
 			return api.NewClient(socket).Health(ctx)
 		},
 	}
-	def := os.Getenv("WEIR_AGENT_SOCKET")
-	if def == "" {
-		def = api.DefaultSocket
-	}
-	cmd.Flags().StringVar(&socket, "socket", def, "unix socket of the local API (default from $WEIR_AGENT_SOCKET)")
+	cmd.Flags().StringVar(&socket, "socket", defaultSocket(), "unix socket of the local API (default from $WEIR_AGENT_SOCKET)")
 	return cmd
+}
+
+// defaultSocket is the agent's socket as the DaemonSet's containers know
+// it ($WEIR_AGENT_SOCKET), or the default one.
+func defaultSocket() string {
+	if s := os.Getenv("WEIR_AGENT_SOCKET"); s != "" {
+		return s
+	}
+	return api.DefaultSocket
 }

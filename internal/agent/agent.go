@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -244,23 +245,39 @@ func (a *Agent) Serve(ctx context.Context) error {
 	return a.ServeOn(ctx, ln)
 }
 
-// Listen opens the local API's socket, replacing a stale one.
-func (a *Agent) Listen() (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(a.cfg.Socket), 0o755); err != nil {
+// Listen opens the local API's socket, replacing a stale one. The API
+// adds and removes pods' networking and changes peers, so only root may
+// use it: the socket is made under a temporary name, restricted to its
+// owner (root, the agent), and only then renamed into place, so there is
+// no moment at which it exists with the umask's looser mode.
+func (a *Agent) Listen() (ln net.Listener, retErr error) {
+	dir := filepath.Dir(a.cfg.Socket)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
-	if err := os.Remove(a.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket: %w", err)
-	}
-	ln, err := net.Listen("unix", a.cfg.Socket)
+	// A name of this start's own: an agent still stopping beside it (a
+	// rollout; PID 1 in both containers) never shares it.
+	tmp := filepath.Join(dir, fmt.Sprintf(".%s.%016x", filepath.Base(a.cfg.Socket), rand.Uint64()))
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", a.cfg.Socket, err)
 	}
-	if err := os.Chmod(a.cfg.Socket, 0o600); err != nil {
-		ln.Close()
+	// The listener must not unlink the temporary name on close once it
+	// is renamed: the final name is removed by the next Listen.
+	ul.SetUnlinkOnClose(false)
+	defer func() {
+		if retErr != nil {
+			ul.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o600); err != nil {
 		return nil, fmt.Errorf("restrict %s: %w", a.cfg.Socket, err)
 	}
-	return ln, nil
+	if err := os.Rename(tmp, a.cfg.Socket); err != nil {
+		return nil, fmt.Errorf("put the socket at %s: %w", a.cfg.Socket, err)
+	}
+	return ul, nil
 }
 
 // ServeOn answers the local API on ln, and the health check on

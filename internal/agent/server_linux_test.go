@@ -2,9 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,4 +124,86 @@ func serveOnTakenPort(t *testing.T, n *testNode, addr *string, flag string) {
 		c.Close()
 		t.Fatal("the socket listener still accepts after a failed start")
 	}
+}
+
+// The local API adds and removes pods' networking: its socket is root's
+// alone from the moment it exists (mode 0600, owner root, no temporary
+// name left behind), another user is refused, and a restarted agent
+// replaces it.
+func TestSocketIsRootsAlone(t *testing.T) {
+	n := newTestNode(t, "10.244.9.0/24")
+	// A directory every user may enter, so that a refusal comes from the
+	// socket's mode; a socket open to all there is the control.
+	dir, err := os.MkdirTemp("", "weir-sock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n.agent.cfg.Socket = filepath.Join(dir, "agent.sock")
+	open, err := net.Listen("unix", filepath.Join(dir, "open.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if err := os.Chmod(filepath.Join(dir, "open.sock"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialAsNobody(filepath.Join(dir, "open.sock")); err != nil {
+		t.Fatalf("control: another user cannot reach a socket open to all: %v", err)
+	}
+	for round := range 2 { // the second: an agent restarted over the first's socket
+		ln, err := n.agent.Listen()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Lstat(n.agent.cfg.Socket)
+		if err != nil {
+			ln.Close()
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 || st.Uid != 0 {
+			t.Errorf("round %d: socket mode %v owner %d, want a socket 0600 owned by root", round, fi.Mode(), st.Uid)
+		}
+		entries, _ := os.ReadDir(filepath.Dir(n.agent.cfg.Socket))
+		for _, e := range entries {
+			if e.Name() != "agent.sock" && e.Name() != "open.sock" {
+				t.Errorf("round %d: %s left beside the socket", round, e.Name())
+			}
+		}
+		if err := dialAsNobody(n.agent.cfg.Socket); !errors.Is(err, syscall.EACCES) {
+			t.Errorf("round %d: another user connecting: %v, want EACCES", round, err)
+		}
+		ln.Close()
+	}
+}
+
+// dialAsNobody connects to a unix socket as uid and gid 65534, on a
+// thread of its own whose credentials alone change (the raw syscalls,
+// not Go's, which change every thread); the thread is never returned to
+// the runtime, so it ends with the goroutine.
+func dialAsNobody(path string) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, 65534, 65534, 65534); e != 0 {
+			done <- fmt.Errorf("setresgid: %w", e)
+			return
+		}
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, 65534, 65534, 65534); e != 0 {
+			done <- fmt.Errorf("setresuid: %w", e)
+			return
+		}
+		fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer syscall.Close(fd)
+		done <- syscall.Connect(fd, &syscall.SockaddrUnix{Name: path})
+	}()
+	return <-done
 }

@@ -17,22 +17,30 @@ import (
 // DefaultSocket is where weir-agent listens unless told otherwise.
 const DefaultSocket = "/run/weir/agent.sock"
 
-// Client talks to one agent over its unix socket.
+// Client talks to one agent over its unix socket, or over any stream
+// that reaches it (NewDialClient).
 type Client struct {
-	socket string
+	socket string // where the agent is, as errors name it
 	http   *http.Client
 }
 
 // NewClient returns a client for the agent at socket.
 func NewClient(socket string) *Client {
+	return NewDialClient(socket, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	})
+}
+
+// NewDialClient returns a client that opens a new stream to the agent
+// with dial for every request; where names it in errors. A stream relayed
+// through the Kubernetes API into an agent pod (cli's agent pods) is one.
+func NewDialClient(where string, dial func(ctx context.Context) (net.Conn, error)) *Client {
 	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
 		DisableKeepAlives: true,
 	}
-	return &Client{socket: socket, http: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
+	return &Client{socket: where, http: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
 }
 
 // Add attaches a pod interface.

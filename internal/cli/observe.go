@@ -19,8 +19,7 @@ import (
 )
 
 type observeFlags struct {
-	socket    string
-	labName   string
+	target    agentTarget
 	follow    bool
 	output    string
 	namespace string
@@ -50,15 +49,17 @@ func NewObserveCommand() *cobra.Command {
 			"  weir observe --lab weir-lab -l app=frontend -o yaml",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sockets, err := agentSockets(f.socket, f.labName)
+			if err := f.validate(); err != nil {
+				return err
+			}
+			agents, err := f.target.agents(cmd.Context())
 			if err != nil {
 				return err
 			}
-			return runObserve(cmd.Context(), &f, sockets, cmd.OutOrStdout())
+			return runObserve(cmd.Context(), &f, agents, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&f.socket, "socket", api.DefaultSocket, "the agent's unix socket")
-	cmd.Flags().StringVar(&f.labName, "lab", "", "read every node of this lab instead of one agent")
+	f.target.register(cmd.Flags(), "read every node of this lab instead of one agent")
 	cmd.Flags().BoolVarP(&f.follow, "follow", "f", false, "keep streaming new verdicts")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: json, yaml, wide, or empty for a table")
 	cmd.Flags().StringVarP(&f.namespace, "namespace", "n", "", "only flows of pods in this namespace")
@@ -108,7 +109,7 @@ func (f *observeFlags) validate() error {
 // lastSeen is when an aggregate last saw its flow, or a flow's time.
 func lastSeen(fl api.Flow) time.Time { return api.LastSeen(fl) }
 
-func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string, out io.Writer) error {
+func runObserve(ctx context.Context, f *observeFlags, agents []agentConn, out io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
@@ -154,16 +155,20 @@ func runObserve(ctx context.Context, f *observeFlags, sockets map[string]string,
 	}
 	var (
 		wg   sync.WaitGroup
-		errs = make([]error, 0, len(sockets))
+		errs = make([]error, 0, len(agents))
 	)
-	for node, sock := range sockets {
+	for _, a := range agents {
+		if a.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a.label(), a.err))
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := api.NewClient(sock).Flows(ctx, f.query, emit(node))
+			err := a.client.Flows(ctx, f.query, emit(a.node))
 			if err != nil {
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("node %s: %w", node, err))
+				errs = append(errs, fmt.Errorf("%s: %w", a.label(), err))
 				mu.Unlock()
 			}
 		}()

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirnet/weir/internal/api"
-	"github.com/weirnet/weir/internal/lab"
 )
 
 // ErrTraceDisagrees is returned when an agent's compiled policy and its
@@ -30,8 +29,7 @@ func NewPolicyCommand() *cobra.Command {
 }
 
 type traceFlags struct {
-	socket    string
-	labName   string
+	target    agentTarget
 	namespace string
 	output    string
 }
@@ -62,22 +60,21 @@ func newPolicyTraceCommand() *cobra.Command {
 			if err := validateOutput(f.output); err != nil {
 				return err
 			}
-			clients := map[string]traceClient{"": api.NewClient(f.socket)}
-			if f.labName != "" {
-				st, err := lab.Load(f.labName)
-				if err != nil {
-					return err
-				}
-				clients = map[string]traceClient{}
-				for _, n := range st.Nodes {
-					clients[n.Name] = api.NewClient(n.Socket)
+			agents, err := f.target.agents(cmd.Context())
+			if err != nil {
+				return err
+			}
+			clients := map[string]traceClient{}
+			for _, a := range agents {
+				clients[a.node] = a.client
+				if a.err != nil {
+					clients[a.node] = unreachableTracer{fmt.Errorf("%s: %w", a.label(), a.err)}
 				}
 			}
 			return runTrace(cmd.Context(), q, f.output, clients, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&f.socket, "socket", api.DefaultSocket, "the agent's unix socket")
-	cmd.Flags().StringVar(&f.labName, "lab", "", "ask the agents of this lab's nodes that hold SRC and DST")
+	f.target.register(cmd.Flags(), "ask the agents of this lab's nodes that hold SRC and DST")
 	cmd.Flags().StringVarP(&f.namespace, "namespace", "n", "default", "namespace of pod names given without one")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: json, yaml, wide, or empty for text")
 	return cmd
@@ -130,6 +127,13 @@ func parsePortProto(s string) (uint16, string, error) {
 		return 0, "", fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
 	}
 	return uint16(n), proto, nil
+}
+
+// unreachableTracer stands for a node whose agent cannot be asked.
+type unreachableTracer struct{ err error }
+
+func (u unreachableTracer) Trace(context.Context, api.TraceQuery) (*api.Trace, error) {
+	return nil, u.err
 }
 
 // runTrace asks every client, keeps the answers of the nodes holding an

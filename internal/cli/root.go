@@ -16,7 +16,7 @@ func NewRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(NewLabCommand(), NewStatusCommand(), NewObserveCommand(), NewPolicyCommand(), NewServiceCommand(),
-		NewVersionCommand(), NewPreflightCommand(), NewImageCommand())
+		NewVersionCommand(), NewPreflightCommand(), NewImageCommand(), NewConnectivityCommand(), NewUninstallCommand())
 	return root
 }
 

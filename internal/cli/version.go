@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/version"
 )
@@ -31,10 +30,10 @@ type Versions struct {
 
 // AgentVersion is one agent's build, or why it could not be asked.
 type AgentVersion struct {
-	Node   string        `json:"node,omitempty"`
-	Socket string        `json:"socket"`
-	Info   *version.Info `json:"info,omitempty"`
-	Error  string        `json:"error,omitempty"`
+	Node  string        `json:"node,omitempty"`
+	At    string        `json:"at"` // the socket, or the agent pod
+	Info  *version.Info `json:"info,omitempty"`
+	Error string        `json:"error,omitempty"`
 }
 
 // BinaryVersion is the build of a binary on this node, or why it could
@@ -54,7 +53,8 @@ type KernelFeatures struct {
 
 // NewVersionCommand is `weir version`.
 func NewVersionCommand() *cobra.Command {
-	var socket, labName, cniBinDir, output string
+	var cniBinDir, output string
+	var target agentTarget
 	var features bool
 	cmd := &cobra.Command{
 		Use:   "version",
@@ -66,11 +66,11 @@ func NewVersionCommand() *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return err
 			}
-			sockets, err := agentSockets(socket, labName)
+			agents, err := target.agents(cmd.Context())
 			if err != nil {
 				return err
 			}
-			v := collectVersions(cmd.Context(), sockets, filepath.Join(cniBinDir, "weir-cni"), features)
+			v := collectVersions(cmd.Context(), agents, filepath.Join(cniBinDir, "weir-cni"), features)
 			if output == "json" {
 				return writeIndentedJSON(cmd.OutOrStdout(), v)
 			}
@@ -78,8 +78,7 @@ func NewVersionCommand() *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&socket, "socket", api.DefaultSocket, "the node agent's socket")
-	fl.StringVar(&labName, "lab", "", "ask every node agent of this lab instead of --socket")
+	target.register(fl, "ask every node agent of this lab instead of --socket")
 	fl.StringVar(&cniBinDir, "cni-bin-dir", "/opt/cni/bin", "where the node's CNI plugins are")
 	fl.BoolVar(&features, "features", false, "also check the kernel's features (root; see weir preflight)")
 	fl.StringVarP(&output, "output", "o", "", "json: as JSON; empty: a table")
@@ -88,12 +87,17 @@ func NewVersionCommand() *cobra.Command {
 
 // collectVersions asks each agent and the CNI plugin which build they are;
 // one that cannot be asked is reported, not fatal.
-func collectVersions(ctx context.Context, sockets map[string]string, cniPath string, features bool) Versions {
+func collectVersions(ctx context.Context, agents []agentConn, cniPath string, features bool) Versions {
 	v := Versions{CLI: version.Get(), CNI: cniVersion(ctx, cniPath), Kernel: KernelFeatures{Release: kernelRelease()}}
-	for _, node := range sortedNodes(sockets) {
-		a := AgentVersion{Node: node, Socket: sockets[node]}
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		info, err := api.NewClient(sockets[node]).Version(actx)
+	for _, ag := range agents {
+		a := AgentVersion{Node: ag.node, At: ag.where}
+		if ag.err != nil {
+			a.Error = ag.err.Error()
+			v.Agents = append(v.Agents, a)
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		info, err := ag.client.Version(actx)
 		cancel()
 		if err != nil {
 			a.Error = err.Error()
@@ -158,9 +162,9 @@ func printVersions(v Versions, out io.Writer) error {
 	fmt.Fprintf(w, "weir (CLI)\t\t%s\n", v.CLI)
 	builds := map[string]bool{v.CLI.Version + v.CLI.Commit: true}
 	for _, a := range v.Agents {
-		where := a.Socket
+		where := a.At
 		if a.Node != "" {
-			where = a.Node + " " + a.Socket
+			where = a.Node + " " + a.At
 		}
 		if a.Info == nil {
 			fmt.Fprintf(w, "weir-agent\t%s\tnot reachable: %s\n", where, a.Error)

@@ -48,7 +48,8 @@ func TestVersionsOfEveryPart(t *testing.T) {
 	if err := os.WriteFile(plugin, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	v := collectVersions(context.Background(), map[string]string{"n1": sock, "n2": filepath.Join(dir, "gone.sock")}, plugin, false)
+	v := collectVersions(context.Background(), []agentConn{{node: "n1", where: sock, client: api.NewClient(sock)},
+		{node: "n2", where: filepath.Join(dir, "gone.sock"), client: api.NewClient(filepath.Join(dir, "gone.sock"))}}, plugin, false)
 	if v.CLI != version.Get() || len(v.Agents) != 2 || v.Agents[0].Info == nil || v.Agents[0].Info.Commit != other.Commit ||
 		v.Agents[1].Info != nil || v.Agents[1].Error == "" || v.CNI.Info == nil || *v.CNI.Info != version.Get() || v.Kernel.Release == "" {
 		t.Fatalf("collected %+v", v)

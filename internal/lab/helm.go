@@ -18,10 +18,12 @@ import (
 // kube-system.
 const HelmRelease = "weir"
 
-// installWeir installs (or upgrades to) Weir's chart with helm, with the
+// InstallWeir installs (or upgrades to) Weir's chart with helm, with the
 // lab's values: the CRDs and RBAC always, since agents run as host
-// processes need them too, and the agent DaemonSet unless they do.
-func (st *State) installWeir(ctx context.Context) error {
+// processes need them too, and the agent DaemonSet unless they do. The
+// lab does it when it comes up; a test calls it again after uninstalling
+// Weir, so the lab's pods can be torn down through their CNI.
+func (st *State) InstallWeir(ctx context.Context) error {
 	dir, err := os.MkdirTemp("", "weir-chart-")
 	if err != nil {
 		return err

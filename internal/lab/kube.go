@@ -59,7 +59,7 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	// Weir's chart, as an operator installs it: the CRDs and RBAC now,
 	// before any node, and the agent DaemonSet, whose pods start as the
 	// nodes register (unless the agents run as host processes).
-	if err := st.installWeir(ctx); err != nil {
+	if err := st.InstallWeir(ctx); err != nil {
 		return err
 	}
 	// The agents' watches fail their sync on a kind not yet served.

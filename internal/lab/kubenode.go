@@ -345,3 +345,9 @@ func nodeIndex(n *Node) int {
 	i, _ := strconv.Atoi(strings.TrimPrefix(n.Name, "n"))
 	return i
 }
+
+// CNIDirs are where node n's runtime reads its CNI config and plugins.
+func (st *State) CNIDirs(n *Node) (confDir, binDir string) {
+	kp := st.kubePaths(n)
+	return kp.cniConfDir, st.cniBinDir(kp)
+}

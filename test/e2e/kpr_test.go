@@ -2,22 +2,32 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/cni"
 	"github.com/weirnet/weir/internal/conformance"
+	"github.com/weirnet/weir/internal/connectivity"
+	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/lab"
 	"github.com/weirnet/weir/internal/version"
 )
@@ -192,6 +202,10 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 		t.Errorf("externalTrafficPolicy: Local at the node without the endpoint: %v, want a timeout (dropped)", err)
 	}
 
+	t.Run("weir connectivity test and weir status reach the cluster through its API server alone", func(t *testing.T) {
+		connectivityTest(t, st, ext)
+	})
+
 	t.Run("Services conformance: fast subset of the upstream sig-network suite", func(t *testing.T) {
 		tools, err := conformance.ServicesSuite(ctx, testWriter{t})
 		if err != nil {
@@ -204,4 +218,184 @@ func TestKubernetesWithoutKubeProxy(t *testing.T) {
 			t.Errorf("the suite ran with kube-proxy %q, want none", res.KubeProxy)
 		}
 	})
+
+	// Last: it takes the cluster's networking away.
+	t.Run("weir uninstall, then helm uninstall, leave nothing of Weir on the nodes", func(t *testing.T) {
+		uninstallLeavesNothing(t, st)
+	})
+}
+
+// connectivityTest runs `weir connectivity test` against the lab as
+// against any cluster (its kubeconfig, no lab socket), with a TCP
+// listener on the outside host as the external target, and wants every
+// check to pass with the deciding rule of each denial named from the
+// agents' flows; then `weir status` reads both agents through their pods.
+func connectivityTest(t *testing.T, st *lab.State, ext ns.NetNS) {
+	var ln net.Listener
+	if err := ext.Do(func(ns.NetNS) (err error) {
+		ln, err = net.Listen("tcp4", net.JoinHostPort(st.ExtIP.String(), "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	weir := filepath.Join(binDir, "weir")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, weir, "connectivity", "test", "--kubeconfig", st.Kube.Kubeconfig,
+		"--external-target", ln.Addr().String(), "-o", "json")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rep connectivity.Report
+	if jerr := json.Unmarshal(out, &rep); jerr != nil {
+		t.Fatalf("weir connectivity test: %v (%v): %s %s", err, jerr, out, stderr.String())
+	}
+	for _, c := range rep.Checks {
+		t.Logf("%-5v %-22s %-62s %-10s %s | %s", c.Pass, c.Phase, c.Name, c.Got, c.Rule, c.Detail)
+	}
+	if err != nil {
+		t.Fatalf("weir connectivity test: %v: %s", err, stderr.String())
+	}
+	if rep.Failed != 0 || rep.Skipped != 0 || rep.Passed < 19 || rep.Cleanup != "" {
+		t.Errorf("%d passed, %d failed, %d skipped, cleanup %q; want at least 19 passed and nothing else", rep.Passed, rep.Failed, rep.Skipped, rep.Cleanup)
+	}
+	for _, c := range rep.Checks {
+		if c.Want == connectivity.WantDenied && !strings.HasPrefix(c.Rule, "denied: ") {
+			t.Errorf("%s: rule %q, want the denying flow's", c.Name, c.Rule)
+		}
+	}
+	if out, err := st.Kubectl(ctx, nil, "get", "namespace", connectivity.DefaultNamespace, "--ignore-not-found", "-o", "name"); err != nil || len(strings.TrimSpace(string(out))) != 0 {
+		t.Errorf("the test's namespace is left: %v %s", err, out)
+	}
+
+	// weir status with only the kubeconfig: both nodes' agents answer
+	// through their pods, and a node without an agent pod would be named.
+	status, err := exec.CommandContext(ctx, weir, "status", "--kubeconfig", st.Kube.Kubeconfig).CombinedOutput()
+	if err != nil {
+		t.Fatalf("weir status --kubeconfig: %v: %s", err, status)
+	}
+	for _, n := range st.Nodes {
+		if !strings.Contains(string(status), "node "+n.Name+":") {
+			t.Errorf("weir status --kubeconfig does not show node %s:\n%s", n.Name, status)
+		}
+	}
+}
+
+// uninstallLeavesNothing runs weir uninstall and helm uninstall and looks
+// on every node for anything of Weir: its agent pods, pod veths, overlay
+// device, routes, masquerade table, programs attached to any device, pins,
+// CNI config and plugin, state and socket; and for any of its programs
+// still loaded on the machine (the lab is the only Weir here).
+func uninstallLeavesNothing(t *testing.T, st *lab.State) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "weir"), "uninstall", "--kubeconfig", st.Kube.Kubeconfig).CombinedOutput()
+	t.Logf("weir uninstall:\n%s", out)
+	if err != nil {
+		t.Fatalf("weir uninstall: %v", err)
+	}
+	if out, err := st.Helm(ctx, "uninstall", lab.HelmRelease, "--namespace", "kube-system", "--wait"); err != nil {
+		t.Fatalf("helm uninstall: %v %s", err, out)
+	}
+	for _, sel := range []string{"app.kubernetes.io/name=weir-agent", "weir.io/uninstall=true"} {
+		if out, err := st.Kubectl(ctx, nil, "get", "pods,daemonsets,jobs", "-A", "-l", sel, "-o", "name"); err != nil || len(bytes.TrimSpace(out)) != 0 {
+			t.Errorf("objects labelled %s left: %v %s", sel, err, out)
+		}
+	}
+	for _, n := range st.Nodes {
+		conf, bin := st.CNIDirs(&n)
+		for _, p := range []string{n.PinDir, n.StateDir, n.Socket, filepath.Join(conf, cni.ConfListName), filepath.Join(bin, "weir-cni")} {
+			if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("node %s: %s left (%v)", n.Name, p, err)
+			}
+		}
+		left, err := weirInNetNS(filepath.Join("/var/run/netns", n.NetNS))
+		if err != nil {
+			t.Fatalf("node %s: %v", n.Name, err)
+		}
+		if len(left) > 0 {
+			t.Errorf("node %s: left in its network namespace: %v", n.Name, left)
+		}
+	}
+	loaded, err := datapath.ProgramStats(append(append([]string{}, datapath.ProgramNames...), datapath.SocketProgramNames...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(loaded) > 0 {
+		t.Errorf("Weir's programs still loaded: %v", loaded)
+	}
+
+	// Installed again, as an operator going back would: the agents come
+	// up on the cleaned nodes (and the lab's pods can be torn down
+	// through their CNI).
+	if err := st.InstallWeir(ctx); err != nil {
+		t.Fatalf("reinstall: %v", err)
+	}
+	if out, err := st.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "status", "daemonset/weir-agent", "--timeout=180s"); err != nil {
+		t.Fatalf("agents after reinstalling: %v %s", err, out)
+	}
+	for _, n := range st.Nodes {
+		waitFor(t, 60*time.Second, func() error { return api.NewClient(n.Socket).Health(ctx) })
+	}
+}
+
+// weirInNetNS lists what of Weir a node's network namespace holds.
+func weirInNetNS(path string) ([]string, error) {
+	nsh, err := ns.GetNS(path)
+	if err != nil {
+		return nil, err
+	}
+	defer nsh.Close()
+	var left []string
+	err = nsh.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			name := l.Attrs().Name
+			if name == datapath.OverlayDevice || datapath.IsHostIfName(name) {
+				left = append(left, "link "+name)
+			}
+			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at})
+				if err == nil && len(res.Programs) > 0 {
+					left = append(left, fmt.Sprintf("%d tcx programs on %s", len(res.Programs), name))
+				}
+			}
+		}
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: 0xe8}, netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			left = append(left, "route "+r.Dst.String())
+		}
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		defer c.CloseLasting()
+		tables, err := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+		if err != nil {
+			return err
+		}
+		for _, tb := range tables {
+			if tb.Name == "weir" {
+				left = append(left, "nftables table ip weir")
+			}
+		}
+		return nil
+	})
+	return left, err
 }
