@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/lab"
 	"github.com/weirnet/weir/internal/version"
 )
 
@@ -70,6 +71,12 @@ func NewVersionCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if target.labName != "" && !cmd.Flags().Changed("cni-bin-dir") {
+				// A lab's nodes keep their plugins under its run directory.
+				if dir, err := labCNIBinDir(target.labName); err == nil {
+					cniBinDir = dir
+				}
+			}
 			v := collectVersions(cmd.Context(), agents, filepath.Join(cniBinDir, "weir-cni"), features)
 			if output == "json" {
 				return writeIndentedJSON(cmd.OutOrStdout(), v)
@@ -83,6 +90,19 @@ func NewVersionCommand() *cobra.Command {
 	fl.BoolVar(&features, "features", false, "also check the kernel's features (root; see weir preflight)")
 	fl.StringVarP(&output, "output", "o", "", "json: as JSON; empty: a table")
 	return cmd
+}
+
+// labCNIBinDir is where the first node of a lab finds its CNI plugins.
+func labCNIBinDir(labName string) (string, error) {
+	st, err := lab.Load(labName)
+	if err != nil {
+		return "", err
+	}
+	if len(st.Nodes) == 0 || st.Kube == nil {
+		return st.Config.BinDir, nil
+	}
+	_, bin := st.CNIDirs(&st.Nodes[0])
+	return bin, nil
 }
 
 // collectVersions asks each agent and the CNI plugin which build they are;

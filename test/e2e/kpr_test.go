@@ -24,6 +24,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/cli"
 	"github.com/weirnet/weir/internal/cni"
 	"github.com/weirnet/weir/internal/conformance"
 	"github.com/weirnet/weir/internal/connectivity"
@@ -287,6 +288,27 @@ func connectivityTest(t *testing.T, st *lab.State, ext ns.NetNS) {
 	for _, n := range st.Nodes {
 		if !strings.Contains(string(status), "node "+n.Name+":") {
 			t.Errorf("weir status --kubeconfig does not show node %s:\n%s", n.Name, status)
+		}
+	}
+	// weir version, through the pods too, and with --lab the plugin the
+	// DaemonSet installed on the lab's node.
+	for _, args := range [][]string{{"--kubeconfig", st.Kube.Kubeconfig}, {"--lab", st.Config.Name}} {
+		out, err := exec.CommandContext(ctx, weir, append([]string{"version", "-o", "json"}, args...)...).Output()
+		var v cli.Versions
+		if err != nil || json.Unmarshal(out, &v) != nil {
+			t.Errorf("weir version %v: %v %s", args, err, out)
+			continue
+		}
+		for _, a := range v.Agents {
+			if a.Info == nil || a.Info.Version != version.Version {
+				t.Errorf("weir version %v: agent %s %+v, want %s", args, a.Node, a, version.Version)
+			}
+		}
+		if len(v.Agents) != len(st.Nodes) {
+			t.Errorf("weir version %v: %d agents, want %d", args, len(v.Agents), len(st.Nodes))
+		}
+		if args[0] == "--lab" && (v.CNI.Info == nil || v.CNI.Info.Version != version.Version) {
+			t.Errorf("weir version --lab: CNI plugin %+v, want %s", v.CNI, version.Version)
 		}
 	}
 }
