@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -95,6 +97,8 @@ func decodeAll(t *testing.T, stream []byte) map[string]any {
 		switch meta.Kind {
 		case "DaemonSet":
 			obj = &appsv1.DaemonSet{}
+		case "Job":
+			obj = &batchv1.Job{}
 		case "ConfigMap":
 			obj = &corev1.ConfigMap{}
 		case "Service":
@@ -131,14 +135,14 @@ func TestChartDefaults(t *testing.T) {
 		"CustomResourceDefinition/clusternetworkpolicies.policy.networking.k8s.io",
 		"CustomResourceDefinition/weirclusternetworkpolicies.weir.io",
 		"ServiceAccount/weir-agent", "ClusterRole/weir-agent", "ClusterRoleBinding/weir-agent",
-		"ConfigMap/weir-config", "DaemonSet/weir-agent",
+		"ConfigMap/weir-config", "DaemonSet/weir-agent", "Job/weir-upgrade-check",
 	} {
 		if objs[k] == nil {
 			t.Errorf("the chart renders no %s", k)
 		}
 	}
-	if len(objs) != 8 {
-		t.Errorf("%d objects, want 8: %v", len(objs), keys(objs))
+	if len(objs) != 9 {
+		t.Errorf("%d objects, want 9: %v", len(objs), keys(objs))
 	}
 	cm := objs["ConfigMap/weir-config"].(*corev1.ConfigMap)
 	for flag, want := range map[string]string{
@@ -192,6 +196,54 @@ func TestChartDefaults(t *testing.T) {
 	for _, e := range agent.Env {
 		if e.Name == "KUBERNETES_SERVICE_HOST" {
 			t.Errorf("KUBERNETES_SERVICE_HOST set without k8sServiceHost")
+		}
+	}
+	if agent.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+		t.Errorf("termination message policy %q: an agent refusing to start must say why in its pod's status", agent.TerminationMessagePolicy)
+	}
+	checkUpgradeJob(t, objs["Job/weir-upgrade-check"].(*batchv1.Job), ds)
+}
+
+// checkUpgradeJob: the upgrade check is a pre-upgrade hook, kept when it
+// fails, running the new image's weir-agent check-upgrade once where an
+// agent runs, on the node's network, with the agent's host paths read-only
+// and the running release's ConfigMap.
+func checkUpgradeJob(t *testing.T, job *batchv1.Job, ds *appsv1.DaemonSet) {
+	t.Helper()
+	if job.Annotations["helm.sh/hook"] != "pre-upgrade" || strings.Contains(job.Annotations["helm.sh/hook-delete-policy"], "hook-failed") {
+		t.Errorf("upgrade check annotations %v: want a pre-upgrade hook kept when it fails", job.Annotations)
+	}
+	spec, agent := job.Spec.Template.Spec, ds.Spec.Template.Spec
+	if job.Spec.BackoffLimit == nil || *job.Spec.BackoffLimit != 0 || !spec.HostNetwork || spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("upgrade check job %+v: want one try, on the host network", job.Spec)
+	}
+	if fmt.Sprint(spec.NodeSelector, spec.PriorityClassName) != fmt.Sprint(agent.NodeSelector, agent.PriorityClassName) {
+		t.Errorf("upgrade check placed by %v %q, the agents by %v %q", spec.NodeSelector, spec.PriorityClassName, agent.NodeSelector, agent.PriorityClassName)
+	}
+	// A node NotReady or unreachable (NoExecute taints) is no place for a
+	// one-shot check.
+	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Effect != corev1.TaintEffectNoSchedule {
+		t.Errorf("upgrade check tolerates %+v: want NoSchedule taints alone", spec.Tolerations)
+	}
+	for _, v := range spec.Volumes {
+		if v.ConfigMap != nil && (v.ConfigMap.Optional == nil || !*v.ConfigMap.Optional) {
+			t.Error("the upgrade check needs the running release's ConfigMap, which a release without agents has not")
+		}
+	}
+	c := spec.Containers[0]
+	if c.Image != agent.Containers[0].Image || !slices.Equal(c.Command, []string{"/usr/bin/weir-agent", "check-upgrade", "--config-dir=/etc/weir/config"}) {
+		t.Errorf("upgrade check runs %s %v", c.Image, c.Command)
+	}
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		if !m.ReadOnly {
+			t.Errorf("upgrade check mounts %s writable", m.MountPath)
+		}
+		mounts[m.MountPath] = true
+	}
+	for _, m := range agent.Containers[0].VolumeMounts {
+		if !mounts[m.MountPath] {
+			t.Errorf("upgrade check lacks the agent's mount %s", m.MountPath)
 		}
 	}
 }
@@ -259,6 +311,10 @@ func TestChartValueSets(t *testing.T) {
 			ok && dash.Data["weir.json"] == strings.TrimRight(string(want), "\n"))
 	}
 
+	if _, ok := render(t, "upgradeCheck.enabled=false")["Job/weir-upgrade-check"]; ok {
+		t.Error("upgradeCheck.enabled=false still renders the upgrade check")
+	}
+
 	objs = render(t, "agent.enabled=false", "rbac.extraGroups={weir:agents}")
 	if objs["DaemonSet/weir-agent"] != nil || objs["ConfigMap/weir-config"] != nil || len(objs) != 6 {
 		t.Errorf("agent.enabled=false renders %v, want the CRDs and RBAC alone", keys(objs))
@@ -312,7 +368,9 @@ func TestChartLints(t *testing.T) {
 // Helm, is the chart rendered with its defaults (and the CRDs). With
 // WEIR_UPDATE_DEPLOY=1 the test writes it.
 func TestPlainManifestMatchesChart(t *testing.T) {
-	out, err := runHelm(t, "template", "weir", "deploy/helm/weir", "--namespace", "kube-system", "--include-crds")
+	// No hooks: the upgrade check belongs to helm upgrade; applied with the
+	// rest it would run once, at install.
+	out, err := runHelm(t, "template", "weir", "deploy/helm/weir", "--namespace", "kube-system", "--include-crds", "--no-hooks")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +388,8 @@ func TestPlainManifestMatchesChart(t *testing.T) {
 }
 
 const plainHeader = `# Weir for clusters without Helm: deploy/helm/weir rendered with its
-# default values into kube-system. Generated; edit the chart, then run
+# default values into kube-system, without the chart's upgrade check (a
+# helm upgrade hook). Generated; edit the chart, then run
 #   WEIR_UPDATE_DEPLOY=1 go test ./deploy -run TestPlainManifestMatchesChart
 # Apply with: kubectl apply --server-side -f deploy/weir.yaml
 `

@@ -98,7 +98,7 @@ func newCommand() *cobra.Command {
 			return agent.Run(ctx, cfg, log)
 		},
 	}
-	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand(), newRelayCommand(), newProbeCommand(), newUninstallCommand())
+	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand(), newRelayCommand(), newProbeCommand(), newUninstallCommand(), newCheckUpgradeCommand())
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")

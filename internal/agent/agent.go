@@ -228,10 +228,21 @@ func start(cfg Config, log *slog.Logger) (*Agent, *datapath.Node, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("set up datapath: %w", err)
 	}
+	for _, note := range node.MapMigrationNotes() {
+		log.Info("pinned map of an earlier version", "change", note)
+	}
 	a, err := New(cfg, node, log)
 	if err != nil {
 		node.Close()
 		return nil, nil, err
+	}
+	// Every link runs this version's programs now (the devices' at setup,
+	// the pods' at adoption): what the old ones wrote meanwhile into maps
+	// carried over is copied once more.
+	if n, err := node.FinishMapMigration(); err != nil {
+		log.Warn("carrying over entries written during the upgrade", "err", err)
+	} else if n > 0 {
+		log.Info("carried over entries written during the upgrade", "entries", n)
 	}
 	return a, node, nil
 }

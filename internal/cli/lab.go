@@ -27,7 +27,7 @@ func NewLabCommand() *cobra.Command {
 		Short: "Multi-node Weir clusters on this machine, built from network namespaces",
 	}
 	cmd.AddCommand(newLabUpCommand(), newLabDownCommand(), newLabCheckCommand(), newLabStatusCommand(), newLabBuildCommand(),
-		newLabAPIProxyCommand(), newLabKubectlCommand(), newLabConformanceCommand())
+		newLabAPIProxyCommand(), newLabKubectlCommand(), newLabConformanceCommand(), newLabUpgradeCommand())
 	return cmd
 }
 
@@ -43,6 +43,7 @@ type labUpFlags struct {
 	demo   bool
 	agent  string
 	proxy  string
+	rel    string
 }
 
 func newLabUpCommand() *cobra.Command {
@@ -66,6 +67,7 @@ func newLabUpCommand() *cobra.Command {
 	cmd.Flags().StringVar(&f.binDir, "bin-dir", defaultBinDir(), "directory holding weir-agent and weir-cni")
 	cmd.Flags().StringVar(&f.cni, "cni", lab.CNIWeir, "plugin to attach pods with: weir, or bridge (the reference baseline)")
 	cmd.Flags().BoolVar(&f.check, "check", false, "run the connectivity check once the lab is up")
+	cmd.Flags().StringVar(&f.rel, "release", "", "install the chart and agent image of this earlier commit instead of the tree's (`weir lab upgrade` then upgrades to the tree's)")
 	return cmd
 }
 
@@ -74,7 +76,7 @@ func runLabUp(ctx context.Context, f labUpFlags, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--mode: %w", err)
 	}
-	cfg := lab.Config{Name: f.name, Nodes: f.nodes, PodsPerNode: f.pods, Mode: mode, BinDir: f.binDir, CNI: f.cni, Kubernetes: !f.bare, AgentMode: f.agent, KubeProxy: f.proxy}
+	cfg := lab.Config{Name: f.name, Nodes: f.nodes, PodsPerNode: f.pods, Mode: mode, BinDir: f.binDir, CNI: f.cni, Kubernetes: !f.bare, AgentMode: f.agent, KubeProxy: f.proxy, Release: f.rel}
 	if cfg.Kubernetes {
 		cfg.PodsPerNode = 0
 	} else {
@@ -146,6 +148,31 @@ func runLabCheck(ctx context.Context, name string, timeout time.Duration, out io
 	}
 	m.Print(out)
 	return m.Err()
+}
+
+func newLabUpgradeCommand() *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "upgrade",
+		Short: "Upgrade a lab that came up with --release to the tree's chart and image (helm upgrade; the agents roll node by node)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.Load(name)
+			if err != nil {
+				return err
+			}
+			if err := st.UpgradeWeir(cmd.Context()); err != nil {
+				return err
+			}
+			if _, err := st.Kubectl(cmd.Context(), nil, "-n", "kube-system", "rollout", "status", "daemonset/weir-agent", "--timeout=5m"); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "lab %s runs the tree's Weir\n", st.Config.Name)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", defaultLabName(), "lab name (default: $WEIR_LAB if set)")
+	return cmd
 }
 
 func newLabStatusCommand() *cobra.Command {

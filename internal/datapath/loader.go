@@ -168,13 +168,15 @@ type Programs struct {
 	cfg ProgramConfig
 	// policySeq is PolicySeq mapped into memory.
 	policySeq *policySeq
+	// migration holds maps carried over from an earlier version's pins
+	// until FinishMigration.
+	migration *pinMigration
 }
 
 // LoadPrograms loads every entry object with cfg's constants. Maps are
 // pinned by name in cfg.PinDir: an existing pin is reused, so a restarted
 // agent keeps the state the running datapath already has.
 func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}}
 	consts := cfg.constants()
 	p := &Programs{cfg: cfg}
 	defer func() {
@@ -182,9 +184,22 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 			p.Close()
 		}
 	}()
+	specs, err := entrySpecs()
+	if err != nil {
+		return nil, err
+	}
+	// Pins an earlier version left are taken over, or the load refused,
+	// before any of them is used (migrate.go): the maps that replace them
+	// are loaded unpinned, and swapped in only once everything loaded.
+	if p.migration, err = prepareMigration(cfg.PinDir, specs.all()); err != nil {
+		return nil, err
+	}
+	opts := func(spec *ebpf.CollectionSpec) *ebpf.CollectionOptions {
+		return &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}, MapReplacements: p.migration.replacements(spec)}
+	}
 
 	var lxc lxcObjects
-	if err := loadWithConsts(loadLxc, consts, &lxc, opts); err != nil {
+	if err := loadWithConsts(specs.lxc, consts, &lxc, opts(specs.lxc)); err != nil {
 		return nil, fmt.Errorf("load from_container: %w", err)
 	}
 	p.FromContainer, p.ToContainer = lxc.FromContainer, lxc.ToContainer
@@ -201,7 +216,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.policySeq = seq
 
 	var ov overlayObjects
-	if err := loadWithConsts(loadOverlay, consts, &ov, opts); err != nil {
+	if err := loadWithConsts(specs.overlay, consts, &ov, opts(specs.overlay)); err != nil {
 		return nil, fmt.Errorf("load overlay programs: %w", err)
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
@@ -209,7 +224,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts, ov.WeirLb4Flows, ov.WeirLb4NatFwd, ov.WeirLb4NatRev)
 
 	var host hostObjects
-	if err := loadWithConsts(loadHost, consts, &host, opts); err != nil {
+	if err := loadWithConsts(specs.host, consts, &host, opts(specs.host)); err != nil {
 		return nil, fmt.Errorf("load from_netdev: %w", err)
 	}
 	p.FromNetdev, p.ToNetdev = host.FromNetdev, host.ToNetdev
@@ -219,7 +234,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirLb4NodeAddrs, host.WeirSockNetns)
 
 	var sock sockObjects
-	if err := loadWithConsts(loadSock, consts, &sock, opts); err != nil {
+	if err := loadWithConsts(specs.sock, consts, &sock, opts(specs.sock)); err != nil {
 		return nil, fmt.Errorf("load socket programs: %w", err)
 	}
 	p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4 = sock.Sock4Connect, sock.Sock4Sendmsg, sock.Sock4Recvmsg, sock.Sock4Getpeername
@@ -236,18 +251,64 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 		UDP  *ebpf.Program `ebpf:"sock_destroy_udp"`
 		Gone *ebpf.Map     `ebpf:"weir_lb4_gone"`
 	}
-	if err := loadWithConsts(loadSockiter, consts, &iter, opts); err != nil {
+	if err := loadWithConsts(specs.sockiter, consts, &iter, opts(specs.sockiter)); err != nil {
 		return nil, fmt.Errorf("load socket iterators: %w", err)
 	}
 	p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone = iter.TCP, iter.UDP, iter.Gone
+	if err := p.migration.commit(); err != nil {
+		return nil, err
+	}
+	if err := recordLayouts(cfg.PinDir, specs.all()); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
-func loadWithConsts(load func() (*ebpf.CollectionSpec, error), consts map[string]uint32, to any, opts *ebpf.CollectionOptions) error {
-	spec, err := load()
-	if err != nil {
-		return err
+// programSpecs are the entry objects' specs, parsed once: the pins are
+// checked against all of them before any is loaded.
+type programSpecs struct {
+	lxc, overlay, host, sock, sockiter *ebpf.CollectionSpec
+}
+
+func entrySpecs() (programSpecs, error) {
+	var s programSpecs
+	for _, e := range []struct {
+		name string
+		load func() (*ebpf.CollectionSpec, error)
+		to   **ebpf.CollectionSpec
+	}{{"lxc", loadLxc, &s.lxc}, {"overlay", loadOverlay, &s.overlay}, {"host", loadHost, &s.host},
+		{"sock", loadSock, &s.sock}, {"sockiter", loadSockiter, &s.sockiter}} {
+		spec, err := e.load()
+		if err != nil {
+			return s, fmt.Errorf("parse the %s object: %w", e.name, err)
+		}
+		*e.to = spec
 	}
+	return s, nil
+}
+
+func (s programSpecs) all() []*ebpf.CollectionSpec {
+	return []*ebpf.CollectionSpec{s.lxc, s.overlay, s.host, s.sock, s.sockiter}
+}
+
+// FinishMigration copies what the previous version's programs wrote into
+// the maps a load carried over (see migrate.go) since, once every link
+// runs this version's programs, and returns how many entries that was.
+func (p *Programs) FinishMigration() (int, error) {
+	m := p.migration
+	p.migration = nil
+	return m.finish()
+}
+
+// MigrationNotes says what the load did to an earlier version's pins.
+func (p *Programs) MigrationNotes() []string {
+	if p.migration == nil {
+		return nil
+	}
+	return p.migration.notes
+}
+
+func loadWithConsts(spec *ebpf.CollectionSpec, consts map[string]uint32, to any, opts *ebpf.CollectionOptions) error {
 	for name, v := range consts {
 		vs, ok := spec.Variables[name]
 		if !ok {
@@ -272,6 +333,7 @@ func closeMaps(ms ...*ebpf.Map) {
 // Close releases the handles; pinned maps and links stay in the kernel.
 func (p *Programs) Close() {
 	p.policySeq.close()
+	p.migration.close()
 	for _, c := range []interface{ Close() error }{p.FromContainer, p.ToContainer, p.FromOverlay, p.ToOverlay, p.FromNetdev,
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs, p.SockNetNS,

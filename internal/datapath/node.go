@@ -279,6 +279,15 @@ func (n *Node) ensureVXLAN(mtu int) (netlink.Link, error) {
 // PodMTU is the MTU pods get: the underlay's, less the overlay's overhead.
 func (n *Node) PodMTU() int { return n.podMTU }
 
+// MapMigrationNotes says what setting up did to pinned maps an earlier
+// version left (none when they were this version's).
+func (n *Node) MapMigrationNotes() []string { return n.progs.MigrationNotes() }
+
+// FinishMapMigration copies into maps carried over from an earlier
+// version what its programs wrote until every link ran this version's;
+// call it once the endpoints are adopted. It returns the entries copied.
+func (n *Node) FinishMapMigration() (int, error) { return n.progs.FinishMigration() }
+
 // Config returns the config the node was set up with.
 func (n *Node) Config() NodeConfig { return n.cfg }
 

@@ -125,42 +125,51 @@ func loadTracePrograms(cfg ProgramConfig) (_ *tracePrograms, retErr error) {
 		FromContainer *ebpf.Program `ebpf:"from_container"`
 		ToContainer   *ebpf.Program `ebpf:"to_container"`
 	}
-	if err := loadWithConsts(privatized(loadLxc, repl), consts, &lxc, opts); err != nil {
+	if err := loadPrivatized(loadLxc, repl, consts, &lxc, opts); err != nil {
 		return nil, fmt.Errorf("load trace from_container: %w", err)
 	}
 	t.fromContainer, t.toContainer = lxc.FromContainer, lxc.ToContainer
 	var ov struct {
 		FromOverlay *ebpf.Program `ebpf:"from_overlay"`
 	}
-	if err := loadWithConsts(privatized(loadOverlay, repl), consts, &ov, opts); err != nil {
+	if err := loadPrivatized(loadOverlay, repl, consts, &ov, opts); err != nil {
 		return nil, fmt.Errorf("load trace from_overlay: %w", err)
 	}
 	t.fromOverlay = ov.FromOverlay
 	var host struct {
 		FromNetdev *ebpf.Program `ebpf:"from_netdev"`
 	}
-	if err := loadWithConsts(privatized(loadHost, repl), consts, &host, opts); err != nil {
+	if err := loadPrivatized(loadHost, repl, consts, &host, opts); err != nil {
 		return nil, fmt.Errorf("load trace from_netdev: %w", err)
 	}
 	t.fromNetdev = host.FromNetdev
 	return t, nil
 }
 
-// privatized wraps a spec loader so the private maps' specs match their
-// replacements (MapReplacements requires the same size and no pin).
-func privatized(load func() (*ebpf.CollectionSpec, error), repl map[string]*ebpf.Map) func() (*ebpf.CollectionSpec, error) {
-	return func() (*ebpf.CollectionSpec, error) {
-		spec, err := load()
-		if err != nil {
-			return nil, err
-		}
-		for name, m := range repl {
-			if ms, ok := spec.Maps[name]; ok {
-				ms.Pinning, ms.MaxEntries = ebpf.PinNone, m.MaxEntries()
-			}
-		}
-		return spec, nil
+// privatized parses an entry object with the private maps' specs made to
+// match their replacements (MapReplacements requires the same size and no
+// pin).
+func privatized(load func() (*ebpf.CollectionSpec, error), repl map[string]*ebpf.Map) (*ebpf.CollectionSpec, error) {
+	spec, err := load()
+	if err != nil {
+		return nil, err
 	}
+	for name, m := range repl {
+		if ms, ok := spec.Maps[name]; ok {
+			ms.Pinning, ms.MaxEntries = ebpf.PinNone, m.MaxEntries()
+		}
+	}
+	return spec, nil
+}
+
+// loadPrivatized loads an entry object into to with its private maps
+// replaced.
+func loadPrivatized(load func() (*ebpf.CollectionSpec, error), repl map[string]*ebpf.Map, consts map[string]uint32, to any, opts *ebpf.CollectionOptions) error {
+	spec, err := privatized(load, repl)
+	if err != nil {
+		return err
+	}
+	return loadWithConsts(spec, consts, to, opts)
 }
 
 func (t *tracePrograms) close() {

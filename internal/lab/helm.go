@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,11 +30,17 @@ func (st *State) InstallWeir(ctx context.Context) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	chart, err := deploy.WriteChart(dir)
-	if err != nil {
+	chart, ref := "", AgentImage
+	if st.Config.Release != "" {
+		r, err := buildRelease(ctx, st.Config.Release, io.Discard)
+		if err != nil {
+			return err
+		}
+		chart, ref = r.Chart, r.Ref
+	} else if chart, err = deploy.WriteChart(dir); err != nil {
 		return err
 	}
-	values, err := yaml.Marshal(st.chartValues())
+	values, err := yaml.Marshal(st.chartValues(ref))
 	if err != nil {
 		return err
 	}
@@ -45,12 +52,28 @@ func (st *State) InstallWeir(ctx context.Context) error {
 	return err
 }
 
+// UpgradeWeir upgrades a lab that came up with an earlier release
+// (Config.Release) to the tree's chart and image, with helm upgrade, and
+// returns when helm has applied it (the agents then roll, node by node).
+func (st *State) UpgradeWeir(ctx context.Context) error {
+	if st.Config.Release == "" {
+		return fmt.Errorf("lab %s runs the tree's Weir already: nothing to upgrade from", st.Config.Name)
+	}
+	rel := st.Config.Release
+	st.Config.Release = ""
+	if err := st.InstallWeir(ctx); err != nil {
+		st.Config.Release = rel // still installed: helm changed nothing
+		return err
+	}
+	return st.save()
+}
+
 // chartValues are the chart's values for this lab: its image (imported
 // into every node, never pulled), mode and CIDR; every host path under the
 // lab's run directory and $(NODE_NAME), since the lab's nodes share one
 // file system; the API server reached directly, not through a Service.
-func (st *State) chartValues() map[string]any {
-	repo, tag, _ := strings.Cut(AgentImage, ":")
+func (st *State) chartValues(image string) map[string]any {
+	repo, tag, _ := strings.Cut(image, ":")
 	node := filepath.Join(st.RunDir, "$(NODE_NAME)")
 	return map[string]any{
 		"image":                map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},

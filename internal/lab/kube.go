@@ -130,7 +130,15 @@ func (st *State) buildImages() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(out, agent), nil
+	out = append(out, agent)
+	if st.Config.Release != "" {
+		r, err := buildRelease(context.Background(), st.Config.Release, io.Discard)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r.Image)
+	}
+	return out, nil
 }
 
 // Kubectl runs the lab's kubectl with the admin kubeconfig.

@@ -50,6 +50,11 @@ type Config struct {
 	// (--kube-proxy-replacement), or kube-proxy in KubeProxyNFTables or
 	// KubeProxyIPTables mode beside agents that leave Services to it.
 	KubeProxy string `json:"kubeProxy,omitempty"`
+	// Release, if set, is a commit of this repository whose chart and
+	// agent image a Kubernetes lab installs instead of the tree's (both
+	// images are imported: UpgradeWeir then upgrades to the tree's, as
+	// `helm upgrade` to a new version would).
+	Release string `json:"release,omitempty"`
 }
 
 // Service proxies of a Kubernetes lab.
@@ -108,6 +113,9 @@ func (c *Config) Validate() error {
 	case AgentDaemonSet, AgentHost:
 	default:
 		return fmt.Errorf("agent mode %q: want %s or %s", c.AgentMode, AgentDaemonSet, AgentHost)
+	}
+	if c.Release != "" && (!c.Kubernetes || c.AgentMode != AgentDaemonSet) {
+		return fmt.Errorf("release %s: an earlier release is installed with its chart, which needs the Kubernetes lab with agent mode %s", c.Release, AgentDaemonSet)
 	}
 	if !c.ClusterCIDR.IsValid() {
 		c.ClusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
@@ -178,6 +186,9 @@ func RunDir(name string) string { return filepath.Join("/run", name) }
 
 // pinRoot is the bpffs directory holding every node's pins.
 func pinRoot(name string) string { return filepath.Join("/sys/fs/bpf", name) }
+
+// NodePinDir is where node's agent pins its maps and links.
+func (st *State) NodePinDir(node string) string { return filepath.Join(pinRoot(st.Config.Name), node) }
 
 // Up builds the lab and returns its state. On failure everything made so
 // far is removed again.

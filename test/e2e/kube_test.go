@@ -642,7 +642,7 @@ func newKubeLab(t *testing.T) *lab.State {
 	return newKubeLabConfig(t, lab.Config{Mode: datapath.ModeVXLAN})
 }
 
-// newKubeLabConfig is newKubeLab with cfg's mode and Service proxy.
+// newKubeLabConfig is newKubeLab with cfg's mode, Service proxy and release.
 func newKubeLabConfig(t *testing.T, cfg lab.Config) *lab.State {
 	t.Helper()
 	mode := cfg.Mode
@@ -657,7 +657,7 @@ func newKubeLabConfig(t *testing.T, cfg lab.Config) *lab.State {
 		}
 		checkNoTrace(t, name)
 	})
-	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: mode, BinDir: binDir, Kubernetes: true, KubeProxy: cfg.KubeProxy}, testWriter{t})
+	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: mode, BinDir: binDir, Kubernetes: true, KubeProxy: cfg.KubeProxy, Release: cfg.Release}, testWriter{t})
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
