@@ -92,7 +92,12 @@ func extractCommit(ctx context.Context, commit, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	archive := exec.CommandContext(ctx, "git", "archive", "--format=tar", commit)
+	// From the top: in a subdirectory, git archive takes only its subtree.
+	top, err := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		return fmt.Errorf("find the git checkout's top: %w", err)
+	}
+	archive := exec.CommandContext(ctx, "git", "-C", strings.TrimSpace(string(top)), "archive", "--format=tar", commit)
 	untar := exec.CommandContext(ctx, "tar", "-x", "-C", dir)
 	pipe, err := archive.StdoutPipe()
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/weirnet/weir/internal/datapath"
@@ -37,7 +38,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	// Static, because the Kubernetes lab puts them into container images.
-	build := exec.Command("go", "build", "-o", dir, "../../cmd/weir", "../../cmd/weir-agent", "../../cmd/weir-cni", "../../cmd/weir-pause")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", versionLDFlags(), "-o", dir, "../../cmd/weir", "../../cmd/weir-agent", "../../cmd/weir-cni", "../../cmd/weir-pause")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -46,6 +47,26 @@ func run(m *testing.M) int {
 	}
 	binDir = dir
 	return m.Run()
+}
+
+// versionLDFlags stamp the commit the binaries are built from, as
+// hack/deps.sh's weir_build does (an upgrade test tells releases apart by
+// it); none outside a git checkout.
+func versionLDFlags() string {
+	const pkg = "github.com/weirnet/weir/internal/version"
+	rev, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	when, err := exec.Command("git", "log", "-1", "--format=%cI").Output()
+	if err != nil {
+		return ""
+	}
+	flags := fmt.Sprintf("-X %s.commit=%s -X %s.commitTime=%s", pkg, strings.TrimSpace(string(rev)), pkg, strings.TrimSpace(string(when)))
+	if dirty, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(dirty))) > 0 {
+		flags += fmt.Sprintf(" -X %s.modified=true", pkg)
+	}
+	return flags
 }
 
 // labCounter gives every lab of this run its own name.

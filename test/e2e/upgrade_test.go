@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,12 +110,24 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	serverNS := podNS(t, st, server)
 	tcpAddr := net.JoinHostPort(server.Status.PodIP, "9000")
 	udpAddr := net.JoinHostPort(server.Status.PodIP, "9001")
+	// The server counts what reaches it from the denied pod: a packet let
+	// through counts even if its answer is lost on the way back.
+	deniedIP := net.ParseIP(pods["denied"].Status.PodIP)
+	var reached sync.Map // "tcp" / "udp" → *atomic.Int64
+	fromDenied := func(kind string) func(net.Addr) {
+		n, _ := reached.LoadOrStore(kind, new(atomic.Int64))
+		return func(a net.Addr) {
+			if ip := addrIP(a); ip != nil && ip.Equal(deniedIP) {
+				n.(*atomic.Int64).Add(1)
+			}
+		}
+	}
 	ln := listenIn(t, serverNS, ":9000")
 	defer ln.Close()
-	go serveEchoEach(ln)
+	go serveEchoEach(ln, fromDenied("tcp"))
 	pc := listenUDPIn(t, serverNS, ":9001")
 	defer pc.Close()
-	go serveUDPEcho(pc)
+	go serveUDPEcho(pc, fromDenied("udp"))
 
 	// The policy is in force before the upgrade starts: the denied pod
 	// gets nothing through, the others get through.
@@ -157,11 +170,6 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	f := fresh.stop()
 	in := intruder.stop()
 
-	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentsRun(t, st, strings.TrimSpace(string(head)))
 	var longestNode time.Duration
 	var perNode []string
 	for _, n := range sortedNodes(nodes) {
@@ -179,11 +187,21 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 		f.made, f.failed, f.longestGap.Round(time.Millisecond), u.sent, u.lost, u.longestGap.Round(time.Millisecond),
 		in.tcpTries, in.udpTries, in.through)
 
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentsRun(t, st, strings.TrimSpace(string(head)))
 	if farErr != nil || nearErr != nil {
 		t.Errorf("an established connection broke: across nodes %v, on one node %v", farErr, nearErr)
 	}
+	for _, kind := range []string{"tcp", "udp"} {
+		if n, _ := reached.Load(kind); n.(*atomic.Int64).Load() > 0 {
+			t.Errorf("the server received %d %s connections or datagrams from the denied pod", n.(*atomic.Int64).Load(), kind)
+		}
+	}
 	if in.through > 0 {
-		t.Errorf("the denied pod got %d packets through during the upgrade", in.through)
+		t.Errorf("the denied pod got %d answers through during the upgrade", in.through)
 	}
 	if in.tcpTries == 0 || in.udpTries == 0 {
 		t.Errorf("the denied pod never tried (%d TCP, %d UDP)", in.tcpTries, in.udpTries)
@@ -295,13 +313,15 @@ func dumpAgentPods(t *testing.T, st *lab.State) {
 	t.Logf("agent pods:\n%s", out)
 }
 
-// serveEchoEach echoes every connection ln accepts, line by line.
-func serveEchoEach(ln net.Listener) {
+// serveEchoEach echoes every connection ln accepts, line by line, telling
+// seen each client's address.
+func serveEchoEach(ln net.Listener, seen func(net.Addr)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		seen(c.RemoteAddr())
 		go func() {
 			defer c.Close()
 			r := bufio.NewReader(c)
@@ -331,16 +351,28 @@ func listenUDPIn(t *testing.T, nsPath, addr string) net.PacketConn {
 	return pc
 }
 
-// serveUDPEcho sends every datagram back to its sender.
-func serveUDPEcho(pc net.PacketConn) {
+// serveUDPEcho sends every datagram back to its sender, telling seen its
+// address.
+func serveUDPEcho(pc net.PacketConn, seen func(net.Addr)) {
 	buf := make([]byte, 2048)
 	for {
 		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
 			return
 		}
+		seen(from)
 		pc.WriteTo(buf[:n], from)
 	}
+}
+
+func addrIP(a net.Addr) net.IP {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.IP
+	case *net.UDPAddr:
+		return a.IP
+	}
+	return nil
 }
 
 // dialOnce opens and closes one TCP connection from nsPath, with an echo
