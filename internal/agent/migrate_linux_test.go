@@ -8,34 +8,15 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/policy"
 )
 
-// tcpOnlyServer is the server's ingress: TCP 8080 from app=client,
-// nothing else; and the client's: nothing at all. Both directions of an
-// allowed connection then pass only as a tracked flow.
+// tcpOnlyServer: onlyServer with TCP 8080.
 func tcpOnlyServer() []*policy.ClusterPolicy {
-	pods := func(app string) *npav1alpha2.NamespacedPod {
-		return &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}
-	}
-	everyone := []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}}
-	server := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "server-tcp"}
-	server.Spec.Tier, server.Spec.Priority = npav1alpha2.AdminTier, 1
-	server.Spec.Subject.Pods = pods("server")
-	server.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{
-		{Name: "client-tcp", Action: "Accept", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Pods: pods("client")}},
-			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
-				DestinationPort: &npav1alpha2.Port{Number: 8080}}}}},
-		{Name: "rest", Action: "Deny", From: everyone},
-	}
-	client := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "client-closed"}
-	client.Spec.Tier, client.Spec.Priority = npav1alpha2.AdminTier, 2
-	client.Spec.Subject.Pods = pods("client")
-	client.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "closed", Action: "Deny", From: everyone}}
-	return []*policy.ClusterPolicy{server, client}
+	return onlyServer("tcp", npav1alpha2.ClusterNetworkPolicyProtocol{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
+		DestinationPort: &npav1alpha2.Port{Number: 8080}}})
 }
 
 // An agent upgraded over an earlier version whose conntrack map had

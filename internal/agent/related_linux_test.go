@@ -21,21 +21,20 @@ import (
 	"github.com/weirnet/weir/internal/testutil"
 )
 
-// udpOnlyServer is the server's ingress: UDP 9000-9001 from app=client,
-// nothing else; and the client's: nothing at all. Replies and what
-// belongs to an allowed flow must still arrive.
-func udpOnlyServer() []*policy.ClusterPolicy {
+// onlyServer is the server's ingress: proto from app=client (rule
+// name), nothing else; and the client's: nothing at all. Replies and what
+// belongs to an allowed flow must still arrive, as a tracked flow.
+func onlyServer(name string, proto npav1alpha2.ClusterNetworkPolicyProtocol) []*policy.ClusterPolicy {
 	pods := func(app string) *npav1alpha2.NamespacedPod {
 		return &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}
 	}
 	everyone := []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}}
-	server := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "server-udp"}
+	server := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "server-" + name}
 	server.Spec.Tier, server.Spec.Priority = npav1alpha2.AdminTier, 1
 	server.Spec.Subject.Pods = pods("server")
 	server.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{
-		{Name: "client-udp", Action: "Accept", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Pods: pods("client")}},
-			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{UDP: &npav1alpha2.ClusterNetworkPolicyProtocolUDP{
-				DestinationPort: &npav1alpha2.Port{Range: &npav1alpha2.PortRange{Start: 9000, End: 9001}}}}}},
+		{Name: "client-" + name, Action: "Accept", From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Pods: pods("client")}},
+			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{proto}},
 		{Name: "rest", Action: "Deny", From: everyone},
 	}
 	client := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "client-closed"}
@@ -43,6 +42,12 @@ func udpOnlyServer() []*policy.ClusterPolicy {
 	client.Spec.Subject.Pods = pods("client")
 	client.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "closed", Action: "Deny", From: everyone}}
 	return []*policy.ClusterPolicy{server, client}
+}
+
+// udpOnlyServer: onlyServer with UDP 9000-9001.
+func udpOnlyServer() []*policy.ClusterPolicy {
+	return onlyServer("udp", npav1alpha2.ClusterNetworkPolicyProtocol{UDP: &npav1alpha2.ClusterNetworkPolicyProtocolUDP{
+		DestinationPort: &npav1alpha2.Port{Range: &npav1alpha2.PortRange{Start: 9000, End: 9001}}}})
 }
 
 // TestFragmentsAndICMPErrorsOfAllowedFlows: through real sockets, under a

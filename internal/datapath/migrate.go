@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -114,7 +115,7 @@ type pinMigration struct {
 // changed (their old maps open), or ErrMapLayout naming every map that
 // cannot be taken over.
 func planMigration(pinDir string, specs []*ebpf.CollectionSpec) (_ []*migrationStep, retErr error) {
-	maps := pinnedSpecs(specs)
+	specsByName := pinnedSpecs(specs)
 	layouts, err := readLayouts(pinDir)
 	if err != nil {
 		return nil, err
@@ -128,8 +129,8 @@ func planMigration(pinDir string, specs []*ebpf.CollectionSpec) (_ []*migrationS
 			closeSteps(steps)
 		}
 	}()
-	for _, name := range sortedKeys(maps) {
-		spec := maps[name]
+	for _, name := range slices.Sorted(maps.Keys(specsByName)) {
+		spec := specsByName[name]
 		old, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -589,16 +590,15 @@ func readLayouts(pinDir string) (map[string]uint64, error) {
 		return nil, fmt.Errorf("pinned map %s: %w", layoutsMapName, err)
 	}
 	defer m.Close()
-	out := map[string]uint64{}
-	var (
-		k layoutKey
-		v uint64
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	byKey, err := readMap[layoutKey, uint64](m)
+	if err != nil {
+		return nil, fmt.Errorf("pinned map %s: %w", layoutsMapName, err)
+	}
+	out := make(map[string]uint64, len(byKey))
+	for k, v := range byKey {
 		out[strings.TrimRight(string(k[:]), "\x00")] = v
 	}
-	return out, it.Err()
+	return out, nil
 }
 
 // recordLayouts records the fingerprint of every map specs pin, once the
@@ -609,41 +609,25 @@ func recordLayouts(pinDir string, specs []*ebpf.CollectionSpec) error {
 		return fmt.Errorf("map %s: %w", layoutsMapName, err)
 	}
 	defer m.Close()
-	maps := pinnedSpecs(specs)
-	var (
-		k     layoutKey
-		v     uint64
-		stale []layoutKey
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if _, ok := maps[strings.TrimRight(string(k[:]), "\x00")]; !ok {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
+	recorded, err := readMap[layoutKey, uint64](m)
+	if err != nil {
 		return fmt.Errorf("map %s: %w", layoutsMapName, err)
 	}
-	for _, k := range stale {
+	specsByName := pinnedSpecs(specs)
+	for k := range recorded {
+		if _, ok := specsByName[strings.TrimRight(string(k[:]), "\x00")]; ok {
+			continue
+		}
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("map %s: %w", layoutsMapName, err)
 		}
 	}
-	for name, spec := range maps {
+	for name, spec := range specsByName {
 		if err := m.Put(layoutKeyOf(name), layoutOf(spec)); err != nil {
 			return fmt.Errorf("record the layout of %s: %w", name, err)
 		}
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func allZero(b []byte) bool {

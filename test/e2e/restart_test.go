@@ -103,6 +103,11 @@ func serveEcho(ln net.Listener) {
 	if err != nil {
 		return
 	}
+	echoLines(c)
+}
+
+// echoLines sends every line c reads back, until either end closes it.
+func echoLines(c net.Conn) {
 	defer c.Close()
 	r := bufio.NewReader(c)
 	for {
@@ -110,32 +115,33 @@ func serveEcho(ln net.Listener) {
 		if err != nil {
 			return
 		}
-		c.Write([]byte(line))
+		if _, err := c.Write([]byte(line)); err != nil {
+			return
+		}
 	}
 }
 
 func listenIn(t *testing.T, nsPath, addr string) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	err := lab.InNS(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", addr)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
+	return openIn(t, nsPath, func() (net.Listener, error) { return net.Listen("tcp4", addr) })
 }
 
 func dialIn(t *testing.T, nsPath, addr string) net.Conn {
 	t.Helper()
-	var c net.Conn
+	return openIn(t, nsPath, func() (net.Conn, error) { return net.DialTimeout("tcp4", addr, 3*time.Second) })
+}
+
+// openIn opens a socket in the network namespace at nsPath, failing the
+// test if it cannot.
+func openIn[T any](t *testing.T, nsPath string, open func() (T, error)) T {
+	t.Helper()
+	var out T
 	err := lab.InNS(nsPath, func() (err error) {
-		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
+		out, err = open()
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return out
 }

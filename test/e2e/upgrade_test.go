@@ -5,11 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,43 +30,11 @@ import (
 // whose agents never recorded their maps' layouts.
 const previousRelease = "43e364f"
 
-const upgradeManifest = `
-apiVersion: v1
-kind: Namespace
-metadata: {name: upgrade}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: server, namespace: upgrade, labels: {app: server}}
-spec:
-  nodeName: n2
-  terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: ` + lab.AgnhostImage + `, imagePullPolicy: Never, args: [pause]}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: far, namespace: upgrade, labels: {access: "yes"}}
-spec:
-  nodeName: n1
-  terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: ` + lab.AgnhostImage + `, imagePullPolicy: Never, args: [pause]}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: near, namespace: upgrade, labels: {access: "yes"}}
-spec:
-  nodeName: n2
-  terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: ` + lab.AgnhostImage + `, imagePullPolicy: Never, args: [pause]}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: denied, namespace: upgrade}
-spec:
-  nodeName: n1
-  terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: ` + lab.AgnhostImage + `, imagePullPolicy: Never, args: [pause]}]
----
+// upgradeManifest: a server on n2; clients the policy admits on both
+// nodes (far, near); one it denies (denied).
+var upgradeManifest = "apiVersion: v1\nkind: Namespace\nmetadata: {name: upgrade}\n" +
+	upgradePod("server", "n2", "{app: server}") + upgradePod("far", "n1", `{access: "yes"}`) +
+	upgradePod("near", "n2", `{access: "yes"}`) + upgradePod("denied", "n1", "{}") + `---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: server, namespace: upgrade}
@@ -76,6 +45,20 @@ spec:
   - from: [{podSelector: {matchLabels: {access: "yes"}}}]
     ports: [{protocol: TCP, port: 9000}, {protocol: UDP, port: 9001}]
 `
+
+// upgradePod is a pod of the upgrade namespace that only sleeps: the
+// test opens its sockets in the pod's network namespace.
+func upgradePod(name, node, labels string) string {
+	return fmt.Sprintf(`---
+apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: upgrade, labels: %s}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 0
+  containers: [{name: c, image: %s, imagePullPolicy: Never, args: [pause]}]
+`, name, labels, node, lab.AgnhostImage)
+}
 
 // TestUpgradeFromPreviousRelease installs the previous release with its
 // chart and image, then helm-upgrades it to this tree's while pods on two
@@ -172,7 +155,7 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 
 	var longestNode time.Duration
 	var perNode []string
-	for _, n := range sortedNodes(nodes) {
+	for _, n := range slices.Sorted(maps.Keys(nodes)) {
 		r := nodes[n]
 		if r.up.IsZero() || r.down.IsZero() {
 			t.Errorf("node %s: the rollout was not seen (agent stopped %v, new agent ready %v)", n, r.down, r.up)
@@ -322,33 +305,13 @@ func serveEchoEach(ln net.Listener, seen func(net.Addr)) {
 			return
 		}
 		seen(c.RemoteAddr())
-		go func() {
-			defer c.Close()
-			r := bufio.NewReader(c)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if _, err := c.Write([]byte(line)); err != nil {
-					return
-				}
-			}
-		}()
+		go echoLines(c)
 	}
 }
 
 func listenUDPIn(t *testing.T, nsPath, addr string) net.PacketConn {
 	t.Helper()
-	var pc net.PacketConn
-	err := lab.InNS(nsPath, func() (err error) {
-		pc, err = net.ListenPacket("udp4", addr)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pc
+	return openIn(t, nsPath, func() (net.PacketConn, error) { return net.ListenPacket("udp4", addr) })
 }
 
 // serveUDPEcho sends every datagram back to its sender, telling seen its
@@ -673,13 +636,4 @@ func podReady(p corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-func sortedNodes(m map[string]*nodeRollout) []string {
-	out := make([]string, 0, len(m))
-	for n := range m {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
 }
