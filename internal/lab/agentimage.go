@@ -39,23 +39,29 @@ func agentImage(binDir string) (string, error) {
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}
+	return out, writeImageArchive(spec, AgentImage, created, out)
+}
+
+// writeImageArchive builds spec as the image ref and writes it as the OCI
+// archive out, its layout staged beside it.
+func writeImageArchive(spec image.Spec, ref string, created time.Time, out string) error {
 	idx, err := image.Build(spec)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return "", err
+		return err
 	}
 	dir, err := os.MkdirTemp(filepath.Dir(out), ".weir-agent-layout-")
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer os.RemoveAll(dir)
 	layout := filepath.Join(dir, "oci")
-	if err := image.WriteLayout(layout, AgentImage, idx); err != nil {
-		return "", err
+	if err := image.WriteLayout(layout, ref, idx); err != nil {
+		return err
 	}
-	return out, image.WriteArchive(layout, out, created)
+	return image.WriteArchive(layout, out, created)
 }
 
 // filesKey hashes the files' names and contents.

@@ -139,14 +139,5 @@ func writeReleaseImage(ref string, when time.Time, commit, bin, out string) erro
 	repo, tag, _ := strings.Cut(ref, ":")
 	platform := runtime.GOOS + "/" + runtime.GOARCH
 	info := version.Info{Version: version.Version, Commit: commit, CommitTime: when, Platform: platform}
-	idx, err := image.Build(image.AgentSpec(repo, tag, when, info, map[string]string{platform: bin}))
-	if err != nil {
-		return err
-	}
-	layout := filepath.Join(filepath.Dir(out), "oci")
-	defer os.RemoveAll(layout)
-	if err := image.WriteLayout(layout, ref, idx); err != nil {
-		return err
-	}
-	return image.WriteArchive(layout, out, when)
+	return writeImageArchive(image.AgentSpec(repo, tag, when, info, map[string]string{platform: bin}), ref, when, out)
 }
