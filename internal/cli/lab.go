@@ -65,7 +65,7 @@ func newLabUpCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&f.bare, "bare", false, "no Kubernetes: node agents with static peers, pods made through libcni")
 	cmd.Flags().StringVar(&f.mode, "mode", string(datapath.ModeVXLAN), "inter-node datapath: vxlan or native")
 	cmd.Flags().StringVar(&f.binDir, "bin-dir", defaultBinDir(), "directory holding weir-agent and weir-cni")
-	cmd.Flags().StringVar(&f.cni, "cni", lab.CNIWeir, "plugin to attach pods with: weir, or bridge (the reference baseline)")
+	cmd.Flags().StringVar(&f.cni, "cni", lab.CNIWeir, "plugin to attach pods with: weir, bridge (the reference baseline, --bare only), or none (a cluster waiting for `helm install`, see README's \"Install on your cluster\")")
 	cmd.Flags().BoolVar(&f.check, "check", false, "run the connectivity check once the lab is up")
 	cmd.Flags().StringVar(&f.rel, "release", "", "install the chart and agent image of this earlier commit instead of the tree's (`weir lab upgrade` then upgrades to the tree's)")
 	return cmd

@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,29 +29,75 @@ func NewStatusCommand() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeIndentedJSON(out, s)
+				err = writeIndentedJSON(out, s)
+			} else {
+				printStatus(s, out)
 			}
-			printStatus(s, out)
-			return nil
+			if problems := statusProblems(s); len(problems) > 0 {
+				return errors.Join(err, fmt.Errorf("%w: %s", errUnhealthy, strings.Join(problems, "; ")))
+			}
+			return err
 		},
 	})
+}
+
+// errUnhealthy is wrapped by the error of `weir status` for an agent that
+// reported a problem: the command prints everything, then exits non-zero.
+var errUnhealthy = errors.New("unhealthy")
+
+// mapFullWarn is the fill at which a datapath map counts as a problem:
+// past it, new connections, endpoints or rules may find no room.
+const mapFullWarn = 0.9
+
+// statusProblems lists what keeps an agent from doing its job: not
+// synced with the API server, not reporting to its Node, a failed policy
+// load or Service map write, a map nearly full. Policies that do not
+// compile are not among them: they fail closed, as meant, and are listed
+// as policy errors.
+func statusProblems(s *api.Status) []string {
+	var out []string
+	if !s.Ready {
+		out = append(out, "agent not ready")
+	}
+	if k := s.Kubernetes; k != nil {
+		if !k.Synced {
+			out = append(out, "not yet synced with the API server")
+		}
+		if k.ReportError != "" {
+			out = append(out, "cannot report to its Node: "+k.ReportError)
+		}
+	}
+	if p := s.Policy; p != nil {
+		if p.Error != "" {
+			out = append(out, "last policy load failed (its endpoints fail closed): "+p.Error)
+		}
+		for _, m := range slices.Sorted(maps.Keys(p.Maps)) {
+			if f := p.Maps[m]; f.Capacity > 0 && float64(f.Entries) >= mapFullWarn*float64(f.Capacity) {
+				out = append(out, fmt.Sprintf("map %s %d/%d full", m, f.Entries, f.Capacity))
+			}
+		}
+	}
+	if sv := s.Services; sv != nil && sv.Error != "" {
+		out = append(out, "last Service map write failed: "+sv.Error)
+	}
+	return out
 }
 
 func printStatus(s *api.Status, out io.Writer) {
 	fmt.Fprintf(out, "node %s: %s mode, node IP %v, pod CIDR %v (%d/%d used), MTU %d\n",
 		s.Node, s.Mode, s.NodeIP, s.PodCIDR, len(s.Endpoints), s.Capacity, s.MTU)
+	if problems := statusProblems(s); len(problems) > 0 {
+		fmt.Fprintf(out, "  health UNHEALTHY: %s\n", strings.Join(problems, "; "))
+	} else {
+		fmt.Fprintf(out, "  health ok\n")
+	}
 	for _, e := range s.Endpoints {
 		fmt.Fprintf(out, "  endpoint %-15v %-15s %s/%s\n", e.Address, e.HostIfName, e.PodNamespace, e.PodName)
 	}
 	for _, p := range s.Peers {
 		fmt.Fprintf(out, "  peer %-6s %-15v %v\n", p.Name, p.NodeIP, p.PodCIDR)
 	}
-	names := make([]string, 0, len(s.Counters))
-	for k := range s.Counters {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(s.Counters)) {
 		fmt.Fprintf(out, "  counter %-16s %d\n", k, s.Counters[k])
 	}
 	printPolicyStatus(s.Policy, out)
@@ -88,20 +137,10 @@ func printPolicyStatus(p *api.PolicyStatus, out io.Writer) {
 	for _, e := range p.CompileErrors {
 		fmt.Fprintf(out, "  policy error %s\n", e)
 	}
-	refs := make([]string, 0, len(p.ClusterPolicies))
-	for ref := range p.ClusterPolicies {
-		refs = append(refs, ref)
-	}
-	sort.Strings(refs)
-	for _, ref := range refs {
+	for _, ref := range slices.Sorted(maps.Keys(p.ClusterPolicies)) {
 		fmt.Fprintf(out, "  cluster policy %s generation %d programmed\n", ref, p.ClusterPolicies[ref])
 	}
-	maps := make([]string, 0, len(p.Maps))
-	for m := range p.Maps {
-		maps = append(maps, m)
-	}
-	sort.Strings(maps)
-	for _, m := range maps {
+	for _, m := range slices.Sorted(maps.Keys(p.Maps)) {
 		f := p.Maps[m]
 		pct := 0.0
 		if f.Capacity > 0 {

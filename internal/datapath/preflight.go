@@ -132,8 +132,14 @@ func PreflightError(results []CheckResult) error {
 }
 
 // probeJIT reads bpf_jit_enable: 1 (on) or 2 (on, with debug output).
+// The sysctl lives only in the host's network namespace; elsewhere (a
+// node's namespace, a pod on the node's network after setns) it asks the
+// kernel instead whether it compiled a program it just loaded.
 func probeJIT(path string) error {
 	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return probeJITByProgram()
+	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
@@ -143,6 +149,25 @@ func probeJIT(path string) error {
 	default:
 		return fmt.Errorf("%s is %s: the JIT is off", path, v)
 	}
+}
+
+// probeJITByProgram loads the smallest socket filter and reads its
+// JIT-compiled size: none means the kernel interprets it.
+func probeJITByProgram() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		return fmt.Errorf("load a trial program to see whether the kernel compiles it: %w", err)
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		return fmt.Errorf("read the trial program's info: %w", err)
+	}
+	if _, err := info.JitedSize(); err != nil {
+		return fmt.Errorf("the kernel did not compile a trial program (bpf_jit_enable, in the host's network namespace, is 0?): %w", err)
+	}
+	return nil
 }
 
 // probeReadable reports whether the kernel exposes path.

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -31,6 +32,22 @@ func TestPreflightPassesHere(t *testing.T) {
 	}
 	if after := preflightLeftovers(t); after != before {
 		t.Errorf("left behind: %q (before: %q)", after, before)
+	}
+}
+
+// TestPreflightJITOutsideTheHostNamespace: in a network namespace other
+// than the host's, where bpf_jit_enable does not exist, the JIT check asks
+// the kernel whether it compiled a trial program instead of warning.
+func TestPreflightJITOutsideTheHostNamespace(t *testing.T) {
+	testutil.RequireRoot(t)
+	err := inThrowawayNetns(func() error {
+		if _, err := os.Stat(DefaultPreflightPaths.JIT); !os.IsNotExist(err) {
+			return fmt.Errorf("%s in a new network namespace: %v, want it absent", DefaultPreflightPaths.JIT, err)
+		}
+		return probeJIT(DefaultPreflightPaths.JIT)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -14,6 +14,10 @@ import (
 const (
 	CNIWeir   = "weir"
 	CNIBridge = "bridge" // reference bridge + host-local, VXLAN between nodes as Flannel does
+	// CNINone is a Kubernetes lab without any CNI: its nodes register but
+	// stay NotReady until an operator installs one (Weir's chart, as the
+	// README's "Install on your cluster" says).
+	CNINone = "none"
 )
 
 // flannelVXLAN is the reference baseline's overlay device, built the way

@@ -45,7 +45,11 @@ type KubeState struct {
 
 func (st *State) cpNS() string  { return st.Config.Name + "-cp" }
 func (st *State) cpDir() string { return filepath.Join(st.RunDir, "cp") }
-func (st *State) kubeBin(b string) string {
+
+// KubeBin is the path of one of the lab's cluster binaries (etcd,
+// containerd and its tools, helm, or a Kubernetes one), from the build
+// cache.
+func (st *State) KubeBin(b string) string {
 	dir := "kubernetes"
 	switch b {
 	case "etcd":
@@ -107,7 +111,7 @@ func (st *State) startControlPlane(ctx context.Context, p *pki, out io.Writer) e
 		}
 	}
 	dir := st.cpDir()
-	if err := st.run("etcd", st.cpNS(), st.kubeBin("etcd"),
+	if err := st.run("etcd", st.cpNS(), st.KubeBin("etcd"),
 		"--name", "weir-lab", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
@@ -118,7 +122,7 @@ func (st *State) startControlPlane(ctx context.Context, p *pki, out io.Writer) e
 	); err != nil {
 		return err
 	}
-	if err := st.run("kube-apiserver", st.cpNS(), st.kubeBin("kube-apiserver"),
+	if err := st.run("kube-apiserver", st.cpNS(), st.KubeBin("kube-apiserver"),
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--advertise-address", controlPlaneIP.String(), "--bind-address", "0.0.0.0", "--secure-port", strconv.Itoa(apiPort),
 		"--service-cluster-ip-range", serviceCIDR.String(),
@@ -147,7 +151,7 @@ func (st *State) startControlPlane(ctx context.Context, p *pki, out io.Writer) e
 		return err
 	}
 	fmt.Fprintf(out, "  control plane: API server ready in %s\n", time.Since(start).Round(100*time.Millisecond))
-	if err := st.run("kube-controller-manager", st.cpNS(), st.kubeBin("kube-controller-manager"),
+	if err := st.run("kube-controller-manager", st.cpNS(), st.KubeBin("kube-controller-manager"),
 		"--kubeconfig", st.kubeconfigPath("controller-manager"),
 		"--authentication-kubeconfig", st.kubeconfigPath("controller-manager"),
 		"--authorization-kubeconfig", st.kubeconfigPath("controller-manager"),
@@ -160,7 +164,7 @@ func (st *State) startControlPlane(ctx context.Context, p *pki, out io.Writer) e
 	); err != nil {
 		return err
 	}
-	return st.run("kube-scheduler", st.cpNS(), st.kubeBin("kube-scheduler"),
+	return st.run("kube-scheduler", st.cpNS(), st.KubeBin("kube-scheduler"),
 		"--kubeconfig", st.kubeconfigPath("scheduler"),
 		"--authentication-kubeconfig", st.kubeconfigPath("scheduler"),
 		"--authorization-kubeconfig", st.kubeconfigPath("scheduler"),

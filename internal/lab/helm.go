@@ -40,16 +40,33 @@ func (st *State) InstallWeir(ctx context.Context) error {
 	} else if chart, err = deploy.WriteChart(dir); err != nil {
 		return err
 	}
-	values, err := yaml.Marshal(st.chartValues(ref))
-	if err != nil {
-		return err
-	}
 	file := filepath.Join(dir, "values.yaml")
-	if err := os.WriteFile(file, values, 0o644); err != nil {
+	if err := st.writeValues(file, ref); err != nil {
 		return err
 	}
 	_, err = st.Helm(ctx, "upgrade", "--install", HelmRelease, chart, "--namespace", "kube-system", "--values", file)
 	return err
+}
+
+// LabValuesFile is where a lab without a CNI (CNINone) writes the chart
+// values its nodes need, for the operator's `helm install --values`.
+func (st *State) LabValuesFile() string { return filepath.Join(st.RunDir, "weir-values.yaml") }
+
+func (st *State) writeLabValues() (string, error) {
+	file := st.LabValuesFile()
+	return file, st.writeValues(file, AgentImage)
+}
+
+// writeValues writes the lab's chart values for the agent image ref to
+// file, headed by why a lab needs them.
+func (st *State) writeValues(file, ref string) error {
+	values, err := yaml.Marshal(st.chartValues(ref))
+	if err != nil {
+		return err
+	}
+	head := "# Chart values for Weir on lab " + st.Config.Name + ": the image every node imported (no registry),\n" +
+		"# host paths apart per node (the lab's nodes share one file system), the API server's address.\n"
+	return os.WriteFile(file, append([]byte(head), values...), 0o644)
 }
 
 // UpgradeWeir upgrades a lab that came up with an earlier release
@@ -108,7 +125,7 @@ func (st *State) Helm(ctx context.Context, args ...string) ([]byte, error) {
 	if st.Kube == nil {
 		return nil, fmt.Errorf("lab %s runs no Kubernetes", st.Config.Name)
 	}
-	cmd := exec.CommandContext(ctx, st.kubeBin("helm"), append(args, "--kubeconfig", st.Kube.Kubeconfig)...)
+	cmd := exec.CommandContext(ctx, st.KubeBin("helm"), append(args, "--kubeconfig", st.Kube.Kubeconfig)...)
 	home := filepath.Join(st.RunDir, "helm")
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))

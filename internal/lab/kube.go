@@ -58,15 +58,13 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	}
 	// Weir's chart, as an operator installs it: the CRDs and RBAC now,
 	// before any node, and the agent DaemonSet, whose pods start as the
-	// nodes register (unless the agents run as host processes).
-	if err := st.InstallWeir(ctx); err != nil {
-		return err
-	}
-	// The agents' watches fail their sync on a kind not yet served.
-	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/securityidentities.weir.io", "crd/clusternetworkpolicies.policy.networking.k8s.io",
-		"crd/weirclusternetworkpolicies.weir.io"); err != nil {
-		return fmt.Errorf("weir CRDs: %w", err)
+	// nodes register (unless the agents run as host processes). A lab
+	// without a CNI leaves that to the operator.
+	withCNI := st.Config.CNI != CNINone
+	if withCNI {
+		if err := st.installWeirBeforeNodes(ctx); err != nil {
+			return err
+		}
 	}
 	for i := range st.Nodes {
 		if err := st.startKubeNode(ctx, p, &st.Nodes[i], images); err != nil {
@@ -79,7 +77,9 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 			return err
 		}
 	}
-	if err := st.waitNodesReady(ctx, 3*time.Minute, out); err != nil {
+	// A node is Ready once a CNI wrote its config; without one, the lab
+	// waits only until each has registered and got its pod CIDR.
+	if err := st.waitNodes(ctx, 3*time.Minute, withCNI, out); err != nil {
 		return err
 	}
 	if err := st.routePodsFromControlPlane(); err != nil {
@@ -89,12 +89,46 @@ func (st *State) upKubernetes(ctx context.Context, out io.Writer) error {
 	if err := st.applyManifests(ctx, manifests.FS, dns, "coredns.yaml"); err != nil {
 		return err
 	}
+	if !withCNI {
+		return st.awaitOperatorCNI(start, out)
+	}
 	if err := st.WaitDeployment(ctx, "kube-system", "coredns", 2*time.Minute); err != nil {
 		return fmt.Errorf("cluster DNS: %w", err)
 	}
 	fmt.Fprintf(out, "  cluster DNS ready at %v\n", ClusterDNSIP)
 	fmt.Fprintf(out, "  cluster ready in %s; kubectl: `weir lab kubectl get nodes`, or KUBECONFIG=%s\n",
 		time.Since(start).Round(100*time.Millisecond), st.Kube.Kubeconfig)
+	return st.save()
+}
+
+// installWeirBeforeNodes installs Weir's chart and waits until the API
+// server serves its CRDs: the agents' watches fail their sync on a kind
+// not yet served.
+func (st *State) installWeirBeforeNodes(ctx context.Context) error {
+	if err := st.InstallWeir(ctx); err != nil {
+		return err
+	}
+	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/securityidentities.weir.io", "crd/clusternetworkpolicies.policy.networking.k8s.io",
+		"crd/weirclusternetworkpolicies.weir.io"); err != nil {
+		return fmt.Errorf("weir CRDs: %w", err)
+	}
+	return nil
+}
+
+// awaitOperatorCNI ends the bring-up of a lab without a CNI: it writes the
+// chart values the lab's nodes need (LabValuesFile) and tells the operator
+// how to install Weir. CoreDNS stays Pending until then.
+func (st *State) awaitOperatorCNI(start time.Time, out io.Writer) error {
+	file, err := st.writeLabValues()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  cluster up without a CNI in %s: nodes NotReady, CoreDNS Pending until one is installed\n",
+		time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(out, "  install Weir as README's \"Install on your cluster\" says, with the values these nodes need:\n"+
+		"    export KUBECONFIG=%s\n    %s install weir deploy/helm/weir --namespace kube-system --values %s\n",
+		st.Kube.Kubeconfig, st.KubeBin("helm"), file)
 	return st.save()
 }
 
@@ -157,7 +191,7 @@ func (st *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (
 
 // KubectlCommand is the lab's kubectl with the admin kubeconfig and args.
 func (st *State) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, st.kubeBin("kubectl"), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
+	return exec.CommandContext(ctx, st.KubeBin("kubectl"), append([]string{"--kubeconfig", st.Kube.Kubeconfig}, args...)...)
 }
 
 // applyManifests applies embedded manifests with kubectl, as an operator
@@ -179,30 +213,35 @@ func (st *State) applyManifests(ctx context.Context, fsys fs.FS, r *strings.Repl
 	return nil
 }
 
-// waitNodesReady waits until every lab node is Ready and records the pod
-// CIDR the controller manager gave it.
-func (st *State) waitNodesReady(ctx context.Context, timeout time.Duration, out io.Writer) error {
+// waitNodes waits until every lab node has registered with a pod CIDR and,
+// if ready, is Ready, and records the pod CIDR the controller manager gave
+// it.
+func (st *State) waitNodes(ctx context.Context, timeout time.Duration, ready bool, out io.Writer) error {
 	c, err := st.Client()
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	ready := map[string]bool{}
+	done := map[string]bool{}
+	state := "registered"
+	if ready {
+		state = "Ready"
+	}
 	for {
 		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err == nil {
 			for _, n := range nodes.Items {
-				if ready[n.Name] || !nodeReady(&n) {
+				if done[n.Name] || n.Spec.PodCIDR == "" || (ready && !nodeReady(&n)) {
 					continue
 				}
-				ready[n.Name] = true
+				done[n.Name] = true
 				if node, err := st.NodeByName(n.Name); err == nil {
 					node.PodCIDR, _ = netip.ParsePrefix(n.Spec.PodCIDR)
 				}
-				fmt.Fprintf(out, "  node %s Ready after %s, pod CIDR %s\n", n.Name, time.Since(start).Round(100*time.Millisecond), n.Spec.PodCIDR)
+				fmt.Fprintf(out, "  node %s %s after %s, pod CIDR %s\n", n.Name, state, time.Since(start).Round(100*time.Millisecond), n.Spec.PodCIDR)
 			}
 		}
-		if len(ready) == len(st.Nodes) {
+		if len(done) == len(st.Nodes) {
 			return nil
 		}
 		for _, p := range st.Kube.Procs {
@@ -211,7 +250,7 @@ func (st *State) waitNodesReady(ctx context.Context, timeout time.Duration, out 
 			}
 		}
 		if time.Since(start) > timeout {
-			return fmt.Errorf("nodes not Ready after %s (ready: %v); see the logs in %s", timeout, ready, filepath.Join(st.RunDir, "logs"))
+			return fmt.Errorf("nodes not %s after %s (%s: %v); see the logs in %s", state, timeout, state, done, filepath.Join(st.RunDir, "logs"))
 		}
 		select {
 		case <-ctx.Done():

@@ -70,7 +70,7 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 			return err
 		}
 	}
-	if err := st.run(n.Name+"/containerd", n.NetNS, st.kubeBin("containerd"), "--config", kp.containerdConf); err != nil {
+	if err := st.run(n.Name+"/containerd", n.NetNS, st.KubeBin("containerd"), "--config", kp.containerdConf); err != nil {
 		return err
 	}
 	if err := waitSocket(ctx, kp.containerdSock, 30*time.Second); err != nil {
@@ -78,7 +78,7 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 		return fmt.Errorf("containerd of %s: %w; log:\n%s", n.Name, err, tail(pr.Log, 20))
 	}
 	for _, img := range images {
-		cmd := exec.CommandContext(ctx, st.kubeBin("ctr"), "-a", kp.containerdSock, "-n", "k8s.io", "images", "import", "--local", img)
+		cmd := exec.CommandContext(ctx, st.KubeBin("ctr"), "-a", kp.containerdSock, "-n", "k8s.io", "images", "import", "--local", img)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("import %s into %s: %w: %s", filepath.Base(img), n.Name, err, out)
 		}
@@ -86,7 +86,7 @@ func (st *State) startKubeNode(ctx context.Context, p *pki, n *Node, images []st
 	if err := os.WriteFile(kp.kubeletConf, []byte(st.kubeletConfig(p, n, kp)), 0o644); err != nil {
 		return err
 	}
-	if err := st.run(n.Name+"/kubelet", n.NetNS, st.kubeBin("kubelet"),
+	if err := st.run(n.Name+"/kubelet", n.NetNS, st.KubeBin("kubelet"),
 		"--config", kp.kubeletConf, "--kubeconfig", st.kubeconfigPath("node-"+n.Name),
 		"--root-dir", kp.kubeletRoot, "--hostname-override", n.Name, "--node-ip", n.IP.String(),
 		"--cert-dir", filepath.Join(kp.data, "kubelet-pki"), "--v=1",
@@ -147,7 +147,7 @@ conntrack:
 	if err := os.WriteFile(conf, []byte(content), 0o644); err != nil {
 		return err
 	}
-	return st.run(n.Name+"/kube-proxy", n.NetNS, st.kubeBin("kube-proxy"), "--config", conf, "--v=1")
+	return st.run(n.Name+"/kube-proxy", n.NetNS, st.KubeBin("kube-proxy"), "--config", conf, "--v=1")
 }
 
 // containerdConfig is one node's containerd: its own root, state, sockets,

@@ -25,8 +25,9 @@ type Config struct {
 	Mode        datapath.Mode // vxlan or native
 	BinDir      string        // holds weir-agent and weir-cni
 	ClusterCIDR netip.Prefix
-	// CNI is the plugin pods are attached with: CNIWeir (default), or
-	// CNIBridge for the reference baseline benchmarks compare against.
+	// CNI is the plugin pods are attached with: CNIWeir (default),
+	// CNIBridge for the reference baseline benchmarks compare against, or
+	// CNINone for a Kubernetes lab that waits for Weir's chart.
 	CNI string
 	// Kubernetes makes the lab a real cluster: a control plane, and on
 	// every node containerd, kubelet, kube-proxy and the Weir agent as a
@@ -90,12 +91,17 @@ func (c *Config) Validate() error {
 	switch c.CNI {
 	case "":
 		c.CNI = CNIWeir
-	case CNIWeir, CNIBridge:
-		if c.Kubernetes && c.CNI == CNIBridge {
-			return fmt.Errorf("CNI %q: a Kubernetes lab runs Weir", c.CNI)
+	case CNIWeir:
+	case CNIBridge:
+		if c.Kubernetes {
+			return fmt.Errorf("CNI %q: a Kubernetes lab runs Weir (or %s, to install it yourself)", c.CNI, CNINone)
+		}
+	case CNINone:
+		if !c.Kubernetes || c.AgentMode == AgentHost || c.Release != "" {
+			return fmt.Errorf("CNI %q: only a Kubernetes lab with agent mode %s and no --release comes up without a CNI (pods of a lab without Kubernetes need one)", c.CNI, AgentDaemonSet)
 		}
 	default:
-		return fmt.Errorf("CNI %q: want %s or %s", c.CNI, CNIWeir, CNIBridge)
+		return fmt.Errorf("CNI %q: want %s, %s or %s", c.CNI, CNIWeir, CNIBridge, CNINone)
 	}
 	if c.CNIBinDir != "" && c.AgentMode != AgentHost {
 		return fmt.Errorf("a CNI bin dir of its own needs agent mode %s (the DaemonSet installs weir-cni itself)", AgentHost)

@@ -92,7 +92,7 @@ func (st *State) removeKubeProxy(ctx context.Context, n *Node) error {
 		}
 		st.Kube.Procs = slices.DeleteFunc(st.Kube.Procs, func(p Proc) bool { return p.Name == name })
 	}
-	cmd := exec.CommandContext(ctx, "nsenter", "--net="+nsPath(n.NetNS), "--", st.kubeBin("kube-proxy"), "--cleanup", "--v=0")
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+nsPath(n.NetNS), "--", st.KubeBin("kube-proxy"), "--cleanup", "--v=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("kube-proxy --cleanup: %w: %s", err, out)
 	}

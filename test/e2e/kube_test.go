@@ -657,7 +657,7 @@ func newKubeLabConfig(t *testing.T, cfg lab.Config) *lab.State {
 		}
 		checkNoTrace(t, name)
 	})
-	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: mode, BinDir: binDir, Kubernetes: true, KubeProxy: cfg.KubeProxy, Release: cfg.Release}, testWriter{t})
+	st, err := lab.Up(context.Background(), lab.Config{Name: name, Nodes: 2, Mode: mode, BinDir: binDir, Kubernetes: true, KubeProxy: cfg.KubeProxy, Release: cfg.Release, CNI: cfg.CNI}, testWriter{t})
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
