@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -148,7 +149,7 @@ func TestChartDefaults(t *testing.T) {
 	for flag, want := range map[string]string{
 		"mode": "vxlan", "tunnel-port": "4789", "mtu": "0", "cluster-cidr": "10.244.0.0/16", "kube-proxy-replacement": "false",
 		"health-addr": "127.0.0.1:9879", "metrics-addr": ":9880", "socket": "/run/weir/agent.sock", "cni-conf-dir": "/etc/cni/net.d",
-		"flow-events": "true", "flow-max-bytes": "67108864",
+		"flow-events": "true", "flow-max-bytes": "67108864", "cgroup-root": "/run/weir/cgroup2", "sysctl-dir": "/host/proc/sys",
 	} {
 		if got := cm.Data[flag]; got != want {
 			t.Errorf("ConfigMap %s = %q, want %q", flag, got, want)
@@ -164,9 +165,7 @@ func TestChartDefaults(t *testing.T) {
 	if agent.Image != "ghcr.io/weirnet/weir-agent:"+version.Version {
 		t.Errorf("image %s, want the chart's appVersion, %s", agent.Image, version.Version)
 	}
-	if agent.SecurityContext == nil || agent.SecurityContext.Privileged == nil || !*agent.SecurityContext.Privileged {
-		t.Error("agent must be privileged")
-	}
+	checkAgentCapabilities(t, spec)
 	if !slices.Contains(agent.Args, "--config-dir=/etc/weir/config") || !slices.Contains(agent.Args, "--node-name=$(NODE_NAME)") {
 		t.Errorf("agent args %v: want it to read the ConfigMap and know its node", agent.Args)
 	}
@@ -175,16 +174,7 @@ func TestChartDefaults(t *testing.T) {
 			t.Errorf("probe %+v: want GET http://127.0.0.1:9879/v1/healthz", p)
 		}
 	}
-	prop := map[string]corev1.MountPropagationMode{}
-	for _, m := range agent.VolumeMounts {
-		if m.MountPropagation != nil {
-			prop[m.MountPath] = *m.MountPropagation
-		}
-	}
-	if prop["/var/run/netns"] != corev1.MountPropagationHostToContainer || prop["/sys/fs/bpf"] != corev1.MountPropagationBidirectional {
-		t.Errorf("propagation %v: pod namespaces must reach the agent, its bpffs mounts the host", prop)
-	}
-	if len(spec.Volumes) != len(agent.VolumeMounts) || len(spec.InitContainers) != 1 {
+	if len(spec.Volumes) != len(agent.VolumeMounts) || len(spec.InitContainers) != 2 {
 		t.Errorf("%d volumes for %d mounts, %d init containers", len(spec.Volumes), len(agent.VolumeMounts), len(spec.InitContainers))
 	}
 	if ann := ds.Spec.Template.Annotations; ann["prometheus.io/port"] != "9880" || ann["weir.io/config-checksum"] == "" {
@@ -202,6 +192,53 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("termination message policy %q: an agent refusing to start must say why in its pod's status", agent.TerminationMessagePolicy)
 	}
 	checkUpgradeJob(t, objs["Job/weir-upgrade-check"].(*batchv1.Job), ds)
+}
+
+// checkAgentCapabilities: the agent is not privileged but has the four
+// capabilities it uses and no other; it writes sysctls through the host's
+// /proc/sys/net and reaches the mounts mount-fs made (HostToContainer),
+// and mount-fs, privileged, makes them reach the node (Bidirectional). The
+// agent's ConfigMap names the mounts' places.
+func checkAgentCapabilities(t *testing.T, spec corev1.PodSpec) {
+	t.Helper()
+	agent, mountFS := spec.Containers[0], spec.InitContainers[0]
+	sc := agent.SecurityContext
+	if sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil ||
+		fmt.Sprint(sc.Capabilities.Add) != "[NET_ADMIN SYS_ADMIN BPF PERFMON]" || fmt.Sprint(sc.Capabilities.Drop) != "[ALL]" {
+		t.Errorf("agent security context %+v: want not privileged, NET_ADMIN, SYS_ADMIN, BPF and PERFMON alone", sc)
+	}
+	if mountFS.Name != "mount-fs" || mountFS.SecurityContext == nil || mountFS.SecurityContext.Privileged == nil || !*mountFS.SecurityContext.Privileged ||
+		!slices.Equal(mountFS.Command, []string{"/usr/bin/weir-agent", "mount-fs", "--config-dir=/etc/weir/config"}) {
+		t.Errorf("first init container %s %v %+v: want mount-fs, privileged", mountFS.Name, mountFS.Command, mountFS.SecurityContext)
+	}
+	propagation := func(c corev1.Container) map[string]corev1.MountPropagationMode {
+		out := map[string]corev1.MountPropagationMode{}
+		for _, m := range c.VolumeMounts {
+			if m.MountPropagation != nil {
+				out[m.MountPath] = *m.MountPropagation
+			}
+		}
+		return out
+	}
+	to, bi := corev1.MountPropagationHostToContainer, corev1.MountPropagationBidirectional
+	if got, want := propagation(agent), map[string]corev1.MountPropagationMode{"/var/run/netns": to, "/sys/fs/bpf": to, "/run/weir": to}; !maps.Equal(got, want) {
+		t.Errorf("agent propagation %v, want %v: pod namespaces and mount-fs's mounts reach it; a container that is not privileged may not have Bidirectional", got, want)
+	}
+	if got, want := propagation(mountFS), map[string]corev1.MountPropagationMode{"/var/run/netns": to, "/sys/fs/bpf": bi, "/run/weir": bi}; !maps.Equal(got, want) {
+		t.Errorf("mount-fs propagation %v, want %v: its bpffs and cgroup2 mounts must reach the node", got, want)
+	}
+	sysctl := false
+	for _, m := range agent.VolumeMounts {
+		sysctl = sysctl || (m.MountPath == "/host/proc/sys/net" && !m.ReadOnly)
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == "proc-sys-net" && (v.HostPath == nil || v.HostPath.Path != "/proc/sys/net") {
+			sysctl = false
+		}
+	}
+	if !sysctl {
+		t.Error("the agent needs the host's /proc/sys/net, writable, at /host/proc/sys/net")
+	}
 }
 
 // checkUpgradeJob: the upgrade check is a pre-upgrade hook, kept when it
@@ -242,7 +279,7 @@ func checkUpgradeJob(t *testing.T, job *batchv1.Job, ds *appsv1.DaemonSet) {
 		mounts[m.MountPath] = true
 	}
 	for _, m := range agent.Containers[0].VolumeMounts {
-		if !mounts[m.MountPath] {
+		if !mounts[m.MountPath] && m.Name != "proc-sys-net" {
 			t.Errorf("upgrade check lacks the agent's mount %s", m.MountPath)
 		}
 	}
@@ -315,6 +352,17 @@ func TestChartValueSets(t *testing.T) {
 		t.Error("upgradeCheck.enabled=false still renders the upgrade check")
 	}
 
+	// The escape hatch: a privileged agent, which may have Bidirectional.
+	priv := render(t, "agent.privileged=true")["DaemonSet/weir-agent"].(*appsv1.DaemonSet).Spec.Template.Spec.Containers[0]
+	if sc := priv.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.Capabilities != nil {
+		t.Errorf("agent.privileged=true: security context %+v, want privileged", sc)
+	}
+	for _, m := range priv.VolumeMounts {
+		if m.MountPath == "/sys/fs/bpf" && (m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional) {
+			t.Errorf("agent.privileged=true: bpffs propagation %v, want Bidirectional as the values say", m.MountPropagation)
+		}
+	}
+
 	objs = render(t, "agent.enabled=false", "rbac.extraGroups={weir:agents}")
 	if objs["DaemonSet/weir-agent"] != nil || objs["ConfigMap/weir-config"] != nil || len(objs) != 6 {
 		t.Errorf("agent.enabled=false renders %v, want the CRDs and RBAC alone", keys(objs))
@@ -341,6 +389,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		"kubeProxyReplacement=true":                          "needs k8sServiceHost",
 		"metrics.port=9879":                                  "the same port",
 		"k8sServicePort=99999":                               "/k8sServicePort",
+		"agent.paths.cgroupRoot=/sys/fs/cgroup":              "/agent/paths/cgroupRoot",
+		"agent.privileged=yes":                               "/agent/privileged",
 	} {
 		_, err := runHelm(t, "template", "weir", "deploy/helm/weir", "--set", set)
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -40,6 +40,7 @@ type flags struct {
 	tunnelPort                                         uint16
 	mtu                                                int
 	configDir                                          string
+	cgroupRoot, sysctlDir                              string
 }
 
 func main() {
@@ -98,7 +99,7 @@ func newCommand() *cobra.Command {
 			return agent.Run(ctx, cfg, log)
 		},
 	}
-	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand(), newRelayCommand(), newProbeCommand(), newUninstallCommand(), newCheckUpgradeCommand())
+	cmd.AddCommand(newHealthCommand(), newVersionCommand(), newInstallCNICommand(), newRelayCommand(), newProbeCommand(), newUninstallCommand(), newCheckUpgradeCommand(), newMountFSCommand())
 	host, _ := os.Hostname()
 	fl := cmd.Flags()
 	fl.StringVar(&f.node, "node-name", host, "this node's name")
@@ -109,6 +110,8 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the CIDR of every pod in the cluster")
 	fl.StringVar(&f.stateDir, "state-dir", "/var/lib/weir", "directory for durable state (IPAM leases)")
 	fl.StringVar(&f.pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "bpffs directory for this node's maps and links")
+	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "a mount of the machine's cgroup v2 hierarchy to attach the socket programs to, e.g. "+datapath.DefaultCgroupRoot+" from `weir-agent mount-fs` (empty: the first cgroup2 mount this process sees, or one mounted at "+datapath.DefaultCgroupRoot+"; inside a cgroup namespace that is the container's own cgroup, which the agent refuses)")
+	fl.StringVar(&f.sysctlDir, "sysctl-dir", datapath.DefaultSysctlDir, "where the kernel's sysctls are (its net/ at least): /proc/sys is read-only in a container that is not privileged, so the chart binds the host's /proc/sys/net at /host/proc/sys/net and passes /host/proc/sys")
 	fl.StringVar(&f.socket, "socket", api.DefaultSocket, "unix socket of the local API")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "TCP host:port answering GET "+api.PathHealth+" for the kubelet's probes, e.g. 127.0.0.1:9879 (empty: none)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "TCP host:port serving Prometheus metrics on "+agent.PathMetrics+", e.g. :9880 for every address (empty: only the --socket serves them)")
@@ -194,6 +197,7 @@ func (f flags) config() (agent.Config, error) {
 		KubeProxyReplacement: f.kubeProxyReplacement, NoSocketLB: !f.socketLB,
 		ProxyHealthzAddr: f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
 		TunnelPort: f.tunnelPort, MTU: f.mtu,
+		CgroupRoot: f.cgroupRoot, SysctlDir: f.sysctlDir,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

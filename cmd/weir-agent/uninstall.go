@@ -18,7 +18,7 @@ import (
 // put on this node, after its agent stopped (helm uninstall, or the
 // DaemonSet deleted). `weir uninstall` runs it on every node.
 func newUninstallCommand() *cobra.Command {
-	var socket, stateDir, pinDir, cniConfDir, cniBinDir, configDir string
+	var socket, stateDir, pinDir, cniConfDir, cniBinDir, configDir, cgroupRoot string
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "uninstall",
@@ -43,7 +43,7 @@ func newUninstallCommand() *cobra.Command {
 				}
 			}
 			removed, err := datapath.Uninstall(datapath.UninstallPaths{
-				PinDir: pinDir, StateDir: stateDir, Socket: socket, CgroupRoot: datapath.DefaultCgroupRoot,
+				PinDir: pinDir, StateDir: stateDir, Socket: socket, CgroupRoot: cgroupRoot,
 				CNIConf: filepath.Join(cniConfDir, cni.ConfListName), CNIBinary: filepath.Join(cniBinDir, "weir-cni"),
 			})
 			out := cmd.OutOrStdout()
@@ -63,6 +63,7 @@ func newUninstallCommand() *cobra.Command {
 	fl.StringVar(&socket, "socket", defaultSocket(), "the agent's socket (its directory goes too if that leaves it empty)")
 	fl.StringVar(&stateDir, "state-dir", "/var/lib/weir", "the agent's --state-dir")
 	fl.StringVar(&pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "the agent's --bpf-pin-dir")
+	fl.StringVar(&cgroupRoot, "cgroup-root", datapath.DefaultCgroupRoot, "the agent's --cgroup-root: unmounted if it is a cgroup2 mount (one Weir made)")
 	fl.StringVar(&cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "where the agent wrote "+cni.ConfListName)
 	fl.StringVar(&cniBinDir, "cni-bin-dir", "/opt/cni/bin", "where install-cni put weir-cni")
 	fl.StringVar(&configDir, "config-dir", "", "the agent's --config-dir (its mounted ConfigMap), for the paths above")

@@ -83,6 +83,8 @@ type Config struct {
 	// /healthz (and /livez) and /proxyMode are answered with
 	// KubeProxyReplacement; empty: not served.
 	ProxyHealthzAddr, ProxyStatusAddr string
+	// CgroupRoot and SysctlDir: see datapath.NodeConfig.
+	CgroupRoot, SysctlDir string
 	// TunnelPort and MTU: see datapath.NodeConfig.
 	TunnelPort uint16
 	MTU        int
@@ -96,6 +98,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
 		KubeProxyReplacement: c.KubeProxyReplacement, HashSeed: c.HashSeed,
 		TunnelPort: c.TunnelPort, MTU: c.MTU,
+		CgroupRoot: c.CgroupRoot, SysctlDir: c.SysctlDir,
 	}
 }
 

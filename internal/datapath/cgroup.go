@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -34,6 +36,80 @@ func EnsureCgroup2() (root string, mounted bool, _ error) {
 		return "", false, fmt.Errorf("mount cgroup2 at %s: %w (%w)", DefaultCgroupRoot, err, ErrNoCgroup2)
 	}
 	return DefaultCgroupRoot, true, nil
+}
+
+// ErrNotMachineCgroup is returned for a cgroup v2 directory that is not
+// the machine's root: socket programs attached there would translate the
+// sockets of only the processes below it.
+var ErrNotMachineCgroup = errors.New("not the machine's cgroup v2 root")
+
+// checkMachineCgroupRoot fails unless dir is the root of the machine's
+// cgroup v2 hierarchy. A cgroup2 mounted inside a cgroup namespace (a
+// container's, unless it is privileged) has the container's own cgroup as
+// its root, and looks like a root from inside; but only the real root
+// cgroup lacks cgroup.type, which every other cgroup has.
+func checkMachineCgroupRoot(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("cgroup root %s: %w", dir, err)
+	}
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return fmt.Errorf("cgroup root %s is not on a cgroup v2 filesystem: %w", dir, ErrNoCgroup2)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.type")); err == nil {
+		return fmt.Errorf("cgroup root %s is a cgroup below the machine's root (mounted inside a cgroup namespace?): "+
+			"mount cgroup2 from the machine's cgroup namespace (the chart's mount-fs init container does) and pass it as --cgroup-root: %w", dir, ErrNotMachineCgroup)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cgroup root %s: %w", dir, err)
+	}
+	return nil
+}
+
+// MountCgroup2 makes dir a mount of the machine's cgroup v2 hierarchy
+// unless it is one already, and checks that its root is the machine's.
+// The chart's privileged init container calls it, in the machine's
+// cgroup namespace, for an agent that runs in a namespace of its own.
+func MountCgroup2(dir string) (mounted bool, _ error) {
+	is, err := isCgroup2Mount(dir)
+	if err != nil {
+		return false, err
+	}
+	if !is {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return false, fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil {
+			return false, fmt.Errorf("mount cgroup2 at %s: %w (%w)", dir, err, ErrNoCgroup2)
+		}
+		mounted = true
+	}
+	if err := checkMachineCgroupRoot(dir); err != nil {
+		if mounted {
+			unix.Unmount(dir, unix.MNT_DETACH)
+		}
+		return false, err
+	}
+	return mounted, nil
+}
+
+// isCgroup2Mount says whether path is a cgroup2 mount point.
+func isCgroup2Mount(path string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	if st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return false, nil
+	}
+	// The same filesystem as the parent: path is inside a mount, not one.
+	var parent unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &parent); err == nil && parent.Type == unix.CGROUP2_SUPER_MAGIC {
+		return false, nil
+	}
+	return true, nil
 }
 
 // findCgroup2 returns the first cgroup2 mount point in a mountinfo file

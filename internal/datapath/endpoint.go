@@ -145,7 +145,7 @@ func (n *Node) ConfigureHost(ep *Endpoint) error {
 	}
 	// Before the link is up: no router advertisement a pod sends may
 	// ever configure the node (podlink.h drops them too).
-	if err := n.do(func() error { return setHostVethSysctls(host.Attrs().Name) }); err != nil {
+	if err := n.do(func() error { return n.sysctls().setHostVethSysctls(host.Attrs().Name) }); err != nil {
 		return err
 	}
 	if err := n.nl.LinkSetUp(host); err != nil {

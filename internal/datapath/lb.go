@@ -51,6 +51,9 @@ func (n *Node) attachSockets() error {
 			return err
 		}
 	}
+	if err := checkMachineCgroupRoot(root); err != nil {
+		return err
+	}
 	dir := filepath.Join(n.cfg.PinDir, "cgroup")
 	for name, p := range n.progs.sockPrograms() {
 		if err := attachCgroupPinned(p.prog, root, p.at, filepath.Join(dir, name)); err != nil {

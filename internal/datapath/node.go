@@ -49,6 +49,9 @@ type NodeConfig struct {
 	// CgroupRoot is the cgroup v2 directory the socket programs attach to;
 	// empty: the machine's cgroup v2 root (mounted if need be).
 	CgroupRoot string
+	// SysctlDir is where the kernel's sysctls are read and written (its
+	// net/ at least); empty: DefaultSysctlDir.
+	SysctlDir string
 	// NetNS, when set, is the namespace the node lives in; otherwise the
 	// caller's. Tests and the lab use it to run many nodes in one process.
 	NetNS string
@@ -72,6 +75,14 @@ type NodeConfig struct {
 	// overhead in vxlan mode. Set it below that where the underlay's path
 	// carries less than its device says (a cloud's own encapsulation).
 	MTU int
+}
+
+// sysctls is where this node's sysctls are written.
+func (n *Node) sysctls() sysctlDir {
+	if n.cfg.SysctlDir == "" {
+		return DefaultSysctlDir
+	}
+	return sysctlDir(n.cfg.SysctlDir)
 }
 
 // OverlayPort is the overlay's UDP port in effect.
@@ -163,7 +174,7 @@ func SetupNode(cfg NodeConfig) (_ *Node, retErr error) {
 		}
 	}
 	err := n.do(func() error {
-		if err := setNodeSysctls(); err != nil {
+		if err := n.sysctls().setNodeSysctls(); err != nil {
 			return err
 		}
 		return n.setupDevices()

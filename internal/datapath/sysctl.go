@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // nodeSysctls are what pod networking needs from the node's namespace.
@@ -19,10 +21,20 @@ var nodeSysctls = map[string]string{
 	"net/ipv4/conf/default/rp_filter": "0",
 }
 
+// DefaultSysctlDir is where the kernel's sysctls are. A container that
+// is not privileged sees /proc/sys read-only (the runtime makes it so),
+// so the chart binds the host's /proc/sys/net elsewhere and names that
+// place (NodeConfig.SysctlDir). Network sysctls under either resolve in
+// the network namespace of the thread that opens them.
+const DefaultSysctlDir = "/proc/sys"
+
+// sysctlDir is a directory laid out as /proc/sys (at least its net/).
+type sysctlDir string
+
 // setNodeSysctls writes nodeSysctls for the calling thread's namespace.
-func setNodeSysctls() error {
+func (d sysctlDir) setNodeSysctls() error {
 	for k, v := range nodeSysctls {
-		if err := writeSysctl(k, v); err != nil {
+		if err := d.write(k, v); err != nil {
 			return err
 		}
 	}
@@ -42,27 +54,31 @@ var hostVethSysctls = []struct{ key, value string }{
 
 // setHostVethSysctls writes hostVethSysctls for ifName in the calling
 // thread's namespace. A node without IPv6 has no IPv6 keys to set.
-func setHostVethSysctls(ifName string) error {
+func (d sysctlDir) setHostVethSysctls(ifName string) error {
 	for _, s := range hostVethSysctls {
 		name := fmt.Sprintf(s.key, ifName)
 		if strings.HasPrefix(name, "net/ipv6/") {
-			if _, err := os.Stat(filepath.Join("/proc/sys", name)); errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Stat(filepath.Join(string(d), name)); errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
 		}
-		if err := writeSysctl(name, s.value); err != nil {
+		if err := d.write(name, s.value); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func writeSysctl(name, value string) error {
-	p := filepath.Join("/proc/sys", name)
+func (d sysctlDir) write(name, value string) error {
+	p := filepath.Join(string(d), name)
 	if cur, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(cur)) == value {
 		return nil
 	}
 	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		if errors.Is(err, unix.EROFS) {
+			return fmt.Errorf("set sysctl %s=%s: %w (%s is read-only, as /proc/sys is in a container that is not privileged: bind the host's /proc/sys/net elsewhere and pass that place's parent as --sysctl-dir)",
+				strings.ReplaceAll(name, "/", "."), value, err, d)
+		}
 		return fmt.Errorf("set sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), value, err)
 	}
 	return nil

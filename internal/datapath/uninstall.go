@@ -114,7 +114,7 @@ func Uninstall(p UninstallPaths) (removed []string, _ error) {
 	} else if present {
 		note("nftables table ip "+masqTable, removeMasquerade())
 	}
-	if p.CgroupRoot != "" {
+	if p.CgroupRoot != "" && !systemCgroupMount(p.CgroupRoot) {
 		if mounted, err := isCgroup2Mount(p.CgroupRoot); err != nil {
 			errs = append(errs, err)
 		} else if mounted {
@@ -218,24 +218,12 @@ func masqueradePresent() (bool, error) {
 	return false, nil
 }
 
-// isCgroup2Mount says whether path is a cgroup2 mount point.
-func isCgroup2Mount(path string) (bool, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("statfs %s: %w", path, err)
-	}
-	if st.Type != unix.CGROUP2_SUPER_MAGIC {
-		return false, nil
-	}
-	// The same filesystem as the parent: path is inside a mount, not one.
-	var parent unix.Statfs_t
-	if err := unix.Statfs(filepath.Dir(path), &parent); err == nil && parent.Type == unix.CGROUP2_SUPER_MAGIC {
-		return false, nil
-	}
-	return true, nil
+// systemCgroupMount says whether dir is the system's cgroup mount or
+// below it, which an --cgroup-root may name but Weir never unmounts.
+func systemCgroupMount(dir string) bool {
+	const system = "/sys/fs/cgroup"
+	dir = filepath.Clean(dir)
+	return dir == system || strings.HasPrefix(dir, system+"/")
 }
 
 // tcxProgramNames are Weir's programs attached to devices with tcx.

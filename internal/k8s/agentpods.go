@@ -18,6 +18,10 @@ const AgentPodSelector = "app.kubernetes.io/name=weir-agent"
 // AgentContainer is the agent's container in those pods.
 const AgentContainer = "agent"
 
+// MountFSContainer is the pods' privileged init container that makes
+// Weir's mounts on the node (weir-agent mount-fs).
+const MountFSContainer = "mount-fs"
+
 // ErrNoAgentPod: a node runs no running Weir agent pod.
 var ErrNoAgentPod = errors.New("no running weir-agent pod")
 

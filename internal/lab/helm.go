@@ -41,7 +41,7 @@ func (st *State) InstallWeir(ctx context.Context) error {
 		return err
 	}
 	file := filepath.Join(dir, "values.yaml")
-	if err := st.writeValues(file, ref); err != nil {
+	if err := st.writeValues(file, ref, chartHasCgroupRoot(chart)); err != nil {
 		return err
 	}
 	_, err = st.Helm(ctx, "upgrade", "--install", HelmRelease, chart, "--namespace", "kube-system", "--values", file)
@@ -54,13 +54,21 @@ func (st *State) LabValuesFile() string { return filepath.Join(st.RunDir, "weir-
 
 func (st *State) writeLabValues() (string, error) {
 	file := st.LabValuesFile()
-	return file, st.writeValues(file, AgentImage)
+	return file, st.writeValues(file, AgentImage, true)
+}
+
+// chartHasCgroupRoot says whether a chart has agent.paths.cgroupRoot and
+// the mount-fs init container that mounts it; an earlier release's chart
+// (Config.Release) may not, and refuses values it does not know.
+func chartHasCgroupRoot(chart string) bool {
+	b, err := os.ReadFile(filepath.Join(chart, "values.yaml"))
+	return err == nil && strings.Contains(string(b), "cgroupRoot:")
 }
 
 // writeValues writes the lab's chart values for the agent image ref to
 // file, headed by why a lab needs them.
-func (st *State) writeValues(file, ref string) error {
-	values, err := yaml.Marshal(st.chartValues(ref))
+func (st *State) writeValues(file, ref string, cgroupRoot bool) error {
+	values, err := yaml.Marshal(st.chartValues(ref, cgroupRoot))
 	if err != nil {
 		return err
 	}
@@ -89,9 +97,24 @@ func (st *State) UpgradeWeir(ctx context.Context) error {
 // into every node, never pulled), mode and CIDR; every host path under the
 // lab's run directory and $(NODE_NAME), since the lab's nodes share one
 // file system; the API server reached directly, not through a Service.
-func (st *State) chartValues(image string) map[string]any {
+//
+// With cgroupRoot (a chart whose mount-fs init container mounts the
+// machine's cgroup2 for an agent that is not privileged), each node's
+// cgroup2 goes under its run directory, which the init container mounts
+// with Bidirectional propagation so that the mount reaches the agent.
+func (st *State) chartValues(image string, cgroupRoot bool) map[string]any {
 	repo, tag, _ := strings.Cut(image, ":")
 	node := filepath.Join(st.RunDir, "$(NODE_NAME)")
+	paths := map[string]any{
+		"state": filepath.Join(node, "state"), "socket": filepath.Join(node, "agent.sock"),
+		"bpfPin":  filepath.Join(pinRoot(st.Config.Name), "$(NODE_NAME)"),
+		"cniConf": filepath.Join(node, "cni", "net.d"), "cniBin": filepath.Join(node, "cni", "bin"),
+	}
+	labMount := map[string]any{"name": "lab", "path": st.RunDir, "propagation": "HostToContainer"}
+	if cgroupRoot {
+		paths["cgroupRoot"] = filepath.Join(node, "cgroup2")
+		labMount["propagation"] = "Bidirectional"
+	}
 	return map[string]any{
 		"image":                map[string]any{"repository": repo, "tag": tag, "pullPolicy": "Never"},
 		"routingMode":          string(st.Config.Mode),
@@ -101,17 +124,10 @@ func (st *State) chartValues(image string) map[string]any {
 		"k8sServicePort":       strconv.Itoa(apiPort),
 		"agent": map[string]any{
 			"enabled": st.Config.AgentMode != AgentHost,
-			"paths": map[string]any{
-				"state": filepath.Join(node, "state"), "socket": filepath.Join(node, "agent.sock"),
-				"bpfPin":  filepath.Join(pinRoot(st.Config.Name), "$(NODE_NAME)"),
-				"cniConf": filepath.Join(node, "cni", "net.d"), "cniBin": filepath.Join(node, "cni", "bin"),
-			},
+			"paths": paths,
 			// Pod network namespaces appear under the run directory after
 			// the agent starts. The lab mounted bpffs already.
-			"hostMounts": []map[string]any{
-				{"name": "lab", "path": st.RunDir, "propagation": "HostToContainer"},
-				{"name": "bpffs", "path": "/sys/fs/bpf"},
-			},
+			"hostMounts": []map[string]any{labMount, {"name": "bpffs", "path": "/sys/fs/bpf"}},
 		},
 		// The agents run as host processes present client certificates
 		// in this group.

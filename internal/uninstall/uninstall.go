@@ -250,10 +250,17 @@ func cleanupJob(ds *appsv1.DaemonSet, node string) *batchv1.Job {
 	if cniBin != "" {
 		args = append(args, "--cni-bin-dir="+cniBin)
 	}
+	// Privileged, with the mounts of the init container that made Weir's
+	// mounts on the node (mount-fs: Bidirectional, so an unmount reaches
+	// the node), whatever the agent itself runs with.
+	mounts := agent.VolumeMounts
+	if mf := initContainer(&spec, k8s.MountFSContainer); mf != nil {
+		mounts = mf.VolumeMounts
+	}
 	c := corev1.Container{
 		Name: "uninstall", Image: agent.Image, ImagePullPolicy: agent.ImagePullPolicy,
 		Command: []string{"/usr/bin/weir-agent"}, Args: args,
-		Env: agent.Env, VolumeMounts: agent.VolumeMounts, SecurityContext: agent.SecurityContext,
+		Env: agent.Env, VolumeMounts: mounts, SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 	}
 	spec.InitContainers = nil
 	spec.Containers = []corev1.Container{c}
@@ -294,6 +301,15 @@ func agentContainer(spec *corev1.PodSpec) *corev1.Container {
 		}
 	}
 	return &spec.Containers[0]
+}
+
+func initContainer(spec *corev1.PodSpec, name string) *corev1.Container {
+	for i := range spec.InitContainers {
+		if spec.InitContainers[i].Name == name {
+			return &spec.InitContainers[i]
+		}
+	}
+	return nil
 }
 
 func envValue(cs []corev1.Container, name string) string {

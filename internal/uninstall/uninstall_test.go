@@ -19,7 +19,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/weirnet/weir/internal/k8s"
 )
 
 // chartDaemonSet is the agent DaemonSet of deploy/weir.yaml, the chart
@@ -64,8 +67,16 @@ func TestCleanupJobIsTheAgentsPod(t *testing.T) {
 	if !spec.HostNetwork || c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
 		t.Error("the cleanup runs on the node's network, privileged, as the agent does")
 	}
-	if len(spec.Volumes) != len(ds.Spec.Template.Spec.Volumes) || len(c.VolumeMounts) != len(agent.VolumeMounts) {
-		t.Errorf("volumes %d/%d, mounts %d/%d: want the agent's", len(spec.Volumes), len(ds.Spec.Template.Spec.Volumes), len(c.VolumeMounts), len(agent.VolumeMounts))
+	// The mounts of mount-fs, which made Weir's mounts: Bidirectional, so
+	// the cgroup2 it unmounts goes from the node too.
+	mountFS := ds.Spec.Template.Spec.InitContainers[0]
+	if mountFS.Name != k8s.MountFSContainer {
+		t.Fatalf("the first init container is %q, want %s", mountFS.Name, k8s.MountFSContainer)
+	}
+	if len(spec.Volumes) != len(ds.Spec.Template.Spec.Volumes) || !slices.EqualFunc(c.VolumeMounts, mountFS.VolumeMounts, func(a, b corev1.VolumeMount) bool {
+		return a.Name == b.Name && a.MountPath == b.MountPath && ptr.Deref(a.MountPropagation, "") == ptr.Deref(b.MountPropagation, "")
+	}) {
+		t.Errorf("volumes %d/%d, mounts %v: want %s's %v", len(spec.Volumes), len(ds.Spec.Template.Spec.Volumes), c.VolumeMounts, k8s.MountFSContainer, mountFS.VolumeMounts)
 	}
 	hasEnv := false
 	for _, e := range c.Env {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,18 @@ func TestInstallOnYourCluster(t *testing.T) {
 			if err != nil {
 				t.Fatalf("README step %q: %v", step, err)
 			}
+		}
+	}
+
+	// The agents run with the four capabilities the chart lists, not
+	// privileged, with the machine's cgroup2 that mount-fs mounted.
+	for _, n := range st.Nodes {
+		pid, err := st.AgentPID(n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if caps, err := effectiveCaps(pid); err != nil || caps != agentCaps {
+			t.Errorf("node %s: agent's effective capabilities %#x (%v), want %#x (NET_ADMIN, SYS_ADMIN, PERFMON, BPF)", n.Name, caps, err, agentCaps)
 		}
 	}
 
@@ -198,6 +211,24 @@ func installRuns(t *testing.T, st *lab.State, step string) [][]string {
 	default:
 		return [][]string{shell(step)}
 	}
+}
+
+// agentCaps are CAP_NET_ADMIN (12), CAP_SYS_ADMIN (21), CAP_PERFMON (38)
+// and CAP_BPF (39).
+const agentCaps = 1<<12 | 1<<21 | 1<<38 | 1<<39
+
+// effectiveCaps reads a process's effective capability set.
+func effectiveCaps(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, fmt.Errorf("no CapEff in /proc/%d/status", pid)
 }
 
 func nodeIsReady(conds []corev1.NodeCondition) bool {

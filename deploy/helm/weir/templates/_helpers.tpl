@@ -22,6 +22,8 @@ kube-proxy-replacement: {{ .Values.kubeProxyReplacement | quote }}
 state-dir: {{ .Values.agent.paths.state | quote }}
 socket: {{ .Values.agent.paths.socket | quote }}
 bpf-pin-dir: {{ .Values.agent.paths.bpfPin | quote }}
+cgroup-root: {{ .Values.agent.paths.cgroupRoot | quote }}
+sysctl-dir: "/host/proc/sys"
 cni-conf-dir: {{ .Values.agent.paths.cniConf | quote }}
 health-addr: {{ printf "127.0.0.1:%d" (int .Values.health.port) | quote }}
 {{- if .Values.metrics.port }}
