@@ -349,6 +349,17 @@ func uninstallLeavesNothing(t *testing.T, st *lab.State) {
 			t.Errorf("node %s: left in its network namespace: %v", n.Name, left)
 		}
 	}
+	// mount-fs's cgroup2 mounts reached the machine; the uninstall Job's
+	// unmounts must have too.
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, l := range strings.Split(string(mi), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], st.RunDir+"/") && strings.Contains(l, " - cgroup2 ") {
+				t.Errorf("a cgroup2 mount of Weir's is left on the machine: %s", l)
+			}
+		}
+	}
 	// The kernel frees a program after its last link is released, a
 	// moment after the pins went (an RCU grace period, then a work
 	// queue), and this process's earlier labs' programs the same way; one
