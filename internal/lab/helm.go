@@ -124,7 +124,7 @@ func (st *State) chartValues(image string, cgroupRoot bool) map[string]any {
 		"k8sServicePort":       strconv.Itoa(apiPort),
 		"agent": map[string]any{
 			"enabled": st.Config.AgentMode != AgentHost,
-			"paths": paths,
+			"paths":   paths,
 			// Pod network namespaces appear under the run directory after
 			// the agent starts. The lab mounted bpffs already.
 			"hostMounts": []map[string]any{labMount, {"name": "bpffs", "path": "/sys/fs/bpf"}},
