@@ -20,6 +20,7 @@ import (
 const (
 	WantAnswered = "answered"
 	WantDenied   = "denied" // dropped (a timeout) or refused at once
+	WantRefused  = "refused" // refused at once, not left to time out
 )
 
 // The phases of a run: what is in force while its checks run.
@@ -27,6 +28,7 @@ const (
 	PhaseNoPolicy      = "no policy"
 	PhaseNetworkPolicy = "NetworkPolicy"
 	PhaseClusterPolicy = "ClusterNetworkPolicy"
+	PhaseEgress        = "NetworkPolicy egress"
 )
 
 // Probe kinds: how the client tries.
@@ -52,6 +54,9 @@ type probe struct {
 	ruleNode string
 	rulePod  string
 	rulePort int
+	// ruleEgress: the verdict is rulePod's egress (it is the client),
+	// not its ingress.
+	ruleEgress bool
 	// wantStage and wantPolicy, when set, must be the stage and the
 	// policy (kind/name) of the newest flow recording a denial.
 	wantStage, wantPolicy string
@@ -88,6 +93,8 @@ type env struct {
 	svc      *corev1.Service
 	nodeIP   map[string]string // node name -> InternalIP
 	external string            // host:port outside the cluster, or empty
+	// noEndpoints is a Service without a backend.
+	noEndpoints *corev1.Service
 }
 
 func (e *env) podIP(name string) string { return e.pods[name].Status.PodIP }
@@ -136,15 +143,56 @@ func (e *env) baseProbes() []probe {
 		out = append(out, probe{name: "pod to node, " + n.label + " (kubelet port)", from: podClient, kind: kindConnect,
 			target: net.JoinHostPort(ip, "10250"), to: "node " + n.node + " " + net.JoinHostPort(ip, "10250"), skip: skip})
 	}
+	out = append(out, e.nodePortProbes(otherNode)...)
+	out = append(out, probe{name: "pod to a Service without endpoints: refused at once", from: podClient, kind: kindHTTP,
+		target: net.JoinHostPort(e.noEndpoints.Spec.ClusterIP, strconv.Itoa(serviceTCPPort)), want: WantRefused,
+		to: e.ns + "/" + serviceNoEndpoints + " " + net.JoinHostPort(e.noEndpoints.Spec.ClusterIP, strconv.Itoa(serviceTCPPort))})
 	ext := probe{name: "pod to outside the cluster", from: podClient, kind: kindConnect, target: e.external, to: e.external}
 	if e.external == "" {
 		ext.to, ext.skip = "-", "no --external-target given (host:port of something outside the cluster that accepts TCP)"
 	}
 	out = append(out, ext)
 	for i := range out {
-		out[i].phase, out[i].want = PhaseNoPolicy, WantAnswered
+		out[i].phase = PhaseNoPolicy
+		if out[i].want == "" {
+			out[i].want = WantAnswered
+		}
 	}
 	return out
+}
+
+// nodePortProbes reach server-remote through the Service's NodePort: from
+// a pod at the other node's address, and from the node at its own.
+func (e *env) nodePortProbes(otherNode string) []probe {
+	port := strconv.Itoa(int(e.svc.Spec.Ports[0].NodePort))
+	at := func(node string) string { return net.JoinHostPort(e.nodeIP[node], port) }
+	noIP := func(node, skip string) string {
+		if skip == "" && e.nodeIP[node] == "" {
+			return "the node has no InternalIP"
+		}
+		return skip
+	}
+	return []probe{
+		{name: "pod to NodePort, other node, TCP", from: podClient, kind: kindHTTP, target: at(e.b), wantPod: podServerRemote,
+			to: "node " + e.b + " " + at(e.b), skip: noIP(e.b, otherNode)},
+		{name: "node to NodePort, same node, TCP", from: podHostClient, kind: kindHTTP, target: at(e.a), wantPod: podServerRemote,
+			to: "node " + e.a + " " + at(e.a), skip: noIP(e.a, "")},
+	}
+}
+
+// egressProbes run while egressPolicy is in force too: the client may
+// reach server-local's TCP port and nothing else.
+func (e *env) egressProbes() []probe {
+	np := "NetworkPolicy/" + egressPolicy(e.ns).Name
+	client := e.qualified(podClient)
+	return inPhase(PhaseEgress, []probe{
+		{name: "NetworkPolicy egress stops what it does not allow, at the client's node", from: podClient, kind: kindUDP,
+			target: e.podAddr(podServerLocal, probeUDPPort), want: WantDenied,
+			ruleNode: e.a, rulePod: client, rulePort: probeUDPPort, ruleEgress: true, wantStage: "networkpolicy-default-deny"},
+		{name: "NetworkPolicy egress allows what it names", from: podClient, kind: kindHTTP,
+			target: e.podAddr(podServerLocal, probeTCPPort), want: WantAnswered, wantPod: podServerLocal,
+			ruleNode: e.a, rulePod: client, rulePort: probeTCPPort, ruleEgress: true, wantPolicy: np},
+	})
 }
 
 // networkPolicyProbes run while networkPolicy is in force: only the
@@ -236,6 +284,16 @@ func judge(p probe, r Result) (bool, string) {
 			return false, "let through: answered by " + answerer(r)
 		}
 		return false, r.Error
+	case WantRefused:
+		switch {
+		case r.Outcome == "refused":
+			return true, fmt.Sprintf("refused after %.1f ms", r.Millis)
+		case r.OK:
+			return false, "answered by " + answerer(r) + ", want refused"
+		case r.Outcome == "timeout":
+			return false, "timed out: a connection nothing can answer should be refused at once"
+		}
+		return false, r.Error
 	}
 	return false, "unknown want " + p.want
 }
@@ -319,10 +377,14 @@ func newestFlow(ctx context.Context, flows FlowReader, p probe, clientIP string,
 	if err != nil {
 		return nil, err
 	}
+	direction := "ingress"
+	if p.ruleEgress {
+		direction = "egress"
+	}
 	var newest *api.Flow
 	for i := range list {
 		f := &list[i]
-		if f.Pod != p.rulePod || f.Direction != "ingress" || !fromAddr(f.Src, clientIP) {
+		if f.Pod != p.rulePod || f.Direction != direction || !fromAddr(f.Src, clientIP) {
 			continue
 		}
 		if newest == nil || !api.LastSeen(*f).Before(api.LastSeen(*newest)) {

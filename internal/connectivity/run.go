@@ -132,11 +132,11 @@ func Run(ctx context.Context, c Cluster, cfg Config) (rep *Report, retErr error)
 		}()
 	}
 	fmt.Fprintf(cfg.Progress, "deploying probes (%s) on %v in namespace %s\n", cfg.Image, rep.Nodes, cfg.Namespace)
-	pods, svc, err := deploy(ctx, c, cfg.Namespace, a, b, cfg.Image, cfg.PodTimeout)
+	d, err := deploy(ctx, c, cfg.Namespace, a, b, cfg.Image, cfg.PodTimeout)
 	if err != nil {
 		return rep, err
 	}
-	e := &env{ns: cfg.Namespace, a: a, b: b, pods: pods, svc: svc, nodeIP: nodeIPs(nodes.Items), external: cfg.External}
+	e := &env{ns: cfg.Namespace, a: a, b: b, pods: d.pods, svc: d.svc, noEndpoints: d.noEndpoints, nodeIP: nodeIPs(nodes.Items), external: cfg.External}
 	r.e = e
 	r.phase(ctx, e.baseProbes(), nil)
 	r.phase(ctx, e.networkPolicyProbes(), func() error {
@@ -155,6 +155,11 @@ func Run(ctx context.Context, c Cluster, cfg Config) (rep *Report, retErr error)
 			return err
 		})
 	}
+	// Last: it changes what the client may reach.
+	r.phase(ctx, e.egressProbes(), func() error {
+		_, err := c.Kube.NetworkingV1().NetworkPolicies(cfg.Namespace).Create(ctx, egressPolicy(cfg.Namespace), metav1.CreateOptions{})
+		return err
+	})
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
 	}

@@ -76,9 +76,14 @@ func (n *fakeNet) dial(ctx context.Context, from, flag, target string) Result {
 	}
 	server := ""
 	svc, _ := n.kube.CoreV1().Services(n.ns).Get(ctx, serviceName, metav1.GetOptions{})
+	empty, _ := n.kube.CoreV1().Services(n.ns).Get(ctx, serviceNoEndpoints, metav1.GetOptions{})
 	switch {
+	case host == empty.Spec.ClusterIP:
+		return Result{Outcome: "refused", Error: "connection refused", Millis: 0.2}
 	case host == svc.Spec.ClusterIP || strings.HasPrefix(host, serviceName+"."):
 		server, port = podServerRemote, port-serviceTCPPort+probeTCPPort
+	case strings.HasPrefix(host, "10.99.0.") && port == int(svc.Spec.Ports[0].NodePort):
+		server, port = podServerRemote, probeTCPPort
 	default:
 		for _, name := range []string{podServerLocal, podServerRemote} {
 			if n.pod(name).Status.PodIP == host {
@@ -90,6 +95,19 @@ func (n *fakeNet) dial(ctx context.Context, from, flag, target string) Result {
 		return Result{Outcome: "timeout", Error: "no route"}
 	}
 	client := n.pod(from)
+	srv := n.pod(server)
+	// The client's egress policy first, judged at the client's node.
+	if egress, err := n.kube.NetworkingV1().NetworkPolicies(n.ns).Get(ctx, egressPolicy(n.ns).Name, metav1.GetOptions{}); err == nil && from == podClient {
+		verdict, stage, decider := "denied", "networkpolicy-default-deny", (*api.FlowRule)(nil)
+		if (server == podServerLocal && port == probeTCPPort) || n.breakPolicy {
+			verdict, stage, decider = "allowed", "networkpolicy", &api.FlowRule{Kind: "NetworkPolicy", Namespace: n.ns, Name: egress.Name}
+		}
+		n.record(client.Spec.NodeName, api.Flow{Time: time.Now(), Verdict: verdict, Direction: "egress", Pod: n.ns + "/" + from, Stage: stage, Decider: decider,
+			Src: net.JoinHostPort(client.Status.PodIP, "40000"), Dst: net.JoinHostPort(srv.Status.PodIP, strconv.Itoa(port)), Rule: "as the fake decided: " + stage})
+		if verdict == "denied" {
+			return Result{Outcome: "timeout", Error: "i/o timeout"}
+		}
+	}
 	verdict, stage, decider := "allowed", "unenforced", (*api.FlowRule)(nil)
 	nps, _ := n.kube.NetworkingV1().NetworkPolicies(n.ns).List(ctx, metav1.ListOptions{})
 	if server == podServerRemote && len(nps.Items) > 0 && from != podHostClient {
@@ -103,17 +121,21 @@ func (n *fakeNet) dial(ctx context.Context, from, flag, target string) Result {
 		server == podServerLocal && client.Labels["access"] == "granted" {
 		verdict, stage, decider = "denied", "admin", &api.FlowRule{Kind: "ClusterNetworkPolicy", Name: cnpName(n.ns)}
 	}
-	srv := n.pod(server)
-	n.mu.Lock()
-	n.flows[srv.Spec.NodeName] = append(n.flows[srv.Spec.NodeName], api.Flow{
+	n.record(srv.Spec.NodeName, api.Flow{
 		Time: time.Now(), Verdict: verdict, Direction: "ingress", Pod: n.ns + "/" + server, Stage: stage, Decider: decider,
 		Src: net.JoinHostPort(client.Status.PodIP, "40000"), Dst: net.JoinHostPort(srv.Status.PodIP, strconv.Itoa(port)),
 		Rule: "as the fake decided: " + stage})
-	n.mu.Unlock()
 	if verdict == "denied" {
 		return Result{Outcome: "timeout", Error: "i/o timeout"}
 	}
 	return Result{OK: true, Outcome: "answered", Answer: &Answer{Pod: server, Client: client.Status.PodIP + ":40000"}}
+}
+
+// record is a flow of the agent on node.
+func (n *fakeNet) record(node string, f api.Flow) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.flows[node] = append(n.flows[node], f)
 }
 
 func (n *fakeNet) readFlows(_ context.Context, node string, q api.FlowsQuery) ([]api.Flow, error) {
@@ -158,8 +180,16 @@ func newFakeCluster(t *testing.T, nodes int) (*fakeNet, Cluster) {
 		next++
 		return false, nil, nil
 	})
+	nextIP := 50
 	kube.PrependReactor("create", "services", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		a.(k8stesting.CreateAction).GetObject().(*corev1.Service).Spec.ClusterIP = "10.96.0.50"
+		svc := a.(k8stesting.CreateAction).GetObject().(*corev1.Service)
+		svc.Spec.ClusterIP = fmt.Sprintf("10.96.0.%d", nextIP)
+		nextIP++
+		if svc.Spec.Type == corev1.ServiceTypeNodePort {
+			for i := range svc.Spec.Ports {
+				svc.Spec.Ports[i].NodePort = int32(30080 + i)
+			}
+		}
 		return false, nil, nil
 	})
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
@@ -178,8 +208,8 @@ func TestRunPassesEveryCheckAndCleansUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, table(rep))
 	}
-	if rep.Failed != 0 || rep.Skipped != 0 || rep.Passed != len(rep.Checks) || rep.Passed < 18 {
-		t.Errorf("%d passed, %d failed, %d skipped of %d checks, want all of at least 18 passed:\n%s", rep.Passed, rep.Failed, rep.Skipped, len(rep.Checks), table(rep))
+	if rep.Failed != 0 || rep.Skipped != 0 || rep.Passed != len(rep.Checks) || rep.Passed < 23 {
+		t.Errorf("%d passed, %d failed, %d skipped of %d checks, want all of at least 23 passed:\n%s", rep.Passed, rep.Failed, rep.Skipped, len(rep.Checks), table(rep))
 	}
 	t.Log("\n" + table(rep))
 	phases := map[string]int{}
@@ -189,7 +219,7 @@ func TestRunPassesEveryCheckAndCleansUp(t *testing.T) {
 			t.Errorf("%s: denied without the denying flow's rule (%q)", ck.Name, ck.Rule)
 		}
 	}
-	for _, ph := range []string{PhaseNoPolicy, PhaseNetworkPolicy, PhaseClusterPolicy} {
+	for _, ph := range []string{PhaseNoPolicy, PhaseNetworkPolicy, PhaseClusterPolicy, PhaseEgress} {
 		if phases[ph] == 0 {
 			t.Errorf("no check in phase %q", ph)
 		}
@@ -233,8 +263,8 @@ func TestRunCatchesAPolicyFailingOpen(t *testing.T) {
 			}
 		}
 	}
-	if len(failed) != 3 || rep.Failed != 3 {
-		t.Errorf("failed %v (%d), want the three NetworkPolicy denials", failed, rep.Failed)
+	if len(failed) != 4 || rep.Failed != 4 {
+		t.Errorf("failed %v (%d), want the four NetworkPolicy denials (three of ingress, one of egress)", failed, rep.Failed)
 	}
 	if !strings.Contains(table(rep), "FAIL") {
 		t.Errorf("the table shows no FAIL:\n%s", table(rep))
@@ -252,13 +282,13 @@ func TestRunWantsDenialsOnRecord(t *testing.T) {
 		t.Fatalf("run: %v, want ErrChecksFailed\n%s", err, table(rep))
 	}
 	for _, ck := range rep.Checks {
-		needed := ck.Want == WantDenied || strings.Contains(ck.Name, "admits the client it allows")
+		needed := ck.Want == WantDenied || strings.Contains(ck.Name, "admits the client it allows") || strings.Contains(ck.Name, "egress allows")
 		if ck.Pass == needed {
 			t.Errorf("%s: pass %v with the flows unreadable (%s)", ck.Name, ck.Pass, ck.Detail)
 		}
 	}
-	if rep.Failed != 5 {
-		t.Errorf("%d failed, want the 4 denials and the admission by a named policy", rep.Failed)
+	if rep.Failed != 7 {
+		t.Errorf("%d failed, want the 5 denials and the 2 admissions by a named policy", rep.Failed)
 	}
 }
 
@@ -276,7 +306,7 @@ func TestRunOnOneNodeSkipsWhatNeedsTwo(t *testing.T) {
 			skipped[ck.Name] = ck.Skipped
 		}
 	}
-	for _, name := range []string{"pod to pod, other node, TCP", "node to pod, other node", "pod to outside the cluster"} {
+	for _, name := range []string{"pod to pod, other node, TCP", "node to pod, other node", "pod to NodePort, other node, TCP", "pod to outside the cluster"} {
 		if skipped[name] == "" {
 			t.Errorf("%q not skipped with a reason (skipped: %v)", name, skipped)
 		}

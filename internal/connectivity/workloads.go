@@ -33,6 +33,9 @@ const (
 	// The Service's ports in front of server-remote.
 	serviceTCPPort = 80
 	serviceUDPPort = 81
+	// serviceNoEndpoints selects no pod: a connection to it must be
+	// refused at once, not left to time out.
+	serviceNoEndpoints = "no-endpoints"
 )
 
 // cnpName is the run's ClusterNetworkPolicy: cluster-scoped, so named
@@ -111,16 +114,47 @@ func namespace(ns string) *corev1.Namespace {
 		labelTest: "true", "pod-security.kubernetes.io/enforce": "privileged"}}}
 }
 
-// service is a ClusterIP Service in front of server-remote, TCP and UDP.
+// service is a NodePort Service (so a ClusterIP too) in front of
+// server-remote, TCP and UDP.
 func service(ns string) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: serviceName, Namespace: ns, Labels: map[string]string{labelTest: "true"}},
 		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
 			Selector: map[string]string{"role": "server", "at": "remote"},
 			Ports: []corev1.ServicePort{
 				{Name: "http", Port: serviceTCPPort, TargetPort: intstr.FromInt32(probeTCPPort), Protocol: corev1.ProtocolTCP},
 				{Name: "udp", Port: serviceUDPPort, TargetPort: intstr.FromInt32(probeUDPPort), Protocol: corev1.ProtocolUDP},
 			},
+		},
+	}
+}
+
+// noEndpointsService is a ClusterIP Service whose selector matches no pod.
+func noEndpointsService(ns string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: serviceNoEndpoints, Namespace: ns, Labels: map[string]string{labelTest: "true"}},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"role": "none"},
+			Ports:    []corev1.ServicePort{{Name: "http", Port: serviceTCPPort, TargetPort: intstr.FromInt32(probeTCPPort), Protocol: corev1.ProtocolTCP}},
+		},
+	}
+}
+
+// egressPolicy lets the client (not client-granted) open connections to
+// server-local's TCP port alone.
+func egressPolicy(ns string) *networkingv1.NetworkPolicy {
+	tcp := corev1.ProtocolTCP
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "client-to-server-local-only", Namespace: ns, Labels: map[string]string{labelTest: "true"}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "access", Operator: metav1.LabelSelectorOpDoesNotExist}}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"at": "local"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(probeTCPPort))}},
+			}},
 		},
 	}
 }
@@ -231,24 +265,39 @@ func containerImage(ds *appsv1.DaemonSet, name string) string {
 	return ""
 }
 
-// deploy creates the pods and the Service in the run's namespace, and
+// deployed is what deploy made: the running probe pods, by name, and the
+// Services.
+type deployed struct {
+	pods        map[string]*corev1.Pod
+	svc         *corev1.Service // in front of server-remote
+	noEndpoints *corev1.Service
+}
+
+// deploy creates the pods and the Services in the run's namespace, and
 // waits until every pod runs.
-func deploy(ctx context.Context, c Cluster, ns, a, b, image string, timeout time.Duration) (map[string]*corev1.Pod, *corev1.Service, error) {
+func deploy(ctx context.Context, c Cluster, ns, a, b, image string, timeout time.Duration) (*deployed, error) {
 	nodeB := b
 	if nodeB == "" {
 		nodeB = a
 	}
 	for _, p := range workloads(ns, a, nodeB, image) {
 		if _, err := c.Kube.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			return nil, nil, fmt.Errorf("create pod %s/%s: %w", ns, p.Name, err)
+			return nil, fmt.Errorf("create pod %s/%s: %w", ns, p.Name, err)
 		}
 	}
-	svc, err := c.Kube.CoreV1().Services(ns).Create(ctx, service(ns), metav1.CreateOptions{})
-	if err != nil {
-		return nil, nil, fmt.Errorf("create Service %s/%s: %w", ns, serviceName, err)
+	d := &deployed{pods: map[string]*corev1.Pod{}}
+	for _, s := range []struct {
+		spec *corev1.Service
+		made **corev1.Service
+	}{{service(ns), &d.svc}, {noEndpointsService(ns), &d.noEndpoints}} {
+		made, err := c.Kube.CoreV1().Services(ns).Create(ctx, s.spec, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("create Service %s/%s: %w", ns, s.spec.Name, err)
+		}
+		*s.made = made
 	}
-	pods := map[string]*corev1.Pod{}
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	pods := d.pods
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		list, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
@@ -265,10 +314,10 @@ func deploy(ctx context.Context, c Cluster, ns, a, b, image string, timeout time
 		return len(pods) == len(workloads(ns, a, nodeB, image)), nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("probe pods not running after %v (%d of %d: %v); see kubectl -n %s get pods,events: %w",
+		return nil, fmt.Errorf("probe pods not running after %v (%d of %d: %v); see kubectl -n %s get pods,events: %w",
 			timeout, len(pods), len(workloads(ns, a, nodeB, image)), sortedKeys(pods), ns, err)
 	}
-	return pods, svc, nil
+	return d, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
