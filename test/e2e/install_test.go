@@ -57,6 +57,10 @@ func TestInstallOnYourCluster(t *testing.T) {
 		t.Fatal("the weir-agent DaemonSet exists before helm install")
 	}
 
+	t.Run("the chart's manifests pass the API server's strict validation with several value sets", func(t *testing.T) {
+		validateChartAgainstCluster(t, st)
+	})
+
 	steps := readmeInstallSteps(t)
 	env := installEnv(t, st)
 	for _, step := range steps {
@@ -103,6 +107,43 @@ func TestInstallOnYourCluster(t *testing.T) {
 	})
 	if err := st.WaitDeployment(ctx, "kube-system", "coredns", 2*time.Minute); err != nil {
 		t.Errorf("cluster DNS after installing Weir: %v", err)
+	}
+}
+
+// chartValueSets are the value sets whose manifests the cluster
+// validates: between them every template and every branch an operator
+// picks.
+var chartValueSets = [][]string{
+	nil,
+	{"routingMode=native", "kubeProxyReplacement=true", "k8sServiceHost=10.0.0.1", "k8sServicePort=6443", "metrics.port=0", "mtu=1400"},
+	{"agent.privileged=true", "dashboards.enabled=true", "metrics.bindAddress=fd00::1", "agent.extraArgs={--identity-option=false}"},
+	{"agent.enabled=false", "upgradeCheck.enabled=false", "rbac.extraGroups={weir:agents}"},
+}
+
+// validateChartAgainstCluster renders the chart (CRDs and the upgrade
+// hook included) with each value set and has the API server validate
+// every object in a dry run, strictly: a field the server's OpenAPI does
+// not know, or a value its schema refuses, fails. This is the cluster's
+// own schema standing in for an offline validator (none runs here without
+// downloading schemas). Nothing is persisted.
+func validateChartAgainstCluster(t *testing.T, st *lab.State) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, set := range chartValueSets {
+		args := []string{"template", "weir", "../../deploy/helm/weir", "--namespace", "kube-system", "--include-crds"}
+		for _, v := range set {
+			args = append(args, "--set", v)
+		}
+		rendered, err := exec.CommandContext(ctx, st.KubeBin("helm"), args...).Output()
+		if err != nil {
+			t.Fatalf("helm template %v: %v", set, err)
+		}
+		out, err := st.Kubectl(ctx, strings.NewReader(string(rendered)), "apply", "--dry-run=server", "--validate=strict", "-f", "-")
+		if err != nil {
+			t.Errorf("values %v: the API server refuses the rendered chart: %v", set, err)
+			continue
+		}
+		t.Logf("values %v: %d objects valid", set, strings.Count(string(out), "(server dry run)"))
 	}
 }
 
