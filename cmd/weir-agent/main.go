@@ -20,6 +20,7 @@ import (
 
 	"github.com/weirnet/weir/internal/agent"
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/cni"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/flowstore"
 	"github.com/weirnet/weir/internal/version"
@@ -41,6 +42,7 @@ type flags struct {
 	mtu                                                int
 	configDir                                          string
 	cgroupRoot, sysctlDir                              string
+	cniExclusive                                       bool
 }
 
 func main() {
@@ -119,6 +121,7 @@ func newCommand() *cobra.Command {
 	fl.BoolVar(&f.kubernetes, "kubernetes", false, "run as a Kubernetes node agent: node, peers and pods come from the API server")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig to reach the API server (--kubernetes; empty: the pod's service account)")
 	fl.StringVar(&f.cniConfDir, "cni-conf-dir", "", "directory to write the CNI config into once the agent is ready (--kubernetes), e.g. /etc/cni/net.d")
+	fl.BoolVar(&f.cniExclusive, "cni-exclusive", true, "with --cni-conf-dir: set every other CNI's config there aside (renamed to <name>"+cni.SetAsideSuffix+"; weir-agent uninstall gives them back), since the runtime takes the first by name and another's may sort before Weir's (false: leave them, and make sure "+cni.ConfListName+" sorts first)")
 	fl.StringVar(&f.flowDir, "flow-dir", "", "directory keeping this node's flows across restarts (empty: <state-dir>/flows, /var/lib/weir/flows by default)")
 	fl.Int64Var(&f.flowMaxBytes, "flow-max-bytes", flowstore.DefaultMaxBytes, "bytes of flows --flow-dir keeps; the oldest are dropped first")
 	fl.BoolVar(&f.flowEvents, "flow-events", true, "record a flow for every verdict (false: the datapath emits no verdict events, for measuring their cost)")
@@ -197,7 +200,7 @@ func (f flags) config() (agent.Config, error) {
 		KubeProxyReplacement: f.kubeProxyReplacement, NoSocketLB: !f.socketLB,
 		ProxyHealthzAddr: f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
 		TunnelPort: f.tunnelPort, MTU: f.mtu,
-		CgroupRoot: f.cgroupRoot, SysctlDir: f.sysctlDir,
+		CgroupRoot: f.cgroupRoot, SysctlDir: f.sysctlDir, CNIShared: !f.cniExclusive,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

@@ -46,11 +46,21 @@ func newUninstallCommand() *cobra.Command {
 				PinDir: pinDir, StateDir: stateDir, Socket: socket, CgroupRoot: cgroupRoot,
 				CNIConf: filepath.Join(cniConfDir, cni.ConfListName), CNIBinary: filepath.Join(cniBinDir, "weir-cni"),
 			})
+			// Other CNIs' configs the agent set aside come back, once
+			// Weir's own is gone.
+			restored, dropped, rerr := cni.RestoreOthers(cniConfDir)
+			err = errors.Join(err, rerr)
+			for _, d := range dropped {
+				removed = append(removed, filepath.Join(cniConfDir, d)+" (the set-aside copy of a config written anew since)")
+			}
 			out := cmd.OutOrStdout()
 			for _, r := range removed {
 				fmt.Fprintln(out, "removed", r)
 			}
-			if len(removed) == 0 && err == nil {
+			for _, r := range restored {
+				fmt.Fprintln(out, "restored", filepath.Join(cniConfDir, r), "(another CNI's config, set aside by the agent)")
+			}
+			if len(removed) == 0 && len(restored) == 0 && err == nil {
 				fmt.Fprintln(out, "nothing of Weir on this node")
 			}
 			if err != nil {

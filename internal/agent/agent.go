@@ -51,6 +51,10 @@ type Config struct {
 	// can serve ADDs, so the runtime (and so the Node) turns ready only
 	// when Weir is. Empty: the agent writes none.
 	CNIConfDir string
+	// CNIShared leaves other CNIs' configurations in CNIConfDir in place;
+	// otherwise the agent sets them aside (cni.SetAsideOthers) when it
+	// writes its own, so the runtime attaches new pods with Weir.
+	CNIShared bool
 	// FlowDir is where the node's flows are kept, aggregated, across
 	// restarts; FlowMaxBytes bounds it, the oldest dropped first. Empty
 	// and zero: StateDir/flows and 64 MiB.

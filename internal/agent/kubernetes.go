@@ -128,6 +128,16 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return fmt.Errorf("write CNI config: %w", err)
 		}
 		log.Info("CNI config written; the runtime may now create pods", "path", path)
+		if !cfg.CNIShared {
+			moved, err := cni.SetAsideOthers(cfg.CNIConfDir)
+			if err != nil {
+				return fmt.Errorf("%w (--cni-exclusive=false leaves other CNIs' configs in place)", err)
+			}
+			for _, name := range moved {
+				log.Warn("another CNI's config set aside: pods it attached keep their network until recreated",
+					"config", filepath.Join(cfg.CNIConfDir, name), "now", name+cni.SetAsideSuffix)
+			}
+		}
 	}
 	a.identities = newIdentityWork(clients)
 	events := record.NewBroadcaster()

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weirnet/weir/internal/cni"
 	"github.com/weirnet/weir/internal/lab"
 )
 
@@ -57,6 +58,18 @@ func TestInstallOnYourCluster(t *testing.T) {
 		t.Fatal("the weir-agent DaemonSet exists before helm install")
 	}
 
+	// The nodes had another CNI, whose configuration would sort before
+	// Weir's: the agents must set it aside, or the runtime keeps using it.
+	for _, n := range st.Nodes {
+		conf, _ := st.CNIDirs(&n)
+		if err := os.MkdirAll(conf, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(conf, previousCNIConf), []byte(previousCNI), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	t.Run("the chart's manifests pass the API server's strict validation with several value sets", func(t *testing.T) {
 		validateChartAgainstCluster(t, st)
 	})
@@ -88,6 +101,13 @@ func TestInstallOnYourCluster(t *testing.T) {
 		}
 	}
 
+	for _, n := range st.Nodes {
+		conf, _ := st.CNIDirs(&n)
+		if _, err := os.Stat(filepath.Join(conf, previousCNIConf+cni.SetAsideSuffix)); err != nil {
+			t.Errorf("node %s: the previous CNI's config was not set aside: %v", n.Name, err)
+		}
+	}
+
 	// A working cluster: every node Ready, cluster DNS serving.
 	waitFor(t, time.Minute, func() error {
 		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
@@ -109,6 +129,13 @@ func TestInstallOnYourCluster(t *testing.T) {
 		t.Errorf("cluster DNS after installing Weir: %v", err)
 	}
 }
+
+// previousCNI is the configuration a CNI installed before Weir left on
+// the nodes, named to sort before Weir's, its plugin gone.
+const (
+	previousCNIConf = "00-previous.conflist"
+	previousCNI     = `{"cniVersion":"1.0.0","name":"previous","plugins":[{"type":"previous-cni-removed"}]}`
+)
 
 // chartValueSets are the value sets whose manifests the cluster
 // validates: between them every template and every branch an operator

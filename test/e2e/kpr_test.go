@@ -321,6 +321,13 @@ func connectivityTest(t *testing.T, st *lab.State, ext ns.NetNS) {
 func uninstallLeavesNothing(t *testing.T, st *lab.State) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	// Another CNI's config the agents set aside comes back.
+	for _, n := range st.Nodes {
+		conf, _ := st.CNIDirs(&n)
+		if err := os.WriteFile(filepath.Join(conf, "00-previous.conflist"+cni.SetAsideSuffix), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "weir"), "uninstall", "--kubeconfig", st.Kube.Kubeconfig).CombinedOutput()
 	t.Logf("weir uninstall:\n%s", out)
 	if err != nil {
@@ -336,7 +343,11 @@ func uninstallLeavesNothing(t *testing.T, st *lab.State) {
 	}
 	for _, n := range st.Nodes {
 		conf, bin := st.CNIDirs(&n)
-		for _, p := range []string{n.PinDir, n.StateDir, n.Socket, filepath.Join(conf, cni.ConfListName), filepath.Join(bin, "weir-cni")} {
+		if _, err := os.Stat(filepath.Join(conf, "00-previous.conflist")); err != nil {
+			t.Errorf("node %s: the set-aside config of another CNI was not given back: %v", n.Name, err)
+		}
+		for _, p := range []string{n.PinDir, n.StateDir, n.Socket, filepath.Join(conf, cni.ConfListName), filepath.Join(bin, "weir-cni"),
+			filepath.Join(conf, "00-previous.conflist"+cni.SetAsideSuffix)} {
 			if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("node %s: %s left (%v)", n.Name, p, err)
 			}

@@ -25,6 +25,7 @@ bpf-pin-dir: {{ .Values.agent.paths.bpfPin | quote }}
 cgroup-root: {{ .Values.agent.paths.cgroupRoot | quote }}
 sysctl-dir: "/host/proc/sys"
 cni-conf-dir: {{ .Values.agent.paths.cniConf | quote }}
+cni-exclusive: {{ .Values.cni.exclusive | quote }}
 health-addr: {{ printf "127.0.0.1:%d" (int .Values.health.port) | quote }}
 {{- if .Values.metrics.port }}
 {{- $host := .Values.metrics.bindAddress }}
