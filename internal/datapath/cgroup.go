@@ -70,7 +70,7 @@ func checkMachineCgroupRoot(dir string) error {
 // The chart's privileged init container calls it, in the machine's
 // cgroup namespace, for an agent that runs in a namespace of its own.
 func MountCgroup2(dir string) (mounted bool, _ error) {
-	is, err := isCgroup2Mount(dir)
+	is, err := isFSRoot(dir, unix.CGROUP2_SUPER_MAGIC)
 	if err != nil {
 		return false, err
 	}
@@ -90,26 +90,6 @@ func MountCgroup2(dir string) (mounted bool, _ error) {
 		return false, err
 	}
 	return mounted, nil
-}
-
-// isCgroup2Mount says whether path is a cgroup2 mount point.
-func isCgroup2Mount(path string) (bool, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("statfs %s: %w", path, err)
-	}
-	if st.Type != unix.CGROUP2_SUPER_MAGIC {
-		return false, nil
-	}
-	// The same filesystem as the parent: path is inside a mount, not one.
-	var parent unix.Statfs_t
-	if err := unix.Statfs(filepath.Dir(path), &parent); err == nil && parent.Type == unix.CGROUP2_SUPER_MAGIC {
-		return false, nil
-	}
-	return true, nil
 }
 
 // findCgroup2 returns the first cgroup2 mount point in a mountinfo file

@@ -73,7 +73,7 @@ func weirState(dir string) func(string) bool {
 // first, or it would put back what this removes.
 func Uninstall(p UninstallPaths) (removed []string, _ error) {
 	if p.PinDir != "" {
-		if root, err := isBPFFSRoot(p.PinDir); err != nil {
+		if root, err := isFSRoot(p.PinDir, unix.BPF_FS_MAGIC); err != nil {
 			return nil, err
 		} else if root {
 			return nil, fmt.Errorf("%s: %w (see the agent's --bpf-pin-dir)", p.PinDir, ErrSharedPinDir)
@@ -115,7 +115,7 @@ func Uninstall(p UninstallPaths) (removed []string, _ error) {
 		note("nftables table ip "+masqTable, removeMasquerade())
 	}
 	if p.CgroupRoot != "" && !systemCgroupMount(p.CgroupRoot) {
-		if mounted, err := isCgroup2Mount(p.CgroupRoot); err != nil {
+		if mounted, err := isFSRoot(p.CgroupRoot, unix.CGROUP2_SUPER_MAGIC); err != nil {
 			errs = append(errs, err)
 		} else if mounted {
 			// Detached even if busy: no directory below is walked into
@@ -279,8 +279,9 @@ func attachedPrograms() ([]string, error) {
 	return out, nil
 }
 
-// isBPFFSRoot says whether dir is the root of a BPF filesystem.
-func isBPFFSRoot(dir string) (bool, error) {
+// isFSRoot says whether dir is the root of a mount of the filesystem
+// type magic (a statfs f_type): of that type, and its parent is not.
+func isFSRoot(dir string, magic int64) (bool, error) {
 	var st, parent unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -288,13 +289,13 @@ func isBPFFSRoot(dir string) (bool, error) {
 		}
 		return false, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	if st.Type != unix.BPF_FS_MAGIC {
+	if st.Type != magic {
 		return false, nil
 	}
 	if err := unix.Statfs(filepath.Dir(dir), &parent); err != nil {
 		return false, fmt.Errorf("statfs %s: %w", filepath.Dir(dir), err)
 	}
-	return parent.Type != unix.BPF_FS_MAGIC || filepath.Clean(dir) == "/", nil
+	return parent.Type != magic || filepath.Clean(dir) == "/", nil
 }
 
 // isMountPoint says whether dir is mounted on (another device than its
