@@ -33,6 +33,13 @@ fi
 weir_build
 weir_lab_build
 
+echo "==> gofmt"
+unformatted=$(gofmt -l cmd internal test deploy bench conformance)
+if [ -n "$unformatted" ]; then
+  echo "gofmt: not formatted (run gofmt -w on them):" $unformatted >&2
+  exit 1
+fi
+
 echo "==> go vet"
 go vet ./...
 

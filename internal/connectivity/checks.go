@@ -19,7 +19,7 @@ import (
 // What a check wants of its connection.
 const (
 	WantAnswered = "answered"
-	WantDenied   = "denied" // dropped (a timeout) or refused at once
+	WantDenied   = "denied"  // dropped (a timeout) or refused at once
 	WantRefused  = "refused" // refused at once, not left to time out
 )
 
