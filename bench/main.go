@@ -55,7 +55,7 @@ type options struct {
 func newRoot() *cobra.Command {
 	// One options value per scenario: flags of the same name but other
 	// defaults (--reps, --pods) must not overwrite each other's.
-	var dpo, plo, pso, svo options
+	var dpo, plo, pso, svo, l7o options
 	root := &cobra.Command{Use: "bench", Short: "Weir benchmarks", SilenceUsage: true}
 	dp := scenario(&dpo, "datapath",
 		"TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
@@ -123,7 +123,14 @@ func newRoot() *cobra.Command {
 	sv.Flags().StringVar(&svo.out, "out", "bench/results", "directory for services.{json,md,png}")
 	sv.Flags().BoolVar(&svo.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
 	sv.Flags().StringVar(&svo.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
-	root.AddCommand(dp, pl, ps, sv, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand())
+	l7 := scenario(&l7o, "l7-gate",
+		"Issue 20's design gate: keep-alive requests/s and latency at 100 connections to nginx on a plain port vs ports whose sockets take bpf/l7.c's strparser and skb-verdict paths with pass-everything verdicts",
+		runL7Gate)
+	l7.Flags().IntVar(&l7o.reps, "reps", 7, "repetitions, the setups in a rotating order within each")
+	l7.Flags().DurationVar(&l7o.duration, "duration", 5*time.Second, "length of one wrk run")
+	l7.Flags().DurationVar(&l7o.warmup, "warmup", 2*time.Second, "a discarded run of each setup before the first repetition (0: none)")
+	l7.Flags().StringVar(&l7o.out, "out", "bench/results", "directory for l7-gate.{json,md,png}")
+	root.AddCommand(dp, pl, ps, sv, l7, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand())
 	return root
 }
 

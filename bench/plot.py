@@ -20,6 +20,8 @@ def main(src, dst):
         return plot_policy_scale(r, dst)
     if r["scenario"] == "services":
         return plot_services(r, dst)
+    if r["scenario"] == "l7-gate":
+        return plot_l7_gate(r, dst)
 
     def rows(path, metric):
         return [s for s in summary if s["path"] == path and s["metric"] == metric]
@@ -55,6 +57,26 @@ def main(src, dst):
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"Weir {r['scenario']} benchmark — {r['reps']} reps, medians\n{r['command']}")
     fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(dst, dpi=90)
+
+
+def plot_l7_gate(r, dst):
+    setups = ["no policy", "strparser (pass)", "skb verdict (pass)"]
+    panels = [("rps", "requests/s, 100 keep-alive connections"), ("p50_ms", "latency p50 (ms)"), ("p99_ms", "latency p99 (ms)")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
+    for ax, (metric, title) in zip(axes, panels):
+        data = {s["setup"]: s for s in r["summary"] if s["metric"] == metric}
+        names = [n for n in setups if n in data]
+        med = [data[n]["median"] for n in names]
+        lo = [data[n]["median"] - data[n]["min"] for n in names]
+        hi = [data[n]["max"] - data[n]["median"] for n in names]
+        ax.bar(names, med, yerr=[lo, hi], capsize=4, color=["#999999", "#1f77b4", "#aec7e8"][: len(names)])
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=15)
+        for i, v in enumerate(med):
+            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"Weir l7-gate benchmark — {r['reps']} reps, medians, min..max whiskers\n{r['command']}")
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(dst, dpi=90)
 
 

@@ -192,6 +192,9 @@ func (r *result) judge() {
 	case "services":
 		r.judgeServices()
 		return
+	case "l7-gate":
+		r.judgeL7Gate()
+		return
 	}
 	r.judgeDatapath()
 }
@@ -309,6 +312,8 @@ func (r *result) markdown() string {
 		return r.policyScaleMarkdown()
 	case "services":
 		return r.servicesMarkdown()
+	case "l7-gate":
+		return r.l7GateMarkdown()
 	}
 	var b strings.Builder
 	r.writeHeader(&b)

@@ -149,7 +149,7 @@ func TestChartDefaults(t *testing.T) {
 	for flag, want := range map[string]string{
 		"mode": "vxlan", "tunnel-port": "4789", "mtu": "0", "cluster-cidr": "10.244.0.0/16", "kube-proxy-replacement": "false",
 		"health-addr": "127.0.0.1:9879", "metrics-addr": ":9880", "socket": "/run/weir/agent.sock", "cni-conf-dir": "/etc/cni/net.d",
-		"flow-events": "true", "flow-max-bytes": "67108864", "cgroup-root": "/run/weir/cgroup2", "sysctl-dir": "/host/proc/sys", "cni-exclusive": "true",
+		"flow-events": "true", "flow-max-bytes": "67108864", "cgroup-root": "/run/weir/cgroup2", "sysctl-dir": "/host/proc/sys", "cni-exclusive": "true", "mount-bpffs": "false",
 	} {
 		if got := cm.Data[flag]; got != want {
 			t.Errorf("ConfigMap %s = %q, want %q", flag, got, want)
@@ -391,6 +391,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		"k8sServicePort=99999":                               "/k8sServicePort",
 		"agent.paths.cgroupRoot=/sys/fs/cgroup":              "/agent/paths/cgroupRoot",
 		"agent.privileged=yes":                               "/agent/privileged",
+		"agent.paths.cgroupRoot=/var/lib/weir-cgroup2":       "lies below no agent.hostMounts entry with propagation Bidirectional",
 		"cni.exclusiv=false":                                 "additional properties 'exclusiv' not allowed",
 	} {
 		_, err := runHelm(t, "template", "weir", "deploy/helm/weir", "--set", set)

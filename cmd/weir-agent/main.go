@@ -42,7 +42,7 @@ type flags struct {
 	mtu                                                int
 	configDir                                          string
 	cgroupRoot, sysctlDir                              string
-	cniExclusive                                       bool
+	cniExclusive, mountBPFFS                           bool
 }
 
 func main() {
@@ -112,6 +112,7 @@ func newCommand() *cobra.Command {
 	fl.StringVar(&f.clusterCIDR, "cluster-cidr", "10.244.0.0/16", "the CIDR of every pod in the cluster")
 	fl.StringVar(&f.stateDir, "state-dir", "/var/lib/weir", "directory for durable state (IPAM leases)")
 	fl.StringVar(&f.pinDir, "bpf-pin-dir", "/sys/fs/bpf/weir", "bpffs directory for this node's maps and links")
+	fl.BoolVar(&f.mountBPFFS, "mount-bpffs", true, "mount bpffs under --bpf-pin-dir when none is there (false: refuse to start instead; for an agent in a container that is not privileged, whose mount would go with the container and the pins with it)")
 	fl.StringVar(&f.cgroupRoot, "cgroup-root", "", "a mount of the machine's cgroup v2 hierarchy to attach the socket programs to, e.g. "+datapath.DefaultCgroupRoot+" from `weir-agent mount-fs` (empty: the first cgroup2 mount this process sees, or one mounted at "+datapath.DefaultCgroupRoot+"; inside a cgroup namespace that is the container's own cgroup, which the agent refuses)")
 	fl.StringVar(&f.sysctlDir, "sysctl-dir", datapath.DefaultSysctlDir, "where the kernel's sysctls are (its net/ at least): /proc/sys is read-only in a container that is not privileged, so the chart binds the host's /proc/sys/net at /host/proc/sys/net and passes /host/proc/sys")
 	fl.StringVar(&f.socket, "socket", api.DefaultSocket, "unix socket of the local API")
@@ -200,7 +201,7 @@ func (f flags) config() (agent.Config, error) {
 		KubeProxyReplacement: f.kubeProxyReplacement, NoSocketLB: !f.socketLB,
 		ProxyHealthzAddr: f.proxyHealthzAddr, ProxyStatusAddr: f.proxyStatusAddr,
 		TunnelPort: f.tunnelPort, MTU: f.mtu,
-		CgroupRoot: f.cgroupRoot, SysctlDir: f.sysctlDir, CNIShared: !f.cniExclusive,
+		CgroupRoot: f.cgroupRoot, SysctlDir: f.sysctlDir, CNIShared: !f.cniExclusive, NoMountBPFFS: !f.mountBPFFS,
 	}
 	if f.peersFile != "" {
 		b, err := os.ReadFile(f.peersFile)

@@ -47,19 +47,27 @@ func newUninstallCommand() *cobra.Command {
 				CNIConf: filepath.Join(cniConfDir, cni.ConfListName), CNIBinary: filepath.Join(cniBinDir, "weir-cni"),
 			})
 			// Other CNIs' configs the agent set aside come back, once
-			// Weir's own is gone.
-			restored, dropped, rerr := cni.RestoreOthers(cniConfDir)
-			err = errors.Join(err, rerr)
-			for _, d := range dropped {
+			// Weir's own is gone and if their plugins are still there.
+			var back cni.Restored
+			if err == nil {
+				var rerr error
+				back, rerr = cni.RestoreOthers(cniConfDir, cniBinDir)
+				err = rerr
+			}
+			for _, d := range back.Removed {
 				removed = append(removed, filepath.Join(cniConfDir, d)+" (the set-aside copy of a config written anew since)")
 			}
 			out := cmd.OutOrStdout()
 			for _, r := range removed {
 				fmt.Fprintln(out, "removed", r)
 			}
-			for _, r := range restored {
+			for _, r := range back.Restored {
 				fmt.Fprintln(out, "restored", filepath.Join(cniConfDir, r), "(another CNI's config, set aside by the agent)")
 			}
+			for _, k := range back.Kept {
+				fmt.Fprintln(out, "kept", filepath.Join(cniConfDir, k), "set aside: a plugin it calls is not in", cniBinDir, "(rename it back once its CNI is installed again)")
+			}
+			restored := back.Restored
 			if len(removed) == 0 && len(restored) == 0 && err == nil {
 				fmt.Fprintln(out, "nothing of Weir on this node")
 			}

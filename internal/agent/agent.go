@@ -87,8 +87,9 @@ type Config struct {
 	// /healthz (and /livez) and /proxyMode are answered with
 	// KubeProxyReplacement; empty: not served.
 	ProxyHealthzAddr, ProxyStatusAddr string
-	// CgroupRoot and SysctlDir: see datapath.NodeConfig.
+	// CgroupRoot, SysctlDir and NoMountBPFFS: see datapath.NodeConfig.
 	CgroupRoot, SysctlDir string
+	NoMountBPFFS          bool
 	// TunnelPort and MTU: see datapath.NodeConfig.
 	TunnelPort uint16
 	MTU        int
@@ -102,7 +103,7 @@ func (c Config) nodeConfig() datapath.NodeConfig {
 		NoFlowEvents: c.NoFlowEvents, NoIdentityOption: c.NoIdentityOption,
 		KubeProxyReplacement: c.KubeProxyReplacement, HashSeed: c.HashSeed,
 		TunnelPort: c.TunnelPort, MTU: c.MTU,
-		CgroupRoot: c.CgroupRoot, SysctlDir: c.SysctlDir,
+		CgroupRoot: c.CgroupRoot, SysctlDir: c.SysctlDir, NoMountBPFFS: c.NoMountBPFFS,
 	}
 }
 

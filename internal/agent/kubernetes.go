@@ -129,14 +129,7 @@ func runKubernetes(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		log.Info("CNI config written; the runtime may now create pods", "path", path)
 		if !cfg.CNIShared {
-			moved, err := cni.SetAsideOthers(cfg.CNIConfDir)
-			if err != nil {
-				return fmt.Errorf("%w (--cni-exclusive=false leaves other CNIs' configs in place)", err)
-			}
-			for _, name := range moved {
-				log.Warn("another CNI's config set aside: pods it attached keep their network until recreated",
-					"config", filepath.Join(cfg.CNIConfDir, name), "now", name+cni.SetAsideSuffix)
-			}
+			go keepCNIExclusive(ctx, cfg.CNIConfDir, cniExclusiveEvery, log)
 		}
 	}
 	a.identities = newIdentityWork(clients)
@@ -449,4 +442,33 @@ func (a *Agent) report(ctx context.Context, client kubernetes.Interface) bool {
 	}
 	a.kube.Reported, a.kube.ReportError = time.Now(), ""
 	return true
+}
+
+// cniExclusiveEvery is how often the agent looks for another CNI's
+// configuration written into its directory again (by a previous CNI's
+// agent still running during a migration).
+const cniExclusiveEvery = 10 * time.Second
+
+// keepCNIExclusive sets other CNIs' configurations in dir aside now and
+// every period until ctx ends, so the runtime keeps attaching new pods
+// with Weir. A failure is logged, not fatal: Weir's own configuration is
+// in place, and only its precedence is at stake.
+func keepCNIExclusive(ctx context.Context, dir string, period time.Duration, log *slog.Logger) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		moved, err := cni.SetAsideOthers(dir)
+		for _, name := range moved {
+			log.Warn("another CNI's config set aside: pods it attached keep their network until recreated (--cni-exclusive=false leaves them)",
+				"config", filepath.Join(dir, name), "now", name+cni.SetAsideSuffix)
+		}
+		if err != nil {
+			log.Error("setting other CNIs' configs aside failed; the runtime may attach new pods with another CNI", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -5,7 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -69,4 +72,39 @@ func TestClusterHashSeed(t *testing.T) {
 	if s := clusterHashSeed(ctx, fake.NewSimpleClientset(), log); s != 0 {
 		t.Errorf("seed without kube-system: %#x, want 0", s)
 	}
+}
+
+// TestKeepCNIExclusive: a previous CNI's configuration is set aside at
+// once, and again when its agent writes it back, until the context ends.
+func TestKeepCNIExclusive(t *testing.T) {
+	dir := t.TempDir()
+	write := func() {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, "00-previous.conflist"), []byte(`{"plugins":[]}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		keepCNIExclusive(ctx, dir, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		close(done)
+	}()
+	setAside := func() bool {
+		_, err := os.Stat(filepath.Join(dir, "00-previous.conflist"))
+		return os.IsNotExist(err)
+	}
+	for i := 0; i < 2; i++ {
+		deadline := time.Now().Add(2 * time.Second)
+		for !setAside() {
+			if time.Now().After(deadline) {
+				t.Fatalf("pass %d: the previous CNI's config is still in place", i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		write() // its agent writes it back
+	}
+	cancel()
+	<-done
 }

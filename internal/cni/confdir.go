@@ -1,6 +1,8 @@
 package cni
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // SetAsideSuffix is added to another CNI's configuration file that the
@@ -35,7 +39,7 @@ func SetAsideOthers(dir string) ([]string, error) {
 		if name == ConfListName || e.IsDir() || !slices.Contains(configExts, filepath.Ext(name)) {
 			continue
 		}
-		if err := os.Rename(filepath.Join(dir, name), filepath.Join(dir, name+SetAsideSuffix)); err != nil {
+		if err := setAside(dir, name); err != nil {
 			return moved, fmt.Errorf("set aside the CNI config %s: %w", name, err)
 		}
 		moved = append(moved, name)
@@ -43,16 +47,55 @@ func SetAsideOthers(dir string) ([]string, error) {
 	return moved, nil
 }
 
-// RestoreOthers gives back the names SetAsideOthers took, unless a file
-// of that name has appeared since (the next CNI wrote its own): then the
-// set-aside copy goes. It returns what it restored and removed.
-func RestoreOthers(dir string) (restored, removed []string, _ error) {
+// setAside renames name to name.weir_bak without replacing a copy set
+// aside before (its CNI wrote the file again): an identical file is
+// dropped, a different one kept under its modification time
+// (name.<unix-nanoseconds>.weir_bak, given back under that name).
+func setAside(dir, name string) error {
+	from := filepath.Join(dir, name)
+	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, from+SetAsideSuffix, unix.RENAME_NOREPLACE)
+	if !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	cur, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	if old, err := os.ReadFile(from + SetAsideSuffix); err == nil && bytes.Equal(old, cur) {
+		return os.Remove(from)
+	}
+	st, err := os.Stat(from)
+	if err != nil {
+		return err
+	}
+	return unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, fmt.Sprintf("%s.%d%s", from, st.ModTime().UnixNano(), SetAsideSuffix), unix.RENAME_NOREPLACE)
+}
+
+// Restored is what RestoreOthers did with the set-aside configurations.
+type Restored struct {
+	Restored []string // names given back
+	Removed  []string // set-aside copies of a name the next CNI wrote since
+	// Kept are set-aside names left as they are: a plugin they call is
+	// not in the bin directory (their CNI went), and giving them back
+	// would make the node Ready for pods no plugin can attach.
+	Kept []string
+}
+
+// RestoreOthers gives back the names SetAsideOthers took, once Weir's own
+// configuration is gone: each whose plugins are all in binDir, unless a
+// file of that name has appeared since (the next CNI wrote its own: then
+// the set-aside copy goes).
+func RestoreOthers(dir, binDir string) (Restored, error) {
+	var out Restored
+	if _, err := os.Lstat(filepath.Join(dir, ConfListName)); err == nil {
+		return out, fmt.Errorf("%s is still there: other CNIs' configurations stay set aside while Weir's is", filepath.Join(dir, ConfListName))
+	}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, nil
+		return out, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("read CNI config dir: %w", err)
+		return out, fmt.Errorf("read CNI config dir: %w", err)
 	}
 	var errs []error
 	for _, e := range ents {
@@ -66,14 +109,50 @@ func RestoreOthers(dir string) (restored, removed []string, _ error) {
 				errs = append(errs, err)
 				continue
 			}
-			removed = append(removed, e.Name())
+			out.Removed = append(out.Removed, e.Name())
+			continue
+		}
+		if !pluginsPresent(from, binDir) {
+			out.Kept = append(out.Kept, e.Name())
 			continue
 		}
 		if err := os.Rename(from, to); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		restored = append(restored, orig)
+		out.Restored = append(out.Restored, orig)
 	}
-	return restored, removed, errors.Join(errs...)
+	return out, errors.Join(errs...)
+}
+
+// pluginsPresent says whether every plugin the network configuration in
+// file calls (a list's plugins, or a single configuration's type) is in
+// binDir. A file that is no configuration calls nothing it could miss.
+func pluginsPresent(file, binDir string) bool {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return false
+	}
+	var conf struct {
+		Type    string `json:"type"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if json.Unmarshal(b, &conf) != nil {
+		return true
+	}
+	types := []string{conf.Type}
+	for _, p := range conf.Plugins {
+		types = append(types, p.Type)
+	}
+	for _, t := range types {
+		if t == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(binDir, filepath.Base(t))); err != nil {
+			return false
+		}
+	}
+	return true
 }

@@ -49,6 +49,10 @@ type NodeConfig struct {
 	// CgroupRoot is the cgroup v2 directory the socket programs attach to;
 	// empty: the machine's cgroup v2 root (mounted if need be).
 	CgroupRoot string
+	// NoMountBPFFS: the pin directory must be on a bpf filesystem the node
+	// has mounted; the node mounts none itself (an agent in a container
+	// that is not privileged, whose mount would not reach the host).
+	NoMountBPFFS bool
 	// SysctlDir is where the kernel's sysctls are read and written (its
 	// net/ at least); empty: DefaultSysctlDir.
 	SysctlDir string
@@ -165,7 +169,11 @@ func SetupNode(cfg NodeConfig) (_ *Node, retErr error) {
 			return nil, fmt.Errorf("netlink handle: %w", err)
 		}
 	}
-	if _, err := bpffs.Ensure(filepath.Dir(cfg.PinDir)); err != nil {
+	if cfg.NoMountBPFFS {
+		if err := bpffs.Require(filepath.Dir(cfg.PinDir)); err != nil {
+			return nil, err
+		}
+	} else if _, err := bpffs.Ensure(filepath.Dir(cfg.PinDir)); err != nil {
 		return nil, err
 	}
 	for _, sub := range []string{"links", "links-egress", "devices", "cgroup"} {

@@ -41,7 +41,7 @@ func Down(ctx context.Context, name string, out io.Writer) error {
 		}
 	}
 	errs = append(errs, unmountUnder(RunDir(name), DataDir(name)))
-	if err := os.RemoveAll(DataDir(name)); err != nil {
+	if err := removeUnmounted(DataDir(name)); err != nil {
 		errs = append(errs, err)
 	}
 	spaces, err := listNetNS(name + "-")
@@ -55,7 +55,7 @@ func Down(ctx context.Context, name string, out io.Writer) error {
 		errs = append(errs, fmt.Errorf("remove pins: %w", err))
 	}
 	errs = append(errs, bpffs.Release())
-	if err := os.RemoveAll(RunDir(name)); err != nil {
+	if err := removeUnmounted(RunDir(name)); err != nil {
 		errs = append(errs, err)
 	}
 	fmt.Fprintf(out, "lab %s removed (%d namespaces)\n", name, len(spaces))

@@ -49,7 +49,7 @@ func (st *State) downKubernetes() []error {
 		errs = append(errs, removeCgroupRoot(kp.cgroupRoot))
 	}
 	errs = append(errs, unmountUnder(st.RunDir, k.DataDir))
-	if err := os.RemoveAll(k.DataDir); err != nil {
+	if err := removeUnmounted(k.DataDir); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", k.DataDir, err))
 	}
 	return errs
@@ -175,9 +175,25 @@ func killCgroup(dir string) {
 // deepest first: kubelet's volume mounts, containerd's rootfs and shm
 // mounts, pod network namespaces.
 func unmountUnder(dirs ...string) error {
-	f, err := os.Open("/proc/self/mountinfo")
+	points, err := mountPointsUnder(dirs...)
 	if err != nil {
 		return err
+	}
+	var errs []error
+	for _, mp := range points {
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountPointsUnder lists the mount points at or below dirs, deepest
+// first.
+func mountPointsUnder(dirs ...string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
 	}
 	defer f.Close()
 	var points []string
@@ -195,13 +211,22 @@ func unmountUnder(dirs ...string) error {
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(points)))
-	var errs []error
-	for _, mp := range points {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
-		}
+	return points, sc.Err()
+}
+
+// removeUnmounted removes dir and everything in it, unless something is
+// still mounted at or below it: removing across a mount would empty what
+// it holds (a cgroup2 mount of the machine's hierarchy would lose every
+// empty cgroup of the host).
+func removeUnmounted(dir string) error {
+	points, err := mountPointsUnder(dir)
+	if err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	if len(points) > 0 {
+		return fmt.Errorf("%s not removed: still mounted below it: %v", dir, points)
+	}
+	return os.RemoveAll(dir)
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).

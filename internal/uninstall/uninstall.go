@@ -241,7 +241,7 @@ func cleanupJob(ds *appsv1.DaemonSet, node string) *batchv1.Job {
 	// Paths the agent was given on its command line (the chart's
 	// extraArgs) win over its ConfigMap, as they did for the agent.
 	for _, a := range agent.Args {
-		for _, flag := range []string{"--socket=", "--state-dir=", "--bpf-pin-dir=", "--cni-conf-dir="} {
+		for _, flag := range []string{"--socket=", "--state-dir=", "--bpf-pin-dir=", "--cni-conf-dir=", "--cgroup-root="} {
 			if strings.HasPrefix(a, flag) {
 				args = append(args, a)
 			}

@@ -50,6 +50,25 @@ func Ensure(dir string) (mounted bool, _ error) {
 	return ensureLocked(dir)
 }
 
+// Require creates dir on a bpf filesystem that is already mounted (at
+// Root, for a dir below it), and mounts none: for an agent whose own
+// mount would live in its container's mount namespace and take every pin
+// with it when the container goes. ErrNotBPFFS says none is there.
+func Require(dir string) error {
+	at := dir
+	if dir == root || strings.HasPrefix(dir, root+"/") {
+		at = root
+	}
+	if !isBPFFS(at) {
+		return fmt.Errorf("%s is not on a bpf filesystem, and this agent mounts none (its mount would go with its container, and the pins with it): "+
+			"mount bpffs there on the node (the chart's mount-fs init container does), or run the agent with --mount-bpffs: %w", at, ErrNotBPFFS)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	return nil
+}
+
 // MkdirTemp makes a new directory with a random name (os.MkdirTemp's
 // pattern) on the bpf filesystem at Root, mounting it if need be. The
 // caller removes it, then calls Release.

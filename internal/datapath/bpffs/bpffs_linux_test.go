@@ -1,6 +1,7 @@
 package bpffs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -120,4 +121,28 @@ func TestEnsureOutsideRoot(t *testing.T) {
 	if _, err := Ensure("/proc/self/nope/x"); err == nil {
 		t.Fatal("Ensure of an impossible directory succeeded")
 	}
+}
+
+// Require mounts nothing: without a bpf filesystem at the root it fails
+// with ErrNotBPFFS and leaves the root as it was; once one is mounted it
+// creates the directory on it.
+func TestRequireMountsNothing(t *testing.T) {
+	r := sandbox(t)
+	dir := filepath.Join(r, "weir", "n1")
+	if err := os.MkdirAll(r, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := Require(dir); !errors.Is(err, ErrNotBPFFS) {
+		t.Fatalf("Require without bpffs: %v, want ErrNotBPFFS", err)
+	}
+	if isBPFFS(r) || exists(dir) {
+		t.Fatal("Require mounted or created something")
+	}
+	if err := unix.Mount("bpffs", r, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Require(dir); err != nil || !exists(dir) {
+		t.Fatalf("Require on a mounted bpffs: %v (created: %v)", err, exists(dir))
+	}
+	os.RemoveAll(filepath.Join(r, "weir"))
 }

@@ -23,6 +23,8 @@ state-dir: {{ .Values.agent.paths.state | quote }}
 socket: {{ .Values.agent.paths.socket | quote }}
 bpf-pin-dir: {{ .Values.agent.paths.bpfPin | quote }}
 cgroup-root: {{ .Values.agent.paths.cgroupRoot | quote }}
+{{- /* Only a privileged agent's mount reaches the node; the others rely on mount-fs. */}}
+mount-bpffs: {{ ternary "true" "false" .Values.agent.privileged | quote }}
 sysctl-dir: "/host/proc/sys"
 cni-conf-dir: {{ .Values.agent.paths.cniConf | quote }}
 cni-exclusive: {{ .Values.cni.exclusive | quote }}

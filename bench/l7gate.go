@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/lab"
+)
+
+// The l7-gate scenario measures what routing an accepted socket's
+// inbound bytes through verdict programs costs before any HTTP is parsed
+// (issue 20's design gate): nginx serving keep-alive requests from wrk at
+// 100 connections, on a port left alone and on ports whose sockets join
+// the strparser and the skb-verdict socket hashes of bpf/l7.c, whose
+// verdicts pass everything. One nginx serves all three ports, so the
+// setups differ in the socket path alone.
+const (
+	l7GateLab     = "wb-l7"
+	l7GatePath    = "keepalive"
+	l7GatePlain   = "no policy"
+	l7GateStrp    = "strparser (pass)"
+	l7GateSkb     = "skb verdict (pass)"
+	l7GateConns   = 100
+	l7GatePortOff = 8080
+	l7GatePortStr = 8081
+	l7GatePortSkb = 8082
+)
+
+// l7GateWant is the gate: a path that keeps less than this share of the
+// plain requests/s cannot host a parser and still reach issue 20's 0.70.
+const l7GateWant = 0.80
+
+var wrkLatencyPct = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$`)
+
+// l7GateSetup is one setup: its name and the port whose sockets take its
+// path.
+type l7GateSetup struct {
+	name string
+	port int
+	mode datapath.L7Mode // 0: plain
+}
+
+func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
+	if os.Geteuid() != 0 {
+		return errors.New("the benchmark needs root (network namespaces, eBPF, cgroups)")
+	}
+	started := time.Now()
+	lab.Down(ctx, l7GateLab, io.Discard) // a leftover of an interrupted run
+	pair, err := lab.UpVethPair(l7GateLab, 1500)
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, lab.Down(context.Background(), l7GateLab, io.Discard)) }()
+	cg, release, err := l7GateCgroup()
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, release()) }()
+	socks, err := datapath.AttachL7Sockets(cg)
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, socks.Close()) }()
+	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser}, {l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict}}
+	for _, s := range setups[1:] {
+		if err := socks.EnforcePort(uint16(s.port), s.mode); err != nil {
+			return err
+		}
+	}
+	nginx, err := startNginx(ctx, pair.NSB, cg, pair.AddrB.String(), []int{l7GatePortOff, l7GatePortStr, l7GatePortSkb})
+	if err != nil {
+		return err
+	}
+	defer nginx.stop()
+
+	res := &result{Scenario: "l7-gate", Command: invocation, Commit: sourceCommit(), Started: started.UTC().Format(time.RFC3339),
+		Machine: machine(), Reps: o.reps, DurationS: o.duration.Seconds(), WarmupS: o.warmup.Seconds()}
+	run := func(s l7GateSetup, d time.Duration) (wrkRun, error) {
+		before, err := socks.Stats()
+		if err != nil {
+			return wrkRun{}, err
+		}
+		w, err := wrkKeepAlive(ctx, pair.NSA, fmt.Sprintf("http://%s:%d/", pair.AddrB, s.port), d)
+		if err != nil {
+			return w, fmt.Errorf("%s: %w", s.name, err)
+		}
+		after, err := socks.Stats()
+		if err != nil {
+			return w, err
+		}
+		w.joined = float64(after.Sockets - before.Sockets)
+		// A figure of a path the sockets did not take would be a lie.
+		if s.mode != 0 && w.joined < l7GateConns {
+			return w, fmt.Errorf("%s: %v of %d connections joined the socket hash", s.name, w.joined, l7GateConns)
+		}
+		if s.mode == 0 && w.joined != 0 {
+			return w, fmt.Errorf("%s: %v sockets of the plain port joined a socket hash", s.name, w.joined)
+		}
+		return w, nil
+	}
+	if o.warmup > 0 {
+		fmt.Fprintf(out, "==> warm-up: %s of each setup, discarded\n", o.warmup)
+		for _, s := range setups {
+			if _, err := run(s, o.warmup); err != nil {
+				return err
+			}
+		}
+	}
+	for rep := 0; rep < o.reps; rep++ {
+		for i := range setups {
+			s := setups[(rep+i)%len(setups)] // a rotating order
+			w, err := run(s, o.duration)
+			if err != nil {
+				res.Incomplete = err.Error()
+				break
+			}
+			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined} {
+				res.Samples = append(res.Samples, sample{Setup: s.name, Path: l7GatePath, Metric: metric, Rep: rep, Value: v})
+			}
+			fmt.Fprintf(out, "rep %d %-20s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, s.name, w.rps, w.p50, w.p99, w.errors)
+		}
+		if res.Incomplete != "" {
+			break
+		}
+	}
+	res.summarise()
+	res.Finished = time.Now().UTC().Format(time.RFC3339)
+	return res.write(o.out, out)
+}
+
+// wrkRun is one wrk run's figures.
+type wrkRun struct {
+	rps, p50, p99, errors, joined float64
+}
+
+// wrkKeepAlive runs wrk for d with l7GateConns keep-alive connections
+// from the client namespace, pinned to the client's CPU.
+func wrkKeepAlive(ctx context.Context, ns, url string, d time.Duration) (wrkRun, error) {
+	args := []string{"wrk", "-t1", "-c" + strconv.Itoa(l7GateConns), "-d" + strconv.Itoa(int(math.Ceil(d.Seconds()))) + "s", "--latency", "--timeout", "5s", url}
+	out, err := inNS(ctx, ns, clientCPU, args...).CombinedOutput()
+	if err != nil {
+		return wrkRun{}, fmt.Errorf("wrk: %w: %s", err, out)
+	}
+	var w wrkRun
+	m := wrkRPS.FindSubmatch(out)
+	if m == nil {
+		return w, fmt.Errorf("no Requests/sec in wrk's output: %s", out)
+	}
+	w.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	for _, p := range wrkLatencyPct.FindAllSubmatch(out, -1) {
+		v, _ := strconv.ParseFloat(string(p[2]), 64)
+		v *= map[string]float64{"us": 0.001, "ms": 1, "s": 1000}[string(p[3])]
+		if string(p[1]) == "50" {
+			w.p50 = v
+		} else {
+			w.p99 = v
+		}
+	}
+	if e := wrkErrors.FindSubmatch(out); e != nil {
+		for _, n := range e[1:] {
+			k, _ := strconv.Atoi(string(n))
+			w.errors += float64(k)
+		}
+	}
+	if e := wrkNon2xx.FindSubmatch(out); e != nil {
+		k, _ := strconv.Atoi(string(e[1]))
+		w.errors += float64(k)
+	}
+	return w, nil
+}
+
+// l7GateCgroup makes a cgroup below the machine's cgroup v2 root for the
+// server, and a release that removes it (and a cgroup2 mount it made).
+func l7GateCgroup() (string, func() error, error) {
+	dir, err := os.MkdirTemp("", "weir-l7gate-")
+	if err != nil {
+		return "", nil, err
+	}
+	root := filepath.Join(dir, "cgroup2")
+	mounted, err := datapath.MountCgroup2(root)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	cg := filepath.Join(root, "server")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		return "", nil, err
+	}
+	return cg, func() error {
+		var errs []error
+		for i := 0; ; i++ { // empty a moment after the server is reaped
+			err := os.Remove(cg)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if i == 100 {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", cg, err))
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if mounted {
+			errs = append(errs, unix.Unmount(root, unix.MNT_DETACH))
+		}
+		return errors.Join(append(errs, os.RemoveAll(dir))...)
+	}, nil
+}
+
+// nginxServer is nginx serving a fixed response, one worker.
+type nginxServer struct {
+	srv *server
+	dir string
+}
+
+// startNginx runs nginx in the server namespace, in cgroup cg, pinned to
+// the server's CPU, one worker, answering "ok" on each port at addr, and
+// waits until every port answers.
+func startNginx(ctx context.Context, ns, cg, addr string, ports []int) (*nginxServer, error) {
+	dir, err := os.MkdirTemp("", "weir-nginx-")
+	if err != nil {
+		return nil, err
+	}
+	var listen strings.Builder
+	for _, p := range ports {
+		fmt.Fprintf(&listen, "    listen %s:%d reuseport backlog=4096;\n", addr, p)
+	}
+	conf := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  keepalive_timeout 300s;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  server {
+%[2]s    location / { return 200 "ok\n"; }
+  }
+}
+`, dir, listen.String())
+	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	cmd := inNS(ctx, ns, serverCPU, "nginx", "-c", filepath.Join(dir, "nginx.conf"), "-p", dir, "-e", filepath.Join(dir, "error.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, UseCgroupFD: true, CgroupFD: fd}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start nginx (apt-get install nginx): %w", err)
+	}
+	n := &nginxServer{srv: &server{cmd: cmd}, dir: dir}
+	for _, p := range ports {
+		if !reachable(ctx, ns, fmt.Sprintf("%s:%d", addr, p), 5*time.Second) {
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			n.stop()
+			return nil, fmt.Errorf("nginx does not answer on port %d: %s", p, log)
+		}
+	}
+	return n, nil
+}
+
+func (n *nginxServer) stop() {
+	n.srv.stop()
+	os.RemoveAll(n.dir)
+}
+
+// judgeL7Gate: each pass-everything path must keep l7GateWant of the
+// plain port's requests/s, paired within each repetition.
+func (r *result) judgeL7Gate() {
+	for _, s := range []string{l7GateStrp, l7GateSkb} {
+		r.Targets = append(r.Targets, r.pairedTarget(
+			fmt.Sprintf("requests/s at %d keep-alive connections, %s / no policy", l7GateConns, s),
+			fmt.Sprintf(">= %.2f", l7GateWant), func(v float64) bool { return v >= l7GateWant },
+			s, l7GatePath, l7GatePlain, l7GatePath, "rps"))
+	}
+}
+
+// l7GateMarkdown is the report: every setup's medians, the paired ratios
+// to the plain port, the gate.
+func (r *result) l7GateMarkdown() string {
+	var b strings.Builder
+	r.writeHeader(&b)
+	fmt.Fprintf(&b, "nginx (one worker, CPU 1, a fixed 3-byte body) in one network namespace, wrk (one thread, %d keep-alive connections, CPU 0) in another, over a veth pair; "+
+		"one nginx listens on three ports: one left alone, one whose accepted sockets join bpf/l7.c's strparser socket hash, one its skb-verdict hash, "+
+		"both verdicts passing everything. %d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy).\n\n",
+		l7GateConns, r.Reps, r.DurationS, r.warmupNote())
+	setups := []string{l7GatePlain, l7GateStrp, l7GateSkb}
+	fmt.Fprintf(&b, "| metric | %s |\n|---|---|---|---|\n", strings.Join(setups, " | "))
+	for _, m := range []struct{ key, title, format string }{
+		{"rps", "requests/s", "%.0f"}, {"p50_ms", "latency p50 (ms)", "%.3f"}, {"p99_ms", "latency p99 (ms)", "%.3f"},
+		{"errors", "errors (socket errors and non-2xx, per run)", "%.0f"}, {"sockets_joined", "sockets that joined a socket hash (per run)", "%.0f"},
+	} {
+		fmt.Fprintf(&b, "| %s |", m.title)
+		for _, s := range setups {
+			cell := fmt.Sprintf(" "+m.format, r.median(s, l7GatePath, m.key))
+			if s != l7GatePlain && (m.key == "rps" || strings.HasSuffix(m.key, "_ms")) {
+				cell += fmt.Sprintf(" (%.3f)", r.pairedRatio(s, l7GatePath, l7GatePlain, l7GatePath, m.key))
+			}
+			b.WriteString(cell + " |")
+		}
+		b.WriteString("\n")
+	}
+	r.writeTargets(&b)
+	return b.String()
+}

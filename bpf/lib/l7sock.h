@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * l7sock.h: the sockets whose inbound bytes L7 policy reads.
+ *
+ * An accepted TCP socket on an L7-enforced port joins one of two socket
+ * hashes when its handshake completes (l7_sockops), and from then on its
+ * inbound stream goes through the programs attached to that hash instead
+ * of straight to the application:
+ *
+ *   weir_l7_strp  stream_parser + stream_verdict: the kernel's strparser
+ *                 assembles a message of the length the parser names, the
+ *                 verdict sees it whole (a request head, later)
+ *   weir_l7_skb   skb_verdict alone: the verdict sees each skb as TCP
+ *                 delivers it, without strparser's clone and work queue
+ *
+ * A socket stays in its hash for its whole life: leaving it drops what its
+ * queues hold (sk_psock_drop). Which hash a port uses is the value of
+ * weir_l7_ports, the port in host order as the key.
+ */
+#ifndef WEIR_LIB_L7SOCK_H
+#define WEIR_LIB_L7SOCK_H
+
+#include "common.h"
+
+/* How a port's sockets are read (weir_l7_ports values). */
+#define WEIR_L7_STRPARSER 1
+#define WEIR_L7_SKB_VERDICT 2
+
+/* l7_sock_key names an accepted socket by its four-tuple, ports in host
+ * order, addresses in network order. */
+struct l7_sock_key {
+	__be32 remote;
+	__be32 local;
+	__u16 remote_port;
+	__u16 local_port;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u16);
+	__type(value, __u8);
+} weir_l7_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l7_sock_key);
+	__type(value, __u64);
+} weir_l7_strp SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l7_sock_key);
+	__type(value, __u64);
+} weir_l7_skb SEC(".maps");
+
+/* Counters of the L7 socket path (weir_l7_stats indexes). */
+enum {
+	L7_STAT_SOCKETS,    /* sockets that joined a hash */
+	L7_STAT_JOIN_FAIL,  /* sockets a hash refused (full) */
+	L7_STAT_MESSAGES,   /* messages (or skbs) judged */
+	L7_STAT_BYTES,      /* bytes judged */
+	L7_STAT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, L7_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} weir_l7_stats SEC(".maps");
+
+__always_inline_fn void l7_count(__u32 stat, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&weir_l7_stats, &stat);
+
+	if (v)
+		*v += n;
+}
+
+#endif /* WEIR_LIB_L7SOCK_H */
