@@ -272,10 +272,14 @@ http {
 	}
 	n := &nginxServer{srv: &server{cmd: cmd}, dir: dir}
 	for _, p := range ports {
-		if !reachable(ctx, ns, fmt.Sprintf("%s:%d", addr, p), 5*time.Second) {
-			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-			n.stop()
-			return nil, fmt.Errorf("nginx does not answer on port %d: %s", p, log)
+		deadline := time.Now().Add(5 * time.Second)
+		for !reachable(ctx, ns, fmt.Sprintf("%s:%d", addr, p), time.Second) {
+			if time.Now().After(deadline) {
+				log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+				n.stop()
+				return nil, fmt.Errorf("nginx does not answer on port %d after 5 s: %s", p, log)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	return n, nil
