@@ -81,13 +81,7 @@ func TestL7EchoHelper(t *testing.T) {
 // the verdicts saw exactly the bytes sent. A released port's new sockets
 // stay on the plain path.
 func TestL7SocketsPassEveryByte(t *testing.T) {
-	testutil.RequireRoot(t)
-	cg := l7TestCgroup(t)
-	s, err := AttachL7Sockets(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, cg := attachL7ForTest(t)
 
 	for i, mode := range []L7Mode{L7StrParser, L7SkbVerdict} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -134,13 +128,7 @@ func TestL7SocketsPassEveryByte(t *testing.T) {
 // splice to read the message queue, this test fails and the limit goes
 // from docs/l7.md.
 func TestL7SpliceSeesNothing(t *testing.T) {
-	testutil.RequireRoot(t)
-	cg := l7TestCgroup(t)
-	s, err := AttachL7Sockets(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, cg := attachL7ForTest(t)
 	t.Setenv(l7HelperSpliceEnv, "1")
 	plain, enforced := "127.0.0.1:18490", "127.0.0.1:18491"
 	if err := s.EnforcePort(18491, L7SkbVerdict); err != nil {
@@ -243,6 +231,20 @@ func startL7Helper(t *testing.T, cg, addr string) {
 	if err != nil || strings.TrimSpace(line) != "listening" {
 		t.Fatalf("echo helper: %q, %v", line, err)
 	}
+}
+
+// attachL7ForTest attaches the L7 socket path to a cgroup of the test's,
+// detached when the test ends.
+func attachL7ForTest(t *testing.T) (*L7Sockets, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	cg := l7TestCgroup(t)
+	s, err := AttachL7Sockets(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, cg
 }
 
 // l7TestCgroup is a new cgroup below the machine's cgroup v2 root (mounted
