@@ -61,6 +61,8 @@ echo "==> fuzz smoke run"
 go test -run '^$' -fuzz FuzzAllocateRelease -fuzztime 3000x ./internal/ipam
 go test -run '^$' -fuzz '^FuzzCompile$' -fuzztime 3000x ./internal/policy
 go test -run '^$' -fuzz '^FuzzCompileMalformed$' -fuzztime 3000x ./internal/policy
+go test -run '^$' -fuzz '^FuzzParser$' -fuzztime 20000x ./internal/l7
+go test -run '^$' -fuzz '^FuzzCanonicalPath$' -fuzztime 20000x ./internal/l7
 
 left=$(ip netns list 2>/dev/null | grep -E '^(we2e|wk[0-9]|weir-lab|wbench|cni-)' || true)
 if [[ -n "$left" ]]; then
