@@ -115,7 +115,7 @@ func newRoot() *cobra.Command {
 	sv := scenario(&svo, "services",
 		"Services without kube-proxy: Weir's replacement vs kube-proxy nftables and iptables on one cluster at 4 to 5,000 Services: new connections through a ClusterIP (intra, inter), request/response, NodePort from outside, DNS, change to traffic, agent and kube-proxy CPU and memory",
 		runServices)
-	sv.Flags().IntVar(&svo.reps, "reps", 3, "repetitions at every Service count, the proxies in a rotating order within each")
+	sv.Flags().IntVar(&svo.reps, "reps", 3, "repetitions at every Service count, the proxies in a rotating order within each (0: only the size pairs)")
 	sv.Flags().DurationVar(&svo.duration, "duration", 3*time.Second, "length of one connection-rate, request/response or DNS run")
 	sv.Flags().IntSliceVar(&svo.levels, "services", []int{4, 100, 1000, 5000}, "Service counts in the cluster, increasing (each bulk Service has an EndpointSlice of 2 endpoints)")
 	sv.Flags().IntVar(&svo.sizePairs, "size-pairs", 4, "pairs of runs of Weir alone at the fewest and the most Service counts, the count changed between the halves (0: none)")

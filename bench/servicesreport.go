@@ -221,6 +221,14 @@ func (r *result) writeSizePairs(b *strings.Builder) {
 		row(path+" new conn/s through ClusterIP", sizePath(path), "crr_per_s", "%.0f")
 		row(path+" new conn/s to the pod IP", sizePath(path+" pod IP"), "crr_per_s", "%.0f")
 	}
+	if !math.IsNaN(r.median(few, sizePath("intra"), "agent_cpu_pct")) {
+		for _, path := range []string{"intra", "inter"} {
+			row(path+" via ClusterIP: agents' CPU during the run (% of a CPU)", sizePath(path), "agent_cpu_pct", "%.1f")
+			row(path+" to the pod IP: agents' CPU during the run (% of a CPU)", sizePath(path+" pod IP"), "agent_cpu_pct", "%.1f")
+		}
+		row("wait for a quiet machine before a half (s)", sizePath("quiet"), "wait_s", "%.0f")
+		row("machine busy when the half started (%)", sizePath("quiet"), "machine_busy_pct", "%.1f")
+	}
 	for _, path := range []string{"intra", "inter"} {
 		for _, name := range append(append([]string{}, datapath.SocketProgramNames...), datapath.ProgramNames...) {
 			if math.IsNaN(r.median(few, sizePath(path), "bpf_ns_per_run/"+name)) {

@@ -126,43 +126,33 @@ func (b *svBench) bulkFrontends(ctx context.Context, c *api.Client) (int, bool, 
 }
 
 // measureSize runs svSizeRounds rounds of new-connection runs, intra and
-// inter, through the ClusterIP and to the pod IP in turn, and the eBPF
-// programs' time per run over the ClusterIP runs.
+// inter, through the ClusterIP and to the pod IP, and the eBPF programs'
+// time per run over the ClusterIP runs. Which of the two goes first
+// alternates by round: the first run of a half follows the resize most
+// closely, so a fixed order would hand whatever the resize left running
+// to one of them. Each run also records the agents' CPU time.
 func (b *svBench) measureSize(ctx context.Context, level, pair int) error {
 	setup := svSetup("weir", level)
-	names := append(append([]string{}, datapath.SocketProgramNames...), datapath.ProgramNames...)
+	if err := b.waitQuiet(ctx, setup, pair); err != nil {
+		return err
+	}
+	agents, _, err := b.proxyPIDs(false)
+	if err != nil {
+		return err
+	}
 	for round := range svSizeRounds {
 		rep := pair*svSizeRounds + round
 		for _, path := range []string{"intra", "inter"} {
-			client := b.clients[path].NetNS
-			for _, to := range []struct{ suffix, host string }{
+			targets := []sizeTarget{
 				{"", b.web.String() + ":80"},
 				{" pod IP", net.JoinHostPort(b.server.IP.String(), strconv.Itoa(svHTTPPort))},
-			} {
-				before, err := datapath.ProgramStats(names)
-				if err != nil {
+			}
+			if (pair+round)%2 == 1 {
+				targets[0], targets[1] = targets[1], targets[0]
+			}
+			for _, to := range targets {
+				if err := b.measureSizeRun(ctx, setup, path, to, rep, agents); err != nil {
 					return err
-				}
-				w, err := connRate(ctx, client, "http://"+to.host+"/", b.o.duration)
-				if err != nil {
-					return fmt.Errorf("new connections %s%s: %w", path, to.suffix, err)
-				}
-				after, err := datapath.ProgramStats(names)
-				if err != nil {
-					return err
-				}
-				b.add(setup, sizePath(path+to.suffix), "crr_per_s", rep, w.rps)
-				b.add(setup, sizePath(path+to.suffix), "crr_errors", rep, float64(w.errors))
-				if to.suffix != "" {
-					continue
-				}
-				for _, name := range names {
-					runs := after[name].RunCount - before[name].RunCount
-					if runs < 100 {
-						continue
-					}
-					ns := float64(after[name].RunTime-before[name].RunTime) / float64(runs)
-					b.add(setup, sizePath(path), "bpf_ns_per_run/"+name, rep, ns)
 				}
 			}
 		}
@@ -170,5 +160,89 @@ func (b *svBench) measureSize(ctx context.Context, level, pair int) error {
 	fmt.Fprintf(b.out, "    pair %d, %s: intra %.0f conn/s (pod IP %.0f), connect program %.0f ns\n", pair+1, setup,
 		b.last(setup, sizePath("intra"), "crr_per_s"), b.last(setup, sizePath("intra pod IP"), "crr_per_s"),
 		b.last(setup, sizePath("intra"), "bpf_ns_per_run/sock4_connect"))
+	return nil
+}
+
+// sizeTarget is where a size run connects: the ClusterIP ("") or the pod IP.
+type sizeTarget struct{ suffix, host string }
+
+// measureSizeRun is one new-connection run of a size pair.
+func (b *svBench) measureSizeRun(ctx context.Context, setup, path string, to sizeTarget, rep int, agents []int) error {
+	names := append(append([]string{}, datapath.SocketProgramNames...), datapath.ProgramNames...)
+	before, err := datapath.ProgramStats(names)
+	if err != nil {
+		return err
+	}
+	usageBefore, err := readUsage(agents)
+	if err != nil {
+		return err
+	}
+	w, err := connRate(ctx, b.clients[path].NetNS, "http://"+to.host+"/", b.o.duration)
+	if err != nil {
+		return fmt.Errorf("new connections %s%s: %w", path, to.suffix, err)
+	}
+	usageAfter, err := readUsage(agents)
+	if err != nil {
+		return err
+	}
+	after, err := datapath.ProgramStats(names)
+	if err != nil {
+		return err
+	}
+	p := sizePath(path + to.suffix)
+	b.add(setup, p, "crr_per_s", rep, w.rps)
+	b.add(setup, p, "crr_errors", rep, float64(w.errors))
+	secs := usageAfter.at.Sub(usageBefore.at).Seconds()
+	b.add(setup, p, "agent_cpu_pct", rep, 100*float64(usageAfter.agentTicks-usageBefore.agentTicks)/clockTicks/secs)
+	if to.suffix != "" {
+		return nil
+	}
+	for _, name := range names {
+		runs := after[name].RunCount - before[name].RunCount
+		if runs < 100 {
+			continue
+		}
+		ns := float64(after[name].RunTime-before[name].RunTime) / float64(runs)
+		b.add(setup, p, "bpf_ns_per_run/"+name, rep, ns)
+	}
+	return nil
+}
+
+// Quiet machine: after a resize the control plane works on for a while
+// (the endpoint controllers, etcd's compaction, the agents' syncs), more
+// after growing to thousands of Services than after shrinking. A half
+// starts once the machine has been under svQuietBusy busy for a
+// svQuietWindow, or after svQuietMax regardless; the wait and the busy
+// fraction it ended at are recorded beside the rates.
+const (
+	svQuietWindow = 3 * time.Second
+	svQuietBusy   = 0.15
+	svQuietMax    = 2 * time.Minute
+)
+
+func (b *svBench) waitQuiet(ctx context.Context, setup string, pair int) error {
+	start := time.Now()
+	var busy float64
+	for {
+		u0, err := readUsage(nil)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(svQuietWindow):
+		}
+		u1, err := readUsage(nil)
+		if err != nil {
+			return err
+		}
+		busy = float64(u1.busy-u0.busy) / float64(max(1, u1.all-u0.all))
+		if busy < svQuietBusy || time.Since(start) > svQuietMax {
+			break
+		}
+	}
+	b.add(setup, sizePath("quiet"), "wait_s", pair, time.Since(start).Seconds())
+	b.add(setup, sizePath("quiet"), "machine_busy_pct", pair, 100*busy)
 	return nil
 }
