@@ -54,6 +54,7 @@ type compilation struct {
 	podByIP   map[netip.Addr]*Pod
 	usedCIDR  map[netip.Prefix]bool
 	usedRule  map[RuleRef]bool
+	http      *httpSets
 }
 
 // Compile compiles s. It never fails as a whole: a policy it cannot read
@@ -95,6 +96,7 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 		usedCIDR:  map[netip.Prefix]bool{},
 		usedRule:  map[RuleRef]bool{},
 	}
+	cp.http = newHTTPSets(cp.res)
 	cp.buildLabelSets()
 	cp.buildIPCache()
 	cp.buildCIDRs()
@@ -106,16 +108,16 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 		}
 		if err != nil {
 			cp.closeSubjects(p)
-			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{p.Namespace, p.Name, err})
+			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{Namespace: p.Namespace, Name: p.Name, Err: err, Kind: s.policyKind(p)})
 			continue
 		}
 		if err := cp.applyPolicy(p); err != nil {
-			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{p.Namespace, p.Name, err})
+			cp.res.Errors = append(cp.res.Errors, &NetworkPolicyError{Namespace: p.Namespace, Name: p.Name, Err: err, Kind: s.policyKind(p)})
 		}
 	}
 	cp.applyClusterPolicies()
 	for _, ep := range cp.res.Endpoints {
-		ep.Entries = flatten(ep.Entries)
+		ep.Entries = flatten(ep.Entries, cp.http.union)
 	}
 	c.cidrs.keepOnly(cp.usedCIDR)
 	c.rules.forget(cp.usedRule) // a rule's number is never reused: verdict counters are keyed by it
@@ -124,7 +126,9 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 
 func sortedPolicies(ps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
 	out := append([]*networkingv1.NetworkPolicy(nil), ps...)
-	sort.Slice(out, func(i, j int) bool {
+	// Stable: a NetworkPolicy and a WeirNetworkPolicy may share a name,
+	// and keep the order the snapshot lists them in.
+	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Namespace != out[j].Namespace {
 			return out[i].Namespace < out[j].Namespace
 		}
@@ -416,7 +420,7 @@ func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
 	}
 	for _, pod := range subjects {
 		ep := cp.res.Endpoints[pod.Key()]
-		name := p.Namespace + "/" + p.Name
+		name := cp.policyName(p)
 		if ingress {
 			cp.enforce(ep, Ingress, name)
 		}
@@ -448,6 +452,16 @@ func (cp *compilation) applyPolicy(p *networkingv1.NetworkPolicy) error {
 	return nil
 }
 
+// policyName names a namespaced policy in EndpointPolicy.Policies:
+// namespace/name for a NetworkPolicy, with its kind before it for a
+// WeirNetworkPolicy.
+func (cp *compilation) policyName(p *networkingv1.NetworkPolicy) string {
+	if kind := cp.s.policyKind(p); kind != KindNetworkPolicy {
+		return kind + "/" + p.Namespace + "/" + p.Name
+	}
+	return p.Namespace + "/" + p.Name
+}
+
 // closeSubjects enforces a refused policy's directions on its subjects
 // with none of its rules: they fail closed, as for a policy Weir cannot
 // read.
@@ -460,7 +474,7 @@ func (cp *compilation) closeSubjects(p *networkingv1.NetworkPolicy) {
 	if err != nil {
 		return
 	}
-	name := p.Namespace + "/" + p.Name
+	name := cp.policyName(p)
 	for _, pod := range subjects {
 		ep := cp.res.Endpoints[pod.Key()]
 		if ingress {
@@ -520,15 +534,28 @@ func (cp *compilation) applyRule(p *networkingv1.NetworkPolicy, d Direction, ind
 	if err != nil {
 		return err
 	}
-	ref := RuleRef{Kind: KindNetworkPolicy, Namespace: p.Namespace, Name: p.Name, Direction: d, Index: index}
+	http := cp.s.HTTP[p]
+	if err := checkHTTPPorts(http, d, index, ports); err != nil {
+		return err
+	}
+	ref := RuleRef{Kind: cp.s.policyKind(p), Namespace: p.Namespace, Name: p.Name, Direction: d, Index: index}
 	rule := RuleID(cp.c.rules.get(ref))
 	used := false
-	for _, subj := range subjects {
-		ep := cp.res.Endpoints[subj.Key()]
-		for _, k := range ruleKeys(d, targets, specs, subj, cp.sets, cp.cidrIDs) {
-			used = true
-			if e := ep.Entries[k]; e.Allow == 0 {
-				e.Allow = rule
+	for j, spec := range specs {
+		set := HTTPSetID(0)
+		if len(ports) > 0 {
+			set = cp.http.portSet(rule, j, http.rules(d, index, j))
+		}
+		for _, subj := range subjects {
+			ep := cp.res.Endpoints[subj.Key()]
+			for _, k := range ruleKeys(d, targets, []portSpec{spec}, subj, cp.sets, cp.cidrIDs) {
+				used = true
+				e := ep.Entries[k]
+				if e.Allow == 0 {
+					e.Allow, e.HTTP = rule, set
+				} else {
+					e.HTTP = cp.http.union(e.HTTP, set)
+				}
 				ep.Entries[k] = e
 			}
 		}
@@ -729,18 +756,18 @@ func podPrefixIdentities(pod *Pod, cidrIDs map[netip.Prefix]Identity) []Identity
 // same peer and direction with a shorter port prefix, or any protocol. An
 // LPM lookup returns only the longest key, so without this a port rule of
 // one tier would hide a wider rule of another.
-func flatten(entries map[Key]Entry) map[Key]Entry {
+func flatten(entries map[Key]Entry, union func(a, b HTTPSetID) HTTPSetID) map[Key]Entry {
 	out := make(map[Key]Entry, len(entries))
 	for k, e := range entries {
 		if k.Proto != ProtoAny {
 			for bits := int(k.Ports.Bits) - 1; bits >= 0; bits-- {
 				up := Key{k.Direction, k.Peer, k.Proto, PortPrefix{maskPort(k.Ports.Port, uint8(bits)), uint8(bits)}}
 				if o, ok := entries[up]; ok {
-					e = e.merge(o)
+					e = e.merge(o, union)
 				}
 			}
 			if o, ok := entries[Key{k.Direction, k.Peer, ProtoAny, AllPorts}]; ok {
-				e = e.merge(o)
+				e = e.merge(o, union)
 			}
 		}
 		out[k] = e

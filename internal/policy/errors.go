@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 var (
@@ -26,10 +27,17 @@ var (
 type NetworkPolicyError struct {
 	Namespace, Name string
 	Err             error
+	// Kind is KindWeirNetworkPolicy for one; "" or KindNetworkPolicy
+	// otherwise.
+	Kind string
 }
 
 func (e *NetworkPolicyError) Error() string {
-	return fmt.Sprintf("networkpolicy %s/%s: %v", e.Namespace, e.Name, e.Err)
+	kind := "networkpolicy"
+	if e.Kind != "" {
+		kind = strings.ToLower(e.Kind)
+	}
+	return fmt.Sprintf("%s %s/%s: %v", kind, e.Namespace, e.Name, e.Err)
 }
 
 func (e *NetworkPolicyError) Unwrap() error { return e.Err }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/weirnet/weir/internal/l7"
 )
 
 // Direction is the side of an endpoint a rule guards.
@@ -82,7 +84,7 @@ func (r RuleRef) String() string {
 		}
 		return s + " " + r.Action.String()
 	}
-	return fmt.Sprintf("networkpolicy %s/%s %s[%d]", r.Namespace, r.Name, r.Direction, r.Index)
+	return fmt.Sprintf("%s %s/%s %s[%d]", strings.ToLower(r.Kind), r.Namespace, r.Name, r.Direction, r.Index)
 }
 
 // Match is a cluster policy rule found for a key: the rule, its place in
@@ -106,15 +108,25 @@ func (m Match) before(o Match) bool {
 // The datapath's policy map value mirrors it.
 type Entry struct {
 	Allow RuleID
+	// HTTP restricts Allow to requests one of a set of HTTP rules
+	// matches (WeirNetworkPolicy); 0 restricts nothing. Where several
+	// rules allow a key the set is their union, and one rule without HTTP
+	// rules lifts the restriction, as NetworkPolicy's rules add up.
+	HTTP HTTPSetID
 	Tier  [2]Match // by Tier: Accept, Deny, Reject or Pass
 	Log   [2]Match // by Tier: Log rules
 }
 
 // merge folds o (a key covering this one) into e: the allow of the
-// longest key stands, and per tier the rule first in precedence.
-func (e Entry) merge(o Entry) Entry {
-	if e.Allow == 0 {
-		e.Allow = o.Allow
+// longest key stands, its HTTP restriction joined with the covering
+// key's (union joins two sets), and per tier the rule first in
+// precedence.
+func (e Entry) merge(o Entry, union func(a, b HTTPSetID) HTTPSetID) Entry {
+	switch {
+	case e.Allow == 0:
+		e.Allow, e.HTTP = o.Allow, o.HTTP
+	case o.Allow != 0:
+		e.HTTP = union(e.HTTP, o.HTTP)
 	}
 	for t := range e.Tier {
 		if o.Tier[t].before(e.Tier[t]) {
@@ -157,6 +169,10 @@ type Result struct {
 	CIDRs map[netip.Prefix]Identity
 	// Rules names every RuleID an Allow map uses.
 	Rules map[RuleID]RuleRef
+	// HTTPSets holds every HTTP set an Entry names, each sorted, and
+	// HTTPRules the rules they name.
+	HTTPSets  map[HTTPSetID][]HTTPRuleRef
+	HTTPRules map[HTTPRuleRef]l7.Rule
 	// Unallocated lists label set keys seen on pods that have no cluster
 	// identity yet, sorted.
 	Unallocated []string

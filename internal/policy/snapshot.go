@@ -55,6 +55,9 @@ type Snapshot struct {
 	Namespaces map[string]Namespace
 	Pods       []Pod
 	Policies   []*networkingv1.NetworkPolicy
+	// HTTP marks the Policies that are WeirNetworkPolicies, read as
+	// NetworkPolicies for L3 and L4, with their HTTP rules.
+	HTTP map[*networkingv1.NetworkPolicy]*PolicyHTTP
 	// ClusterPolicies are the cluster-scoped tiered policies of both
 	// kinds, in any order.
 	ClusterPolicies []*ClusterPolicy

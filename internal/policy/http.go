@@ -1,0 +1,153 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/weirnet/weir/internal/l7"
+)
+
+// KindWeirNetworkPolicy is the namespaced kind with HTTP rules: a
+// NetworkPolicy for L3 and L4, plus HTTP rules on its ports.
+const KindWeirNetworkPolicy = "WeirNetworkPolicy"
+
+// PolicyHTTP is what a WeirNetworkPolicy adds to the NetworkPolicy it is
+// read as (Snapshot.HTTP): Ingress[i][j] are the HTTP rules of
+// spec.ingress[i].ports[j], Egress likewise. A port without HTTP rules is
+// L4 only; one with them allows the peers its rule names only requests
+// one of them matches.
+type PolicyHTTP struct {
+	Ingress, Egress [][][]l7.Rule
+}
+
+// rules returns the HTTP rules of one port of one rule, nil for none.
+func (h *PolicyHTTP) rules(d Direction, rule, port int) []l7.Rule {
+	if h == nil {
+		return nil
+	}
+	byRule := h.Ingress
+	if d == Egress {
+		byRule = h.Egress
+	}
+	if rule >= len(byRule) || port >= len(byRule[rule]) {
+		return nil
+	}
+	return byRule[rule][port]
+}
+
+// HTTPRuleRef names one HTTP rule: the policy rule it belongs to, the
+// index of its port in that rule's ports and its own index in the port's
+// HTTP rules.
+type HTTPRuleRef struct {
+	Rule        RuleID
+	Port, Index int
+}
+
+func (r HTTPRuleRef) compare(o HTTPRuleRef) int {
+	if r.Rule != o.Rule {
+		return int(r.Rule) - int(o.Rule)
+	}
+	if r.Port != o.Port {
+		return r.Port - o.Port
+	}
+	return r.Index - o.Index
+}
+
+// HTTPSetID numbers a set of HTTP rules an allow is restricted to;
+// 0 is no restriction.
+type HTTPSetID uint32
+
+// httpSets interns the sets of one compilation: equal sets share an ID,
+// numbered in order of first use, so an unchanged cluster compiles to the
+// same numbers.
+type httpSets struct {
+	res  *Result
+	byID map[string]HTTPSetID
+}
+
+func newHTTPSets(res *Result) *httpSets {
+	res.HTTPSets = map[HTTPSetID][]HTTPRuleRef{}
+	res.HTTPRules = map[HTTPRuleRef]l7.Rule{}
+	return &httpSets{res: res, byID: map[string]HTTPSetID{}}
+}
+
+// intern returns the ID of the sorted set refs, numbering it if new.
+func (h *httpSets) intern(refs []HTTPRuleRef) HTTPSetID {
+	var key strings.Builder
+	for _, r := range refs {
+		fmt.Fprintf(&key, "%d/%d/%d,", r.Rule, r.Port, r.Index)
+	}
+	if id, ok := h.byID[key.String()]; ok {
+		return id
+	}
+	id := HTTPSetID(len(h.byID) + 1)
+	h.byID[key.String()] = id
+	h.res.HTTPSets[id] = refs
+	return id
+}
+
+// union joins two restrictions: either unrestricted is unrestricted.
+func (h *httpSets) union(a, b HTTPSetID) HTTPSetID {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	if a == b {
+		return a
+	}
+	refs := append(slices.Clone(h.res.HTTPSets[a]), h.res.HTTPSets[b]...)
+	slices.SortFunc(refs, HTTPRuleRef.compare)
+	return h.intern(slices.CompactFunc(refs, func(x, y HTTPRuleRef) bool { return x == y }))
+}
+
+// portSet records one port's HTTP rules and returns their set, 0 for a
+// port without any.
+func (h *httpSets) portSet(rule RuleID, port int, rules []l7.Rule) HTTPSetID {
+	if len(rules) == 0 {
+		return 0
+	}
+	refs := make([]HTTPRuleRef, len(rules))
+	for i, r := range rules {
+		refs[i] = HTTPRuleRef{Rule: rule, Port: port, Index: i}
+		h.res.HTTPRules[refs[i]] = r
+	}
+	return h.intern(refs)
+}
+
+// checkHTTPPorts refuses HTTP rules the datapath could not hold to: on a
+// port that is not one TCP port (a range, every port, UDP or SCTP), or
+// rules the matcher refuses.
+func checkHTTPPorts(h *PolicyHTTP, d Direction, index int, ports []networkingv1.NetworkPolicyPort) error {
+	for j := range ports {
+		rules := h.rules(d, index, j)
+		if len(rules) == 0 {
+			continue
+		}
+		p := ports[j]
+		if p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP {
+			return fmt.Errorf("ports[%d]: HTTP rules on a %s port: %w", j, *p.Protocol, ErrInvalidPolicy)
+		}
+		if p.Port == nil || p.EndPort != nil {
+			return fmt.Errorf("ports[%d]: HTTP rules need one port, by number or name, not a range or every port: %w", j, ErrInvalidPolicy)
+		}
+		if _, err := l7.Compile(rules); err != nil {
+			return fmt.Errorf("ports[%d]: %w: %w", j, err, ErrInvalidPolicy)
+		}
+	}
+	if n := len(ports); n == 0 && len(h.rules(d, index, 0)) > 0 {
+		return fmt.Errorf("HTTP rules on a rule without ports: %w", ErrInvalidPolicy)
+	}
+	return nil
+}
+
+// policyKind is the kind a namespaced policy of the snapshot was written
+// as: a WeirNetworkPolicy has an entry in Snapshot.HTTP.
+func (s *Snapshot) policyKind(p *networkingv1.NetworkPolicy) string {
+	if _, ok := s.HTTP[p]; ok {
+		return KindWeirNetworkPolicy
+	}
+	return KindNetworkPolicy
+}
