@@ -113,8 +113,8 @@ type Entry struct {
 	// rules allow a key the set is their union, and one rule without HTTP
 	// rules lifts the restriction, as NetworkPolicy's rules add up.
 	HTTP HTTPSetID
-	Tier  [2]Match // by Tier: Accept, Deny, Reject or Pass
-	Log   [2]Match // by Tier: Log rules
+	Tier [2]Match // by Tier: Accept, Deny, Reject or Pass
+	Log  [2]Match // by Tier: Log rules
 }
 
 // merge folds o (a key covering this one) into e: the allow of the
