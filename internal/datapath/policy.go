@@ -393,9 +393,15 @@ func enforceFlags(np, tiers [2]bool) [2]uint8 {
 	return out
 }
 
-// policyEntry is the datapath's form of a compiled entry.
+// policyEntry is the datapath's form of a compiled entry. An allow
+// restricted to HTTP rules is written as no allow: until the datapath
+// reads requests, the connections those rules would judge are closed,
+// never opened whole.
 func policyEntry(e policy.Entry) lxcPolicyEntry {
 	out := lxcPolicyEntry{Allow: uint32(e.Allow)}
+	if e.HTTP != 0 {
+		out.Allow = 0
+	}
 	for t := range e.Tier {
 		out.Tier[t].Rule, out.Tier[t].Rank, out.Tier[t].Action = uint32(e.Tier[t].Rule), e.Tier[t].Rank, uint8(e.Tier[t].Action)
 		out.Log[t].Rule, out.Log[t].Rank, out.Log[t].Action = uint32(e.Log[t].Rule), e.Log[t].Rank, uint8(e.Log[t].Action)
