@@ -170,10 +170,10 @@ func canonicalHost(h string) (string, error) {
 			return "", fmt.Errorf("byte %q in a host name", c)
 		}
 	}
-	host = strings.TrimSuffix(host, ".")
 	if host == "" || host[0] == '.' || strings.Contains(host, "..") {
 		return "", errors.New("empty label in a host name")
 	}
+	host = strings.TrimSuffix(host, ".")
 	return lower(host), nil
 }
 

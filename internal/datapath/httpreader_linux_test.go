@@ -1,0 +1,316 @@
+package datapath
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/testutil"
+)
+
+// Record kinds of bpf/tests/http_reader.c.
+const (
+	recHead  = 1
+	recError = 2
+	recPunt  = 3
+)
+
+// Flags of a finished head (bpf/lib/http.h).
+const (
+	httpFlagChunked = 0x01
+	httpFlagClose   = 0x02
+	httpFlagUpgrade = 0x04
+	httpFlagHTTP10  = 0x08
+	httpFlagNoPath  = 0x10
+)
+
+// httpReader runs bpf/lib/http.h's reader with BPF_PROG_RUN.
+type httpReader struct {
+	objs      httpreaderObjects
+	stateSize uint32
+}
+
+func loadHTTPReader(t testing.TB) *httpReader {
+	t.Helper()
+	testutil.RequireRoot(t)
+	spec, err := loadHttpreader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &httpReader{stateSize: spec.Maps["weir_http_test_state"].ValueSize}
+	if err := spec.LoadAndAssign(&r.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			t.Fatalf("load the HTTP reader: %+v", ve)
+		}
+		t.Fatalf("load the HTTP reader: %v", err)
+	}
+	t.Cleanup(func() { r.objs.Close() })
+	return r
+}
+
+// read feeds stream to a fresh reader in the pieces cuts makes (each cut
+// an offset, increasing) and returns its records.
+func (r *httpReader) read(t testing.TB, stream []byte, cuts []int) []httpreaderHttpTestRecord {
+	t.Helper()
+	zero := uint32(0)
+	if err := r.objs.WeirHttpTestState.Put(zero, make([]byte, r.stateSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.objs.WeirHttpTestCount.Put(zero, uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	prev := 0
+	for _, cut := range append(cuts, len(stream)) {
+		for prev < cut {
+			end := min(cut, prev+4096)
+			data := append(make([]byte, 14), stream[prev:end]...)
+			ret, err := r.objs.HttpReaderTest.Run(&ebpf.RunOptions{Data: data})
+			if err != nil || ret != 0 {
+				t.Fatalf("run on bytes %d-%d: %d, %v", prev, end, ret, err)
+			}
+			prev = end
+		}
+	}
+	var n uint32
+	if err := r.objs.WeirHttpTestCount.Lookup(zero, &n); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]httpreaderHttpTestRecord, n)
+	for i := range out {
+		if err := r.objs.WeirHttpTestOut.Lookup(uint32(i), &out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// compareReaders holds the kernel reader's records to internal/l7's
+// parser on one stream: the same heads (start, length, method, path and
+// host hashes, framing), the same refusal (Framed), and a punt only at a
+// head the Go parser reads whole or refuses there.
+func compareReaders(stream []byte, recs []httpreaderHttpTestRecord) error {
+	reqs, perr := l7.NewParser(l7.Limits{}).Feed(stream)
+	var re *l7.RequestError
+	goFramed := int64(-1)
+	if errors.As(perr, &re) {
+		goFramed = re.Framed
+	}
+	for i, rec := range recs {
+		switch rec.Kind {
+		case recHead:
+			if i >= len(reqs) {
+				return fmt.Errorf("kernel read head %d at %d; the parser read %d heads (error %v)", i, rec.Start, len(reqs), perr)
+			}
+			if err := sameHead(reqs[i], rec); err != nil {
+				return fmt.Errorf("head %d: %w", i, err)
+			}
+		case recError:
+			switch {
+			case goFramed >= 0 && int64(rec.Start) == goFramed && i == len(reqs):
+				return nil
+			case goFramed < 0 && i == len(reqs) && (len(reqs) == 0 || int64(rec.Start) > reqs[len(reqs)-1].Start):
+				// The parser reads a head's fields at its end, the
+				// kernel as they come: a head the stream ends inside
+				// may be refused by the kernel only.
+				return nil
+			}
+			return fmt.Errorf("kernel refused at %d (error %d) after %d heads; the parser read %d heads, error %v", rec.Start, rec.Error, i, len(reqs), perr)
+		case recPunt:
+			if (i < len(reqs) && reqs[i].Start == int64(rec.Start)) || (i == len(reqs) && (goFramed == int64(rec.Start) || goFramed < 0)) {
+				return nil
+			}
+			return fmt.Errorf("kernel punted at %d (reason %d) after %d heads; the parser read %d heads, error %v", rec.Start, rec.Error, i, len(reqs), perr)
+		default:
+			return fmt.Errorf("record %d of kind %d", i, rec.Kind)
+		}
+	}
+	if len(recs) != len(reqs) || goFramed >= 0 {
+		return fmt.Errorf("kernel read %d heads and no refusal; the parser %d heads, error %v", len(recs), len(reqs), perr)
+	}
+	return nil
+}
+
+func sameHead(r *l7.Request, rec httpreaderHttpTestRecord) error {
+	if int64(rec.Start) != r.Start || int(rec.HeadLen) != r.HeadLen {
+		return fmt.Errorf("kernel head at %d, %d bytes; parser at %d, %d bytes", rec.Start, rec.HeadLen, r.Start, r.HeadLen)
+	}
+	if m := string(rec.Method[:rec.MethodLen]); m != r.Method {
+		return fmt.Errorf("kernel method %q, parser %q", m, r.Method)
+	}
+	if (rec.Flags&httpFlagNoPath != 0) != (r.Path == "") {
+		return fmt.Errorf("kernel no-path flag %v, parser path %q", rec.Flags&httpFlagNoPath != 0, r.Path)
+	}
+	if r.Path != "" {
+		if rec.PathHash != l7.PathHash(r.Path) {
+			return fmt.Errorf("kernel path hash %x, parser path %q hashes to %x", rec.PathHash, r.Path, l7.PathHash(r.Path))
+		}
+		want := l7.PathPrefixHashes(r.Path)
+		if int(rec.Prefixes) != len(want) {
+			return fmt.Errorf("kernel %d path prefixes, parser path %q has %d", rec.Prefixes, r.Path, len(want))
+		}
+		for i, h := range want {
+			if rec.Prefix[i] != h {
+				return fmt.Errorf("path %q prefix %d: kernel %x, want %x", r.Path, i, rec.Prefix[i], h)
+			}
+		}
+	}
+	labels := l7.HostLabelHashes(r.Host)
+	if int(rec.Labels) != len(labels) {
+		return fmt.Errorf("kernel %d host labels, parser host %q has %d", rec.Labels, r.Host, len(labels))
+	}
+	for i, h := range labels {
+		if rec.Label[i] != h {
+			return fmt.Errorf("host %q label %d: kernel %x, want %x", r.Host, i, rec.Label[i], h)
+		}
+	}
+	flag := func(f uint8) bool { return rec.Flags&f != 0 }
+	switch {
+	case flag(httpFlagChunked) != r.Chunked:
+		return fmt.Errorf("kernel chunked %v, parser %v", flag(httpFlagChunked), r.Chunked)
+	case !r.Chunked && rec.ContentLength != uint64(r.ContentLength):
+		return fmt.Errorf("kernel content length %d, parser %d", rec.ContentLength, r.ContentLength)
+	case flag(httpFlagClose) != r.Close:
+		return fmt.Errorf("kernel close %v, parser %v", flag(httpFlagClose), r.Close)
+	case flag(httpFlagUpgrade) != r.Upgrade:
+		return fmt.Errorf("kernel upgrade %v, parser %v", flag(httpFlagUpgrade), r.Upgrade)
+	case flag(httpFlagHTTP10) != (r.Proto == "HTTP/1.0"):
+		return fmt.Errorf("kernel HTTP/1.0 %v, parser %s", flag(httpFlagHTTP10), r.Proto)
+	}
+	return nil
+}
+
+// readerCorpus is every stream internal/l7's tests use: its smuggling
+// corpus and the heads of its table tests.
+func readerCorpus(t testing.TB) [][]byte {
+	t.Helper()
+	data, err := os.ReadFile("../l7/testdata/smuggling.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.SplitN(line, "\t", 3)
+		s, err := strconv.Unquote(f[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, []byte(s))
+	}
+	for _, s := range []string{
+		"GET /a/b?x=1 HTTP/1.1\r\nHost: Example.COM:8080\r\nAccept: */*\r\n\r\n",
+		"\r\n\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /%61pi/v%31;jsessionid=1/%c3%a9 HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET / HTTP/1.0\r\n\r\n",
+		"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n",
+		"GET http://API.example.com:80?q HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: [::1]:8080\r\nConnection: close\r\n\r\n",
+		"GET /a/ HTTP/1.1\r\nHost: a.b.example.com.\r\n\r\nGET /a/;x/b HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
+		"POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n5;name=\"v\"\r\nhello\r\n10\r\n0123456789abcdef\r\n0\r\nX-Sum: 1\r\n\r\nGET /next HTTP/1.1\r\nHost: h\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0003\r\n\r\nabcGET / HTTP/1.1\r\nHost: h\r\n\r\n",
+	} {
+		out = append(out, []byte(s))
+	}
+	return out
+}
+
+// TestHTTPReaderMatchesParser holds the kernel reader to internal/l7's
+// parser on the corpus, each stream whole and cut at every byte into two
+// runs (a head split over two skbs), then on mutated streams.
+func TestHTTPReaderMatchesParser(t *testing.T) {
+	r := loadHTTPReader(t)
+	seen := map[uint8]int{}
+	check := func(stream []byte, cuts []int) {
+		t.Helper()
+		recs := r.read(t, stream, cuts)
+		if err := compareReaders(stream, recs); err != nil {
+			t.Fatalf("stream %q cut at %v: %v", stream, cuts, err)
+		}
+		for _, rec := range recs {
+			seen[rec.Kind]++
+		}
+	}
+	corpus := readerCorpus(t)
+	for _, s := range corpus {
+		check(s, nil)
+		for cut := 1; cut < len(s); cut++ {
+			check(s, []int{cut})
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	mutations := 20000
+	if n, err := strconv.Atoi(os.Getenv("WEIR_HTTP_MUTATIONS")); err == nil {
+		mutations = n // a longer run by hand
+	}
+	for i := 0; i < mutations; i++ {
+		s := mutateStream(rng, corpus[rng.IntN(len(corpus))])
+		var cuts []int
+		for c := 1; c < len(s); c++ {
+			if rng.IntN(16) == 0 {
+				cuts = append(cuts, c)
+			}
+		}
+		check(s, cuts)
+	}
+	t.Logf("records compared: %d heads, %d refusals, %d punts", seen[recHead], seen[recError], seen[recPunt])
+	if seen[recHead] < 1000 || seen[recError] < 1000 || seen[recPunt] < 10 {
+		t.Fatalf("too few of some record kind to mean much: %v", seen)
+	}
+}
+
+// mutateStream changes a stream the ways framing bugs hide in: bytes
+// swapped for syntax characters, bytes dropped or doubled, pieces of
+// other requests spliced in.
+func mutateStream(rng *rand.Rand, s []byte) []byte {
+	out := bytes.Clone(s)
+	alphabet := []byte("\r\n \t:;,/.%?#*0123456789abcdefxXHTP-_[]\x00\x7f\xc3\xa9")
+	for n := 1 + rng.IntN(3); n > 0 && len(out) > 0; n-- {
+		i := rng.IntN(len(out))
+		switch rng.IntN(4) {
+		case 0:
+			out[i] = alphabet[rng.IntN(len(alphabet))]
+		case 1:
+			out = append(out[:i], out[i+1:]...)
+		case 2:
+			out = append(out[:i], append([]byte{out[i]}, out[i:]...)...)
+		default:
+			piece := []string{"\r\n", "Transfer-Encoding: chunked\r\n", "Content-Length: 5\r\n", "Host: x\r\n",
+				"GET /a HTTP/1.1\r\n", "0\r\n\r\n", "%2e", "/..", ";p", "Connection: close, upgrade\r\nUpgrade: h2c\r\n"}[rng.IntN(10)]
+			out = append(out[:i], append([]byte(piece), out[i:]...)...)
+		}
+	}
+	return out
+}
+
+// FuzzHTTPReader is TestHTTPReaderMatchesParser for as long as you let it:
+// `go test -fuzz FuzzHTTPReader ./internal/datapath` (as root).
+func FuzzHTTPReader(f *testing.F) {
+	r := loadHTTPReader(f)
+	for _, s := range readerCorpus(f) {
+		f.Add(s, uint16(len(s)/2))
+	}
+	f.Fuzz(func(t *testing.T, s []byte, cut uint16) {
+		if len(s) > 16<<10 {
+			return
+		}
+		var cuts []int
+		if len(s) > 1 {
+			cuts = []int{1 + int(cut)%(len(s)-1)}
+		}
+		if err := compareReaders(s, r.read(t, s, cuts)); err != nil {
+			t.Fatalf("stream %q cut at %v: %v", s, cuts, err)
+		}
+	})
+}
