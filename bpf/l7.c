@@ -15,6 +15,7 @@
  */
 #include "lib/common.h"
 #include "lib/l7sock.h"
+#include "lib/l7match.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 

@@ -12,6 +12,7 @@
  */
 #include "../lib/common.h"
 #include "../lib/http.h"
+#include "../lib/l7match.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -38,8 +39,12 @@ struct http_test_record {
 	__u8 method[HTTP_MAX_METHOD];
 	__u8 prefixes;
 	__u8 labels;
-	__u8 pad[6];
+	__u8 verdict; /* l7_judge's against TEST_SET, when set */
+	__u8 pad[5];
 };
+
+/* The weir_l7_sets row the test judges each head against; 0 for none. */
+volatile const __u32 TEST_SET = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -107,6 +112,8 @@ static void record(struct http_state *s, __u8 kind)
 		__builtin_memcpy(r->method, s->method, sizeof(r->method));
 		__builtin_memcpy(r->prefix, s->prefix, sizeof(r->prefix));
 		__builtin_memcpy(r->label, s->label, sizeof(r->label));
+		if (TEST_SET)
+			r->verdict = l7_judge(TEST_SET, s);
 	} else {
 		r->start = s->unit_start;
 	}

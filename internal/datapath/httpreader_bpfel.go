@@ -91,7 +91,25 @@ type httpreaderHttpTestRecord struct {
 	Method        [16]uint8
 	Prefixes      uint8
 	Labels        uint8
-	Pad           [6]uint8
+	Verdict       uint8
+	Pad           [5]uint8
+}
+
+type httpreaderL7MatchKey struct {
+	_    structs.HostLayout
+	Set  uint32
+	Kind uint8
+	Pad  [3]uint8
+	Hash uint64
+}
+
+type httpreaderL7Set struct {
+	_         structs.HostLayout
+	AnyMethod uint64
+	AnyPath   uint64
+	AnyHost   uint64
+	NeedsPath uint64
+	UserSpace uint64
 }
 
 type httpreaderScratch struct {
@@ -107,6 +125,8 @@ const (
 	httpreaderMapWeirHttpTestOut         = "weir_http_test_out"
 	httpreaderMapWeirHttpTestScratch     = "weir_http_test_scratch"
 	httpreaderMapWeirHttpTestState       = "weir_http_test_state"
+	httpreaderMapWeirL7Match             = "weir_l7_match"
+	httpreaderMapWeirL7Sets              = "weir_l7_sets"
 	httpreaderProgHttpReaderTest         = "http_reader_test"
 	httpreaderVarCLUSTER_CIDR_V4         = "CLUSTER_CIDR_V4"
 	httpreaderVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
@@ -118,6 +138,7 @@ const (
 	httpreaderVarSENDER_FROM_CB          = "SENDER_FROM_CB"
 	httpreaderVarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
 	httpreaderVarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
+	httpreaderVarTEST_SET                = "TEST_SET"
 	httpreaderVarTUNNEL_MODE             = "TUNNEL_MODE"
 )
 
@@ -174,6 +195,8 @@ type httpreaderMapSpecs struct {
 	WeirHttpTestOut     *ebpf.MapSpec `ebpf:"weir_http_test_out"`
 	WeirHttpTestScratch *ebpf.MapSpec `ebpf:"weir_http_test_scratch"`
 	WeirHttpTestState   *ebpf.MapSpec `ebpf:"weir_http_test_state"`
+	WeirL7Match         *ebpf.MapSpec `ebpf:"weir_l7_match"`
+	WeirL7Sets          *ebpf.MapSpec `ebpf:"weir_l7_sets"`
 }
 
 // httpreaderVariableSpecs contains global variables before they are loaded into the kernel.
@@ -190,6 +213,7 @@ type httpreaderVariableSpecs struct {
 	SENDER_FROM_CB          *ebpf.VariableSpec `ebpf:"SENDER_FROM_CB"`
 	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
 	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TEST_SET                *ebpf.VariableSpec `ebpf:"TEST_SET"`
 	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
 }
 
@@ -217,6 +241,8 @@ type httpreaderMaps struct {
 	WeirHttpTestOut     *ebpf.Map `ebpf:"weir_http_test_out"`
 	WeirHttpTestScratch *ebpf.Map `ebpf:"weir_http_test_scratch"`
 	WeirHttpTestState   *ebpf.Map `ebpf:"weir_http_test_state"`
+	WeirL7Match         *ebpf.Map `ebpf:"weir_l7_match"`
+	WeirL7Sets          *ebpf.Map `ebpf:"weir_l7_sets"`
 }
 
 func (m *httpreaderMaps) Close() error {
@@ -225,6 +251,8 @@ func (m *httpreaderMaps) Close() error {
 		m.WeirHttpTestOut,
 		m.WeirHttpTestScratch,
 		m.WeirHttpTestState,
+		m.WeirL7Match,
+		m.WeirL7Sets,
 	)
 }
 
@@ -242,6 +270,7 @@ type httpreaderVariables struct {
 	SENDER_FROM_CB          *ebpf.Variable `ebpf:"SENDER_FROM_CB"`
 	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
 	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
+	TEST_SET                *ebpf.Variable `ebpf:"TEST_SET"`
 	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
 }
 

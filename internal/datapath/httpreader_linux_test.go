@@ -314,3 +314,108 @@ func FuzzHTTPReader(f *testing.F) {
 		}
 	})
 }
+
+// TestL7JudgeMatchesKernelRules holds bpf/lib/l7match.h to
+// l7.KernelRules.Judge (itself held to the matcher): random rule sets
+// written through l7Tables, random requests read by the kernel reader,
+// the same verdict.
+func TestL7JudgeMatchesKernelRules(t *testing.T) {
+	testutil.RequireRoot(t)
+	spec, err := loadHttpreader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const set = 7
+	if err := spec.Variables["TEST_SET"].Set(uint32(set)); err != nil {
+		t.Fatal(err)
+	}
+	r := &httpReader{stateSize: spec.Maps["weir_http_test_state"].ValueSize}
+	if err := spec.LoadAndAssign(&r.objs, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer r.objs.Close()
+	tables := l7Tables{match: r.objs.WeirL7Match, sets: r.objs.WeirL7Sets}
+	rng := rand.New(rand.NewPCG(5, 6))
+	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
+	counts := map[l7.KernelVerdict]int{}
+	for iter := 0; iter < 3000; iter++ {
+		rules := make([]l7.Rule, 1+rng.IntN(6))
+		for i := range rules {
+			if rng.IntN(2) == 0 {
+				rules[i].Method = pick("GET", "POST", "OPTIONS")
+			}
+			switch rng.IntN(5) {
+			case 0:
+				rules[i].Path = &l7.PathMatch{Type: l7.PathExact, Value: pick("/", "/a", "/a/b", "/%C3%A9")}
+			case 1:
+				rules[i].Path = &l7.PathMatch{Type: l7.PathPrefix, Value: pick("/", "/a", "/a/", "/a/b")}
+			case 2:
+				rules[i].Path = &l7.PathMatch{Type: l7.PathRegularExpression, Value: "/a.*"}
+			}
+			if rng.IntN(3) == 0 {
+				rules[i].Hostnames = []string{pick("api.example.com", "*.example.com", "*.b.example.com")}
+			}
+			if rng.IntN(6) == 0 {
+				rules[i].Headers = []l7.HeaderMatch{{Type: l7.HeaderPresent, Name: "X-K"}}
+			}
+		}
+		k, err := l7.CompileKernel(rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tables.writeSet(set, k); err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < 8; j++ {
+			method, target := pick("GET", "POST", "OPTIONS"), pick("/", "/a", "/a/", "/a/b", "/ab", "/a/b/c", "/%c3%a9", "/x", "*")
+			if target == "*" {
+				method = "OPTIONS"
+			}
+			head := method + " " + target + " HTTP/1.1\r\nHost: " + pick("api.example.com", "a.b.example.com", "example.com", "API.EXAMPLE.com.:8080", "[::1]") + "\r\n\r\n"
+			reqs, err := l7.NewParser(l7.Limits{}).Feed([]byte(head))
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs := r.read(t, []byte(head), nil)
+			if len(recs) != 1 || recs[0].Kind != recHead {
+				t.Fatalf("%q: records %+v", head, recs)
+			}
+			want := k.Judge(reqs[0])
+			if got := l7.KernelVerdict(recs[0].Verdict); got != want {
+				t.Fatalf("rules %+v, %q: kernel %d, KernelRules.Judge %d", rules, head, got, want)
+			}
+			counts[want]++
+		}
+		if err := tables.deleteSet(set, k); err != nil {
+			t.Fatal(err)
+		}
+		if n := mapLen(t, r.objs.WeirL7Match) + mapLen(t, r.objs.WeirL7Sets); n != 0 {
+			t.Fatalf("deleteSet left %d entries", n)
+		}
+	}
+	t.Logf("verdicts: %v", counts)
+	for _, v := range []l7.KernelVerdict{l7.KernelAllow, l7.KernelDeny, l7.KernelUserSpace} {
+		if counts[v] < 500 {
+			t.Errorf("only %d verdicts %d", counts[v], v)
+		}
+	}
+	// No row, no verdict but deny: a set not written yet is closed.
+	recs := r.read(t, []byte("GET / HTTP/1.1\r\nHost: h\r\n\r\n"), nil)
+	if len(recs) != 1 || recs[0].Verdict != uint8(l7.KernelDeny) {
+		t.Fatalf("with no set row: %+v, want deny", recs)
+	}
+}
+
+func mapLen(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	n := 0
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

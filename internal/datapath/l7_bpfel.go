@@ -13,6 +13,23 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type l7L7MatchKey struct {
+	_    structs.HostLayout
+	Set  uint32
+	Kind uint8
+	Pad  [3]uint8
+	Hash uint64
+}
+
+type l7L7Set struct {
+	_         structs.HostLayout
+	AnyMethod uint64
+	AnyPath   uint64
+	AnyHost   uint64
+	NeedsPath uint64
+	UserSpace uint64
+}
+
 type l7L7SockKey struct {
 	_          structs.HostLayout
 	Remote     uint32
@@ -25,7 +42,9 @@ type l7L7SockKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	l7MapWeirL7Match             = "weir_l7_match"
 	l7MapWeirL7Ports             = "weir_l7_ports"
+	l7MapWeirL7Sets              = "weir_l7_sets"
 	l7MapWeirL7Skb               = "weir_l7_skb"
 	l7MapWeirL7Stats             = "weir_l7_stats"
 	l7MapWeirL7Strp              = "weir_l7_strp"
@@ -98,7 +117,9 @@ type l7ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
+	WeirL7Match *ebpf.MapSpec `ebpf:"weir_l7_match"`
 	WeirL7Ports *ebpf.MapSpec `ebpf:"weir_l7_ports"`
+	WeirL7Sets  *ebpf.MapSpec `ebpf:"weir_l7_sets"`
 	WeirL7Skb   *ebpf.MapSpec `ebpf:"weir_l7_skb"`
 	WeirL7Stats *ebpf.MapSpec `ebpf:"weir_l7_stats"`
 	WeirL7Strp  *ebpf.MapSpec `ebpf:"weir_l7_strp"`
@@ -141,7 +162,9 @@ func (o *l7Objects) Close() error {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
+	WeirL7Match *ebpf.Map `ebpf:"weir_l7_match"`
 	WeirL7Ports *ebpf.Map `ebpf:"weir_l7_ports"`
+	WeirL7Sets  *ebpf.Map `ebpf:"weir_l7_sets"`
 	WeirL7Skb   *ebpf.Map `ebpf:"weir_l7_skb"`
 	WeirL7Stats *ebpf.Map `ebpf:"weir_l7_stats"`
 	WeirL7Strp  *ebpf.Map `ebpf:"weir_l7_strp"`
@@ -149,7 +172,9 @@ type l7Maps struct {
 
 func (m *l7Maps) Close() error {
 	return _L7Close(
+		m.WeirL7Match,
 		m.WeirL7Ports,
+		m.WeirL7Sets,
 		m.WeirL7Skb,
 		m.WeirL7Stats,
 		m.WeirL7Strp,

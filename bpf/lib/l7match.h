@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * l7match.h: HTTP rules as hash lookups (internal/l7's KernelRules).
+ *
+ * A set of up to 64 HTTP rules (one port's, for one peer) is a row of
+ * weir_l7_sets and the entries of weir_l7_match that name it. Each
+ * condition of each rule is an entry: the hash of a method, a canonical
+ * path, a PathPrefix value, a host or the labels after a "*.", whose
+ * value is the mask of the rules it satisfies. A request, read by
+ * lib/http.h into the same hashes, makes one lookup per hash it has (its
+ * method, its path, each of its path prefixes, its host and each of its
+ * suffixes) and ANDs the three masks: the cost is the same at 1 rule as
+ * at 64. Rules with a condition the kernel does not judge (a regular
+ * expression, a header) are marked user_space: a request only they may
+ * match goes to user space.
+ */
+#ifndef WEIR_LIB_L7MATCH_H
+#define WEIR_LIB_L7MATCH_H
+
+#include "common.h"
+#include "http.h"
+
+/* What a lookup hashes (l7.KernelKeyKind). */
+enum {
+	L7_KEY_METHOD = 1,
+	L7_KEY_PATH_EXACT,
+	L7_KEY_PATH_PREFIX,
+	L7_KEY_HOST_EXACT,
+	L7_KEY_HOST_SUFFIX,
+};
+
+/* The verdicts (l7.KernelVerdict). */
+enum {
+	L7_DENY,
+	L7_ALLOW,
+	L7_USER_SPACE,
+};
+
+struct l7_match_key {
+	__u32 set;
+	__u8 kind;
+	__u8 pad[3];
+	__u64 hash;
+};
+
+struct l7_set {
+	__u64 any_method;
+	__u64 any_path;
+	__u64 any_host;
+	__u64 needs_path;
+	__u64 user_space;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l7_match_key);
+	__type(value, __u64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} weir_l7_match SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct l7_set);
+} weir_l7_sets SEC(".maps");
+
+__always_inline_fn __u64 l7_lookup(__u32 set, __u8 kind, __u64 hash)
+{
+	struct l7_match_key key = { .set = set, .kind = kind, .hash = hash };
+	__u64 *mask = bpf_map_lookup_elem(&weir_l7_match, &key);
+
+	return mask ? *mask : 0;
+}
+
+/* l7_method_hash hashes the method the reader kept. */
+__always_inline_fn __u64 l7_method_hash(struct http_state *s)
+{
+	__u64 h = FNV_OFFSET;
+	int i;
+
+	for (i = 0; i < HTTP_MAX_METHOD; i++) {
+		if (i >= s->method_len)
+			break;
+		h = fnv(h, s->method[i]);
+	}
+	return h;
+}
+
+/* l7_judge decides the head the reader just finished against a set. */
+__always_inline_fn int l7_judge(__u32 set_id, struct http_state *s)
+{
+	struct l7_set *set = bpf_map_lookup_elem(&weir_l7_sets, &set_id);
+	__u64 method, path, host, candidates, h;
+	int i;
+
+	if (!set)
+		return L7_DENY; /* not written (yet): closed */
+	method = set->any_method | l7_lookup(set_id, L7_KEY_METHOD, l7_method_hash(s));
+	if (s->flags & HTTP_FLAG_NO_PATH) {
+		path = set->any_path & ~set->needs_path;
+	} else {
+		path = set->any_path | l7_lookup(set_id, L7_KEY_PATH_EXACT, s->path_hash) |
+		       l7_lookup(set_id, L7_KEY_PATH_PREFIX, s->path_hash);
+		for (i = 0; i < HTTP_MAX_PREFIXES; i++) {
+			if (i >= s->prefixes)
+				break;
+			path |= l7_lookup(set_id, L7_KEY_PATH_PREFIX, s->prefix[i]);
+		}
+	}
+	host = set->any_host;
+	/* Fold the labels from the right: after label i the hash is that of
+	 * labels i..n-1, the whole host at i == 0, a suffix before. */
+	h = FNV_OFFSET;
+	for (i = HTTP_MAX_LABELS - 1; i >= 0; i--) {
+		if (i >= s->labels)
+			continue;
+		h = (h ^ s->label[i]) * FNV_PRIME;
+		host |= l7_lookup(set_id, i ? L7_KEY_HOST_SUFFIX : L7_KEY_HOST_EXACT, h);
+	}
+	candidates = method & path & host;
+	if (candidates & ~set->user_space)
+		return L7_ALLOW;
+	if (candidates)
+		return L7_USER_SPACE;
+	return L7_DENY;
+}
+
+#endif /* WEIR_LIB_L7MATCH_H */

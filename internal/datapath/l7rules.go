@@ -1,0 +1,52 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/weirnet/weir/internal/l7"
+)
+
+// l7Tables are the kernel's HTTP rule tables (bpf/lib/l7match.h):
+// weir_l7_match, the lookups, and weir_l7_sets, a row per set.
+type l7Tables struct {
+	match, sets *ebpf.Map
+}
+
+// writeSet writes set id: its lookups first, its row last, so a request
+// judged meanwhile finds no row and is denied, never judged against half
+// a set. A set's content never changes under its ID (the compiler interns
+// sets by content): a changed set is a new ID.
+func (t l7Tables) writeSet(id uint32, k *l7.KernelRules) error {
+	for key, mask := range k.Entries {
+		if err := t.match.Put(l7MatchKey(id, key), mask); err != nil {
+			return fmt.Errorf("write HTTP set %d lookup %+v: %w", id, key, err)
+		}
+	}
+	row := l7L7Set{AnyMethod: k.AnyMethod, AnyPath: k.AnyPath, AnyHost: k.AnyHost, NeedsPath: k.NeedsPath, UserSpace: k.UserSpace}
+	if err := t.sets.Put(id, row); err != nil {
+		return fmt.Errorf("write HTTP set %d: %w", id, err)
+	}
+	return nil
+}
+
+// deleteSet removes set id: its row first, so requests stop being judged
+// against it (closed) before its lookups go.
+func (t l7Tables) deleteSet(id uint32, k *l7.KernelRules) error {
+	var errs []error
+	if err := t.sets.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("delete HTTP set %d: %w", id, err))
+	}
+	for key := range k.Entries {
+		if err := t.match.Delete(l7MatchKey(id, key)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete HTTP set %d lookup %+v: %w", id, key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func l7MatchKey(id uint32, k l7.KernelKey) l7L7MatchKey {
+	return l7L7MatchKey{Set: id, Kind: uint8(k.Kind), Hash: k.Hash}
+}

@@ -1,0 +1,156 @@
+package l7
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// MaxKernelRules is the most rules one set may hold in the kernel: a
+// rule is a bit of a 64-bit mask.
+const MaxKernelRules = 64
+
+// ErrTooManyRules is a rule set over MaxKernelRules.
+var ErrTooManyRules = errors.New("more HTTP rules than one port's set holds")
+
+// KernelKeyKind is what a kernel lookup key hashes.
+type KernelKeyKind uint8
+
+// The kernel lookups a request makes, each at most once per hash it has.
+const (
+	KeyMethod     KernelKeyKind = iota + 1 // the method
+	KeyPathExact                           // the whole canonical path
+	KeyPathPrefix                          // a PathPrefix value, without its trailing '/'
+	KeyHostExact                           // every label of the host
+	KeyHostSuffix                          // the labels after a "*."
+)
+
+// KernelKey is one lookup of a set's rules.
+type KernelKey struct {
+	Kind KernelKeyKind
+	Hash uint64
+}
+
+// KernelRules is a rule set as the kernel matches it: each condition a
+// hash lookup that yields the rules it satisfies, one bit per rule, so a
+// request costs the same few lookups at 1 rule as at 64.
+type KernelRules struct {
+	// Any* are the rules without that condition; AnyPath also holds the
+	// rules whose path condition every path meets (PathPrefix "/") or the
+	// kernel leaves to user space (a regular expression).
+	AnyMethod, AnyPath, AnyHost uint64
+	// NeedsPath are the rules with a path condition: none matches a
+	// request without a path (OPTIONS *).
+	NeedsPath uint64
+	// UserSpace are the rules with a condition the kernel cannot judge
+	// (a regular expression, a header): a request only they may match
+	// is judged in user space.
+	UserSpace uint64
+	// Entries maps each lookup to the rules it satisfies.
+	Entries map[KernelKey]uint64
+}
+
+// MethodHash is a method's lookup hash.
+func MethodHash(method string) uint64 { return fnv(fnvOffset, method) }
+
+// HostHash folds host label hashes (HostLabelHashes) into one lookup
+// hash, from the right, so the labels after any dot fold alike whatever
+// comes before them.
+func HostHash(labels []uint64) uint64 {
+	h := uint64(fnvOffset)
+	for i := len(labels) - 1; i >= 0; i-- {
+		h = (h ^ labels[i]) * fnvPrime
+	}
+	return h
+}
+
+// CompileKernel puts rules in the kernel's form. Their validity is
+// Compile's to check; this takes rules Compile accepted.
+func CompileKernel(rules []Rule) (*KernelRules, error) {
+	if len(rules) > MaxKernelRules {
+		return nil, fmt.Errorf("%w: %d rules, at most %d", ErrTooManyRules, len(rules), MaxKernelRules)
+	}
+	k := &KernelRules{Entries: map[KernelKey]uint64{}}
+	for i, r := range rules {
+		bit := uint64(1) << i
+		if r.Method == "" {
+			k.AnyMethod |= bit
+		} else {
+			k.Entries[KernelKey{KeyMethod, MethodHash(r.Method)}] |= bit
+		}
+		if r.Path != nil {
+			k.NeedsPath |= bit
+		}
+		switch {
+		case r.Path == nil:
+			k.AnyPath |= bit
+		case r.Path.Type == PathExact:
+			k.Entries[KernelKey{KeyPathExact, PathHash(r.Path.Value)}] |= bit
+		case r.Path.Type == PathPrefix:
+			prefix := strings.TrimSuffix(r.Path.Value, "/")
+			if prefix == "" {
+				k.AnyPath |= bit // "/" is every path
+			} else {
+				k.Entries[KernelKey{KeyPathPrefix, PathHash(prefix)}] |= bit
+			}
+		default:
+			k.AnyPath |= bit
+			k.UserSpace |= bit
+		}
+		if len(r.Hostnames) == 0 {
+			k.AnyHost |= bit
+		}
+		for _, h := range r.Hostnames {
+			name, wild := strings.CutPrefix(lower(h), "*.")
+			key := KernelKey{KeyHostExact, HostHash(HostLabelHashes(name))}
+			if wild {
+				key.Kind = KeyHostSuffix
+			}
+			k.Entries[key] |= bit
+		}
+		if len(r.Headers) > 0 {
+			k.UserSpace |= bit
+		}
+	}
+	return k, nil
+}
+
+// KernelVerdict is what the kernel decides of a request.
+type KernelVerdict uint8
+
+// The kernel's verdicts.
+const (
+	KernelDeny      KernelVerdict = iota // no rule can match
+	KernelAllow                          // a rule the kernel judged whole matches
+	KernelUserSpace                      // only rules with conditions it cannot judge may match
+)
+
+// Judge is the kernel's algorithm (bpf/lib/l7match.h) in Go, over the
+// hashes the in-kernel reader keeps of r. lookup finds an entry.
+func (k *KernelRules) Judge(r *Request) KernelVerdict {
+	lookup := func(kind KernelKeyKind, h uint64) uint64 { return k.Entries[KernelKey{kind, h}] }
+	method := k.AnyMethod | lookup(KeyMethod, MethodHash(r.Method))
+	path := k.AnyPath &^ k.NeedsPath
+	if r.Path != "" {
+		path = k.AnyPath | lookup(KeyPathExact, PathHash(r.Path)) | lookup(KeyPathPrefix, PathHash(r.Path))
+		for _, h := range PathPrefixHashes(r.Path) {
+			path |= lookup(KeyPathPrefix, h)
+		}
+	}
+	host := k.AnyHost
+	labels := HostLabelHashes(r.Host)
+	if len(labels) > 0 {
+		host |= lookup(KeyHostExact, HostHash(labels))
+		for i := 1; i < len(labels); i++ {
+			host |= lookup(KeyHostSuffix, HostHash(labels[i:]))
+		}
+	}
+	candidates := method & path & host
+	switch {
+	case candidates&^k.UserSpace != 0:
+		return KernelAllow
+	case candidates != 0:
+		return KernelUserSpace
+	}
+	return KernelDeny
+}

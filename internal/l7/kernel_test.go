@@ -1,0 +1,88 @@
+package l7
+
+import (
+	"errors"
+	"math/rand"
+	"strings"
+	"testing"
+)
+
+// TestKernelJudgeAgreesWithMatcher holds the kernel's algorithm to the
+// matcher over random rules and requests: what it allows the matcher
+// matches, what it denies the matcher does not, and it leaves to user
+// space only what has a rule it cannot judge.
+func TestKernelJudgeAgreesWithMatcher(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	pick := func(xs ...string) string { return xs[rng.Intn(len(xs))] }
+	randRule := func() Rule {
+		var r Rule
+		if rng.Intn(2) == 0 {
+			r.Method = pick("GET", "POST", "PUT", "OPTIONS")
+		}
+		switch rng.Intn(6) {
+		case 0:
+			r.Path = &PathMatch{Type: PathExact, Value: pick("/", "/a", "/a/", "/a/b", "/v1/request-landing", "/%C3%A9")}
+		case 1:
+			r.Path = &PathMatch{Type: PathPrefix, Value: pick("/", "/a", "/a/", "/a/b", "/v1", "/%C3%A9")}
+		case 2:
+			r.Path = &PathMatch{Type: PathRegularExpression, Value: pick("/a.*", "/v[0-9]+/.*")}
+		}
+		if rng.Intn(3) == 0 {
+			r.Hostnames = []string{pick("api.example.com", "*.example.com", "example.com", "*.b.example.com")}
+		}
+		if rng.Intn(5) == 0 {
+			r.Headers = []HeaderMatch{{Type: HeaderExact, Name: "X-K", Value: pick("1", "2")}}
+		}
+		return r
+	}
+	targets := []string{"/", "/a", "/a/", "/a/b", "/ab", "/a/b/c", "/v1/request-landing", "/v2/x", "/%c3%a9/x", "*"}
+	hosts := []string{"api.example.com", "a.b.example.com", "example.com", "other.org", "API.Example.COM.", "[::1]:80"}
+	counts := map[KernelVerdict]int{}
+	for iter := 0; iter < 20000; iter++ {
+		rules := make([]Rule, 1+rng.Intn(4))
+		for i := range rules {
+			rules[i] = randRule()
+		}
+		m, err := Compile(rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := CompileKernel(rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		method := pick("GET", "POST", "PUT", "OPTIONS")
+		target := targets[rng.Intn(len(targets))]
+		if target == "*" {
+			method = "OPTIONS"
+		}
+		head := method + " " + target + " HTTP/1.1\r\nHost: " + hosts[rng.Intn(len(hosts))] + "\r\nX-K: " + pick("1", "2") + "\r\n\r\n"
+		reqs, err := NewParser(Limits{}).Feed([]byte(head))
+		if err != nil {
+			t.Fatalf("%q: %v", head, err)
+		}
+		got := k.Judge(reqs[0])
+		i, _ := m.Match(reqs[0])
+		counts[got]++
+		switch {
+		case got == KernelAllow && i < 0:
+			t.Fatalf("kernel allows %q, no rule of %+v matches", head, rules)
+		case got == KernelDeny && i >= 0:
+			t.Fatalf("kernel denies %q, rule %d of %+v matches", head, i, rules)
+		case got == KernelUserSpace && k.UserSpace == 0:
+			t.Fatalf("kernel sends %q to user space with no rule it cannot judge", head)
+		}
+	}
+	t.Logf("verdicts: %v", counts)
+	for _, v := range []KernelVerdict{KernelAllow, KernelDeny, KernelUserSpace} {
+		if counts[v] < 1000 {
+			t.Errorf("only %d %v verdicts", counts[v], v)
+		}
+	}
+}
+
+func TestCompileKernelRefusesTooManyRules(t *testing.T) {
+	if _, err := CompileKernel(make([]Rule, MaxKernelRules+1)); !errors.Is(err, ErrTooManyRules) || !strings.Contains(err.Error(), "65 rules") {
+		t.Fatalf("CompileKernel(65 rules) = %v, want ErrTooManyRules naming the count", err)
+	}
+}
