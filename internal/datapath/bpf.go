@@ -12,3 +12,6 @@ package datapath
 // The HTTP reader of bpf/lib/http.h, alone in a tc program its tests run with
 // BPF_PROG_RUN; only tests load it.
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type http_test_record httpreader ../../bpf/tests/http_reader.c
+// What a verdict can answer a refused request with (TestL7AnswerFacts); only
+// tests load it.
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel l7answer ../../bpf/tests/l7_answer.c
