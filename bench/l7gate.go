@@ -17,27 +17,64 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/lab"
 )
 
 // The l7-gate scenario measures what routing an accepted socket's
-// inbound bytes through verdict programs costs before any HTTP is parsed
-// (issue 20's design gate): nginx serving keep-alive requests from wrk at
-// 100 connections, on a port left alone and on ports whose sockets join
-// the strparser and the skb-verdict socket hashes of bpf/l7.c, whose
-// verdicts pass everything. One nginx serves all three ports, so the
-// setups differ in the socket path alone.
+// inbound bytes through verdict programs costs (issue 20's design gate):
+// nginx serving keep-alive requests from wrk at 100 connections, on a
+// port left alone and on ports whose sockets join the strparser and the
+// skb-verdict socket hashes of bpf/l7.c, whose verdicts pass everything,
+// and the HTTP hash, whose verdict reads every request and judges it
+// against 1 or 40 HTTP rules. One nginx serves every port, so the setups
+// differ in the socket path alone.
 const (
 	l7GateLab     = "wb-l7"
 	l7GatePath    = "keepalive"
 	l7GatePlain   = "no policy"
 	l7GateStrp    = "strparser (pass)"
 	l7GateSkb     = "skb verdict (pass)"
+	l7GateHTTP1   = "kernel HTTP, 1 rule"
+	l7GateHTTP40  = "kernel HTTP, 40 rules"
 	l7GateConns   = 100
 	l7GatePortOff = 8080
 	l7GatePortStr = 8081
 	l7GatePortSkb = 8082
+	l7GatePortH1  = 8083
+	l7GatePortH40 = 8084
 )
+
+// l7GateSetups are the setups in report order.
+var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40}
+
+// Issue 20's targets for requests/s with HTTP rules, as a share of no
+// policy; here measured on the gate's veth pair, the lab's bench l7 to
+// come.
+const (
+	l7WantOneRule    = 0.70
+	l7WantFortyRules = 0.65
+)
+
+// l7GateRules are the HTTP rules of a set of n: wrk's "GET /" matches
+// only the last, the others differ from it in method, path or host, as
+// an API's rules would.
+func l7GateRules(n int) []l7.Rule {
+	var rules []l7.Rule
+	for i := 0; len(rules) < n-1; i++ {
+		switch i % 4 {
+		case 0:
+			rules = append(rules, l7.Rule{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: fmt.Sprintf("/api/v1/orders/%d", i)}})
+		case 1:
+			rules = append(rules, l7.Rule{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: fmt.Sprintf("/api/v%d", i)}})
+		case 2:
+			rules = append(rules, l7.Rule{Method: "PUT", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/"}})
+		default:
+			rules = append(rules, l7.Rule{Method: "GET", Hostnames: []string{fmt.Sprintf("svc%d.example.com", i)}})
+		}
+	}
+	return append(rules, l7.Rule{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/"}})
+}
 
 // l7GateWant is the gate: a path that keeps less than this share of the
 // plain requests/s cannot host a parser and still reach issue 20's 0.70.
@@ -48,9 +85,10 @@ var wrkLatencyPct = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*
 // l7GateSetup is one setup: its name and the port whose sockets take its
 // path.
 type l7GateSetup struct {
-	name string
-	port int
-	mode datapath.L7Mode // 0: plain
+	name  string
+	port  int
+	mode  datapath.L7Mode // 0: plain
+	rules int             // L7HTTP: the set's rule count
 }
 
 func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
@@ -74,13 +112,33 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, socks.Close()) }()
-	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser}, {l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict}}
-	for _, s := range setups[1:] {
-		if err := socks.EnforcePort(uint16(s.port), s.mode); err != nil {
-			return err
+	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0, 0}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser, 0},
+		{l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict, 0}, {l7GateHTTP1, l7GatePortH1, datapath.L7HTTP, 1}, {l7GateHTTP40, l7GatePortH40, datapath.L7HTTP, 40}}
+	var ports []int
+	for i, s := range setups {
+		ports = append(ports, s.port)
+		switch s.mode {
+		case 0:
+			continue
+		case datapath.L7HTTP:
+			k, err := l7.CompileKernel(l7GateRules(s.rules))
+			if err != nil {
+				return err
+			}
+			if err := socks.WriteHTTPSet(uint32(i), k); err != nil {
+				return err
+			}
+			err = socks.EnforceHTTP(uint16(s.port), uint32(i))
+			if err != nil {
+				return err
+			}
+		default:
+			if err := socks.EnforcePort(uint16(s.port), s.mode); err != nil {
+				return err
+			}
 		}
 	}
-	nginx, err := startNginx(ctx, pair.NSB, cg, pair.AddrB.String(), []int{l7GatePortOff, l7GatePortStr, l7GatePortSkb})
+	nginx, err := startNginx(ctx, pair.NSB, cg, pair.AddrB.String(), ports)
 	if err != nil {
 		return err
 	}
@@ -102,6 +160,16 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 			return w, err
 		}
 		w.joined = float64(after.Sockets - before.Sockets)
+		w.judged = float64(after.Allowed - before.Allowed)
+		if s.mode == datapath.L7HTTP {
+			// Every request read and allowed, no connection cut short.
+			if n := after.Denied + after.Refused + after.Punted + after.Split + after.Closed - before.Denied - before.Refused - before.Punted - before.Split - before.Closed; n != 0 {
+				return w, fmt.Errorf("%s: %d requests or connections were not simply allowed (%+v)", s.name, n, after)
+			}
+			if w.judged < w.rps*d.Seconds()*0.9 {
+				return w, fmt.Errorf("%s: %v requests judged for %.0f req/s over %v", s.name, w.judged, w.rps, d)
+			}
+		}
 		// A figure of a path the sockets did not take would be a lie.
 		if s.mode != 0 && w.joined < l7GateConns {
 			return w, fmt.Errorf("%s: %v of %d connections joined the socket hash", s.name, w.joined, l7GateConns)
@@ -127,7 +195,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 				res.Incomplete = err.Error()
 				break
 			}
-			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined} {
+			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined, "requests_judged": w.judged} {
 				res.Samples = append(res.Samples, sample{Setup: s.name, Path: l7GatePath, Metric: metric, Rep: rep, Value: v})
 			}
 			fmt.Fprintf(out, "rep %d %-20s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, s.name, w.rps, w.p50, w.p99, w.errors)
@@ -143,7 +211,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 
 // wrkRun is one wrk run's figures.
 type wrkRun struct {
-	rps, p50, p99, errors, joined float64
+	rps, p50, p99, errors, joined, judged float64
 }
 
 // wrkKeepAlive runs wrk for d with l7GateConns keep-alive connections
@@ -293,11 +361,17 @@ func (n *nginxServer) stop() {
 // judgeL7Gate: each pass-everything path must keep l7GateWant of the
 // plain port's requests/s, paired within each repetition.
 func (r *result) judgeL7Gate() {
-	for _, s := range []string{l7GateStrp, l7GateSkb} {
+	for _, t := range []struct {
+		setup string
+		want  float64
+	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules}} {
+		if math.IsNaN(r.median(t.setup, l7GatePath, "rps")) {
+			continue // a result from before the setup existed
+		}
 		r.Targets = append(r.Targets, r.pairedTarget(
-			fmt.Sprintf("requests/s at %d keep-alive connections, %s / no policy", l7GateConns, s),
-			fmt.Sprintf(">= %.2f", l7GateWant), func(v float64) bool { return v >= l7GateWant },
-			s, l7GatePath, l7GatePlain, l7GatePath, "rps"))
+			fmt.Sprintf("requests/s at %d keep-alive connections, %s / no policy", l7GateConns, t.setup),
+			fmt.Sprintf(">= %.2f", t.want), func(v float64) bool { return v >= t.want },
+			t.setup, l7GatePath, l7GatePlain, l7GatePath, "rps"))
 	}
 }
 
@@ -307,14 +381,21 @@ func (r *result) l7GateMarkdown() string {
 	var b strings.Builder
 	r.writeHeader(&b)
 	fmt.Fprintf(&b, "nginx (one worker, CPU 1, a fixed 3-byte body) in one network namespace, wrk (one thread, %d keep-alive connections, CPU 0) in another, over a veth pair; "+
-		"one nginx listens on three ports: one left alone, one whose accepted sockets join bpf/l7.c's strparser socket hash, one its skb-verdict hash, "+
-		"both verdicts passing everything. %d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy).\n\n",
+		"one nginx listens on a port per setup: one left alone, one whose accepted sockets join bpf/l7.c's strparser socket hash and one its skb-verdict hash, "+
+		"both verdicts passing everything, and two its HTTP hash, whose verdict reads every request in the kernel and judges it against a set of 1 or of 40 HTTP rules "+
+		"(wrk's GET / matches the last; every request judged and allowed is checked). %d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy).\n\n",
 		l7GateConns, r.Reps, r.DurationS, r.warmupNote())
-	setups := []string{l7GatePlain, l7GateStrp, l7GateSkb}
-	fmt.Fprintf(&b, "| metric | %s |\n|---|---|---|---|\n", strings.Join(setups, " | "))
+	var setups []string
+	for _, s := range l7GateSetups {
+		if !math.IsNaN(r.median(s, l7GatePath, "rps")) {
+			setups = append(setups, s)
+		}
+	}
+	fmt.Fprintf(&b, "| metric | %s |\n|---|%s\n", strings.Join(setups, " | "), strings.Repeat("---|", len(setups)))
 	for _, m := range []struct{ key, title, format string }{
 		{"rps", "requests/s", "%.0f"}, {"p50_ms", "latency p50 (ms)", "%.3f"}, {"p99_ms", "latency p99 (ms)", "%.3f"},
 		{"errors", "errors (socket errors and non-2xx, per run)", "%.0f"}, {"sockets_joined", "sockets that joined a socket hash (per run)", "%.0f"},
+		{"requests_judged", "requests read and allowed in the kernel (per run)", "%.0f"},
 	} {
 		fmt.Fprintf(&b, "| %s |", m.title)
 		for _, s := range setups {

@@ -61,7 +61,7 @@ def main(src, dst):
 
 
 def plot_l7_gate(r, dst):
-    setups = ["no policy", "strparser (pass)", "skb verdict (pass)"]
+    setups = ["no policy", "strparser (pass)", "skb verdict (pass)", "kernel HTTP, 1 rule", "kernel HTTP, 40 rules"]
     panels = [("rps", "requests/s, 100 keep-alive connections"), ("p50_ms", "latency p50 (ms)"), ("p99_ms", "latency p99 (ms)")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     for ax, (metric, title) in zip(axes, panels):
@@ -70,7 +70,7 @@ def plot_l7_gate(r, dst):
         med = [data[n]["median"] for n in names]
         lo = [data[n]["median"] - data[n]["min"] for n in names]
         hi = [data[n]["max"] - data[n]["median"] for n in names]
-        ax.bar(names, med, yerr=[lo, hi], capsize=4, color=["#999999", "#1f77b4", "#aec7e8"][: len(names)])
+        ax.bar(names, med, yerr=[lo, hi], capsize=4, color=["#999999", "#1f77b4", "#aec7e8", "#2ca02c", "#98df8a"][: len(names)])
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=15)
         for i, v in enumerate(med):

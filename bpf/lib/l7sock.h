@@ -12,6 +12,9 @@
  *                 verdict sees it whole (a request head, later)
  *   weir_l7_skb   skb_verdict alone: the verdict sees each skb as TCP
  *                 delivers it, without strparser's clone and work queue
+ *   weir_l7_http  skb_verdict reading requests (lib/http.h) and judging
+ *                 them (lib/l7match.h), the reader's state per socket in
+ *                 weir_l7_conns
  *
  * A socket stays in its hash for its whole life: leaving it drops what its
  * queues hold (sk_psock_drop). Which hash a port uses is the value of
@@ -22,9 +25,18 @@
 
 #include "common.h"
 
-/* How a port's sockets are read (weir_l7_ports values). */
-#define WEIR_L7_STRPARSER 1
-#define WEIR_L7_SKB_VERDICT 2
+/* How a port's sockets are read (weir_l7_ports values' mode). */
+#define WEIR_L7_STRPARSER 1   /* strparser, verdict passes everything (bench l7-gate) */
+#define WEIR_L7_SKB_VERDICT 2 /* skb verdict passing everything (bench l7-gate) */
+#define WEIR_L7_HTTP 3        /* skb verdict reading HTTP and judging it (l7.c) */
+
+/* l7_port is how a port's sockets are read, and for WEIR_L7_HTTP the
+ * HTTP set (lib/l7match.h) their requests are judged against. */
+struct l7_port {
+	__u8 mode;
+	__u8 pad[3];
+	__u32 set;
+};
 
 /* l7_sock_key names an accepted socket by its four-tuple, ports in host
  * order, addresses in network order. */
@@ -39,7 +51,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
 	__type(key, __u16);
-	__type(value, __u8);
+	__type(value, struct l7_port);
 } weir_l7_ports SEC(".maps");
 
 struct {
@@ -56,12 +68,27 @@ struct {
 	__type(value, __u64);
 } weir_l7_skb SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l7_sock_key);
+	__type(value, __u64);
+} weir_l7_http SEC(".maps");
+
 /* Counters of the L7 socket path (weir_l7_stats indexes). */
 enum {
 	L7_STAT_SOCKETS,    /* sockets that joined a hash */
 	L7_STAT_JOIN_FAIL,  /* sockets a hash refused (full) */
 	L7_STAT_MESSAGES,   /* messages (or skbs) judged */
 	L7_STAT_BYTES,      /* bytes judged */
+	L7_STAT_ALLOWED,    /* requests allowed */
+	L7_STAT_DENIED,     /* requests denied (403) */
+	L7_STAT_REFUSED,    /* streams refused (400) */
+	L7_STAT_PUNTED,     /* heads the kernel cannot judge */
+	L7_STAT_SPLIT,      /* heads that did not end in the skb they began in */
+	L7_STAT_ANSWERED,   /* answers written back in place */
+	L7_STAT_CLOSED,     /* connections whose later bytes are all dropped */
+	L7_STAT_NO_STATE,   /* skbs of a socket with no reader state: dropped */
 	L7_STAT_MAX,
 };
 

@@ -6,6 +6,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/weirnet/weir/internal/l7"
 )
 
 // L7Mode is how the inbound bytes of an L7-enforced port's sockets reach
@@ -19,6 +21,9 @@ const (
 	L7StrParser L7Mode = 1
 	// L7SkbVerdict: the verdict sees each skb as TCP delivers it.
 	L7SkbVerdict L7Mode = 2
+	// L7HTTP: the skb verdict reads each request and judges it against
+	// the port's HTTP set (EnforceHTTP).
+	L7HTTP L7Mode = 3
 )
 
 func (m L7Mode) String() string {
@@ -27,6 +32,8 @@ func (m L7Mode) String() string {
 		return "strparser"
 	case L7SkbVerdict:
 		return "skb-verdict"
+	case L7HTTP:
+		return "http"
 	}
 	return fmt.Sprintf("L7Mode(%d)", uint8(m))
 }
@@ -34,9 +41,17 @@ func (m L7Mode) String() string {
 // L7Stats are the L7 socket path's counters, summed over CPUs.
 type L7Stats struct {
 	Sockets  uint64 // accepted sockets that joined a socket hash
-	JoinFail uint64 // sockets a full hash refused (left on the L4 path)
+	JoinFail uint64 // sockets a full hash (or reader state map) refused
 	Messages uint64 // messages (strparser) or skbs judged
 	Bytes    uint64 // bytes judged
+	Allowed  uint64 // requests allowed
+	Denied   uint64 // requests denied
+	Refused  uint64 // streams refused (400)
+	Punted   uint64 // heads the kernel cannot judge
+	Split    uint64 // heads that did not end in the skb they began in
+	Answered uint64 // answers written back in place
+	Closed   uint64 // connections whose later bytes are all dropped
+	NoState  uint64 // skbs of a socket without reader state, dropped
 }
 
 // L7Sockets is the L7 socket path (bpf/l7.c): accepted sockets on the
@@ -71,6 +86,7 @@ func AttachL7Sockets(cgroup string) (_ *L7Sockets, retErr error) {
 		{s.objs.WeirL7Strp, s.objs.L7Parser, ebpf.AttachSkSKBStreamParser},
 		{s.objs.WeirL7Strp, s.objs.L7Verdict, ebpf.AttachSkSKBStreamVerdict},
 		{s.objs.WeirL7Skb, s.objs.L7SkbVerdict, ebpf.AttachSkSKBVerdict},
+		{s.objs.WeirL7Http, s.objs.L7HttpVerdict, ebpf.AttachSkSKBVerdict},
 	} {
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: a.m.FD(), Program: a.p, Attach: a.kind}); err != nil {
 			return nil, fmt.Errorf("attach %v to its socket hash: %w", a.kind, err)
@@ -89,12 +105,48 @@ func AttachL7Sockets(cgroup string) (_ *L7Sockets, retErr error) {
 // stay on the plain path.
 func (s *L7Sockets) EnforcePort(port uint16, mode L7Mode) error {
 	if mode != L7StrParser && mode != L7SkbVerdict {
-		return fmt.Errorf("L7 mode %v: want %v or %v", mode, L7StrParser, L7SkbVerdict)
+		return fmt.Errorf("L7 mode %v: want %v or %v (%v takes a set: EnforceHTTP)", mode, L7StrParser, L7SkbVerdict, L7HTTP)
 	}
-	if err := s.objs.WeirL7Ports.Put(port, uint8(mode)); err != nil {
+	if err := s.objs.WeirL7Ports.Put(port, l7L7Port{Mode: uint8(mode)}); err != nil {
 		return fmt.Errorf("enforce L7 on port %d: %w", port, err)
 	}
 	return nil
+}
+
+// EnforceHTTP judges the requests of sockets accepted on port from now on
+// against HTTP set set, which WriteHTTPSet must have written (a set not
+// written denies every request).
+func (s *L7Sockets) EnforceHTTP(port uint16, set uint32) error {
+	if set == 0 {
+		return errors.New("HTTP set 0 is no set: number sets from 1")
+	}
+	if err := s.objs.WeirL7Ports.Put(port, l7L7Port{Mode: uint8(L7HTTP), Set: set}); err != nil {
+		return fmt.Errorf("enforce HTTP rules on port %d: %w", port, err)
+	}
+	return nil
+}
+
+// WriteHTTPSet writes HTTP set id for EnforceHTTP's ports.
+func (s *L7Sockets) WriteHTTPSet(id uint32, k *l7.KernelRules) error {
+	return l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}.writeSet(id, k)
+}
+
+// DeleteHTTPSet removes set id: requests judged against it are denied.
+func (s *L7Sockets) DeleteHTTPSet(id uint32, k *l7.KernelRules) error {
+	return l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}.deleteSet(id, k)
+}
+
+// HTTPConnections is the number of sockets with reader state: it goes
+// down as they close.
+func (s *L7Sockets) HTTPConnections() (int, error) {
+	n := 0
+	var k uint64
+	var v []byte
+	it := s.objs.WeirL7Conns.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n, it.Err()
 }
 
 // ReleasePort leaves new sockets accepted on port on the plain path.
@@ -108,7 +160,8 @@ func (s *L7Sockets) ReleasePort(port uint16) error {
 // Stats sums the path's per-CPU counters.
 func (s *L7Sockets) Stats() (L7Stats, error) {
 	var out L7Stats
-	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes}
+	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
+		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := s.objs.WeirL7Stats.Lookup(uint32(i), &perCPU); err != nil {

@@ -13,12 +13,88 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type l7L7Conn struct {
+	_ structs.HostLayout
+	S struct {
+		_             structs.HostLayout
+		Offset        uint64
+		UnitStart     uint64
+		Remaining     uint64
+		ContentLength uint64
+		PathHash      uint64
+		Prefix        [16]uint64
+		Label         [8]uint64
+		LabelHash     uint64
+		HeadStart     uint64
+		UnitLen       uint32
+		HeadLen       uint32
+		Fields        uint16
+		State         uint8
+		Prev          uint8
+		Error         uint8
+		Flags         uint8
+		MethodLen     uint8
+		Method        [16]uint8
+		Prefixes      uint8
+		Labels        uint8
+		Vpos          uint8
+		VersionMinor  uint8
+		SegRaw        uint8
+		SegCanon      uint8
+		SegDots       uint8
+		InParams      uint8
+		Pct           uint8
+		PctVal        uint8
+		Utf8Need      uint8
+		Utf8Lo        uint8
+		Utf8Hi        uint8
+		ChunkDigits   uint8
+		Field         uint8
+		NameLen       uint8
+		NameMatch     uint8
+		ValWs         uint8
+		ClCount       uint8
+		ClDigits      uint8
+		ClBad         uint8
+		TeCount       uint8
+		TeEl          uint8
+		TeMatch       uint8
+		TeLastChunked uint8
+		TeBad         uint8
+		CoEl          uint8
+		CoClose       uint8
+		CoKeep        uint8
+		CoUpgrade     uint8
+		OptClose      uint8
+		OptKeep       uint8
+		OptUpgrade    uint8
+		UpgradeCount  uint8
+		HostCount     uint8
+		HostBad       uint8
+		HostPart      uint8
+		HostLen       uint8
+		HostDot       uint8
+		HostLabelLen  uint8
+		_             [1]byte
+	}
+	Set    uint32
+	Closed uint8
+	Pad    [3]uint8
+}
+
 type l7L7MatchKey struct {
 	_    structs.HostLayout
 	Set  uint32
 	Kind uint8
 	Pad  [3]uint8
 	Hash uint64
+}
+
+type l7L7Port struct {
+	_    structs.HostLayout
+	Mode uint8
+	Pad  [3]uint8
+	Set  uint32
 }
 
 type l7L7Set struct {
@@ -42,12 +118,16 @@ type l7L7SockKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	l7MapWeirL7Conns             = "weir_l7_conns"
+	l7MapWeirL7Http              = "weir_l7_http"
 	l7MapWeirL7Match             = "weir_l7_match"
 	l7MapWeirL7Ports             = "weir_l7_ports"
+	l7MapWeirL7Scratch           = "weir_l7_scratch"
 	l7MapWeirL7Sets              = "weir_l7_sets"
 	l7MapWeirL7Skb               = "weir_l7_skb"
 	l7MapWeirL7Stats             = "weir_l7_stats"
 	l7MapWeirL7Strp              = "weir_l7_strp"
+	l7ProgL7HttpVerdict          = "l7_http_verdict"
 	l7ProgL7Parser               = "l7_parser"
 	l7ProgL7SkbVerdict           = "l7_skb_verdict"
 	l7ProgL7Sockops              = "l7_sockops"
@@ -107,22 +187,26 @@ type l7Specs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7ProgramSpecs struct {
-	L7Parser     *ebpf.ProgramSpec `ebpf:"l7_parser"`
-	L7SkbVerdict *ebpf.ProgramSpec `ebpf:"l7_skb_verdict"`
-	L7Sockops    *ebpf.ProgramSpec `ebpf:"l7_sockops"`
-	L7Verdict    *ebpf.ProgramSpec `ebpf:"l7_verdict"`
+	L7HttpVerdict *ebpf.ProgramSpec `ebpf:"l7_http_verdict"`
+	L7Parser      *ebpf.ProgramSpec `ebpf:"l7_parser"`
+	L7SkbVerdict  *ebpf.ProgramSpec `ebpf:"l7_skb_verdict"`
+	L7Sockops     *ebpf.ProgramSpec `ebpf:"l7_sockops"`
+	L7Verdict     *ebpf.ProgramSpec `ebpf:"l7_verdict"`
 }
 
 // l7MapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
-	WeirL7Match *ebpf.MapSpec `ebpf:"weir_l7_match"`
-	WeirL7Ports *ebpf.MapSpec `ebpf:"weir_l7_ports"`
-	WeirL7Sets  *ebpf.MapSpec `ebpf:"weir_l7_sets"`
-	WeirL7Skb   *ebpf.MapSpec `ebpf:"weir_l7_skb"`
-	WeirL7Stats *ebpf.MapSpec `ebpf:"weir_l7_stats"`
-	WeirL7Strp  *ebpf.MapSpec `ebpf:"weir_l7_strp"`
+	WeirL7Conns   *ebpf.MapSpec `ebpf:"weir_l7_conns"`
+	WeirL7Http    *ebpf.MapSpec `ebpf:"weir_l7_http"`
+	WeirL7Match   *ebpf.MapSpec `ebpf:"weir_l7_match"`
+	WeirL7Ports   *ebpf.MapSpec `ebpf:"weir_l7_ports"`
+	WeirL7Scratch *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
+	WeirL7Sets    *ebpf.MapSpec `ebpf:"weir_l7_sets"`
+	WeirL7Skb     *ebpf.MapSpec `ebpf:"weir_l7_skb"`
+	WeirL7Stats   *ebpf.MapSpec `ebpf:"weir_l7_stats"`
+	WeirL7Strp    *ebpf.MapSpec `ebpf:"weir_l7_strp"`
 }
 
 // l7VariableSpecs contains global variables before they are loaded into the kernel.
@@ -162,18 +246,24 @@ func (o *l7Objects) Close() error {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
-	WeirL7Match *ebpf.Map `ebpf:"weir_l7_match"`
-	WeirL7Ports *ebpf.Map `ebpf:"weir_l7_ports"`
-	WeirL7Sets  *ebpf.Map `ebpf:"weir_l7_sets"`
-	WeirL7Skb   *ebpf.Map `ebpf:"weir_l7_skb"`
-	WeirL7Stats *ebpf.Map `ebpf:"weir_l7_stats"`
-	WeirL7Strp  *ebpf.Map `ebpf:"weir_l7_strp"`
+	WeirL7Conns   *ebpf.Map `ebpf:"weir_l7_conns"`
+	WeirL7Http    *ebpf.Map `ebpf:"weir_l7_http"`
+	WeirL7Match   *ebpf.Map `ebpf:"weir_l7_match"`
+	WeirL7Ports   *ebpf.Map `ebpf:"weir_l7_ports"`
+	WeirL7Scratch *ebpf.Map `ebpf:"weir_l7_scratch"`
+	WeirL7Sets    *ebpf.Map `ebpf:"weir_l7_sets"`
+	WeirL7Skb     *ebpf.Map `ebpf:"weir_l7_skb"`
+	WeirL7Stats   *ebpf.Map `ebpf:"weir_l7_stats"`
+	WeirL7Strp    *ebpf.Map `ebpf:"weir_l7_strp"`
 }
 
 func (m *l7Maps) Close() error {
 	return _L7Close(
+		m.WeirL7Conns,
+		m.WeirL7Http,
 		m.WeirL7Match,
 		m.WeirL7Ports,
+		m.WeirL7Scratch,
 		m.WeirL7Sets,
 		m.WeirL7Skb,
 		m.WeirL7Stats,
@@ -202,14 +292,16 @@ type l7Variables struct {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Programs struct {
-	L7Parser     *ebpf.Program `ebpf:"l7_parser"`
-	L7SkbVerdict *ebpf.Program `ebpf:"l7_skb_verdict"`
-	L7Sockops    *ebpf.Program `ebpf:"l7_sockops"`
-	L7Verdict    *ebpf.Program `ebpf:"l7_verdict"`
+	L7HttpVerdict *ebpf.Program `ebpf:"l7_http_verdict"`
+	L7Parser      *ebpf.Program `ebpf:"l7_parser"`
+	L7SkbVerdict  *ebpf.Program `ebpf:"l7_skb_verdict"`
+	L7Sockops     *ebpf.Program `ebpf:"l7_sockops"`
+	L7Verdict     *ebpf.Program `ebpf:"l7_verdict"`
 }
 
 func (p *l7Programs) Close() error {
 	return _L7Close(
+		p.L7HttpVerdict,
 		p.L7Parser,
 		p.L7SkbVerdict,
 		p.L7Sockops,

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * l7http.h: judging the requests of a socket in weir_l7_http.
+ *
+ * Each skb the socket receives is walked with its reader (lib/http.h,
+ * state in weir_l7_conns by socket cookie): body bytes are skipped, head
+ * bytes read, and each head that ends is judged against the socket's
+ * HTTP set (lib/l7match.h). The skb passes to the application when every
+ * head in it is allowed and none is left unfinished at its end. Else:
+ *
+ *   - a head denied (403) or a stream refused (400) that begins the skb
+ *     is answered in place: the skb is rewritten into the response,
+ *     exactly as long (docs/l7.md: a longer one stops the socket's
+ *     receive side), and redirected to the socket's own egress;
+ *   - anything else (a denied head after allowed bytes in one skb, a
+ *     head split over skbs, a head the kernel cannot judge, an skb too
+ *     short for an answer) is dropped.
+ *
+ * After a refusal, a punt or a split head the connection is closed to
+ * the application: every later skb is dropped, so no partial or denied
+ * head is ever completed by bytes that follow it. An answer that says
+ * "Connection: close" closes it too; the short answer (no room for that
+ * field) leaves the connection open only when the denied head was the
+ * whole skb and has no body.
+ */
+#ifndef WEIR_LIB_L7HTTP_H
+#define WEIR_LIB_L7HTTP_H
+
+#include "common.h"
+#include "http.h"
+#include "l7match.h"
+#include "l7sock.h"
+
+/* l7_conn is one socket's reader and what it is judged against. */
+struct l7_conn {
+	struct http_state s;
+	__u32 set;
+	__u8 closed; /* later skbs are dropped */
+	__u8 pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct l7_conn);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} weir_l7_conns SEC(".maps");
+
+/* What a walk ends in. */
+enum {
+	L7_WALK_PASS,
+	L7_WALK_DENY,
+	L7_WALK_REFUSE,
+	L7_WALK_PUNT,
+};
+
+#define L7_WINDOW 64
+#define L7_NO_HEAD 0xffffffff
+
+/* l7_walk is a walk over one skb. */
+struct l7_walk {
+	struct __sk_buff *skb;
+	struct l7_conn *conn;
+	__u32 pos, len;
+	__u32 wstart, wlen;
+	__u32 head_pos; /* skb offset of the head being read, L7_NO_HEAD if none began here */
+	__u8 outcome;
+	__u8 pad[3];
+	__u8 win[L7_WINDOW];
+};
+
+/* l7_byte returns the skb's byte at w->pos through a window of loads. */
+__always_inline_fn int l7_byte(struct l7_walk *w, __u8 *c)
+{
+	if (w->pos < w->wstart || w->pos >= w->wstart + w->wlen) {
+		w->wstart = w->pos;
+		if (w->len - w->pos >= L7_WINDOW) {
+			if (bpf_skb_load_bytes(w->skb, w->pos, w->win, L7_WINDOW))
+				return -1;
+			w->wlen = L7_WINDOW;
+		} else {
+			if (bpf_skb_load_bytes(w->skb, w->pos, w->win, 1))
+				return -1;
+			w->wlen = 1;
+		}
+	}
+	*c = w->win[(w->pos - w->wstart) & (L7_WINDOW - 1)];
+	return 0;
+}
+
+static long l7_step(__u32 i, void *data)
+{
+	struct l7_walk *w = data;
+	struct http_state *s = &w->conn->s;
+	__u8 c;
+	long r;
+
+	if (w->pos >= w->len)
+		return 1;
+	if (s->state == HS_BODY || s->state == HS_CHUNK_DATA) {
+		w->pos += http_skip(s, w->len - w->pos);
+		return 0;
+	}
+	if (l7_byte(w, &c)) {
+		w->outcome = L7_WALK_REFUSE;
+		return 1;
+	}
+	if (s->state == HS_IDLE && c != '\r')
+		w->head_pos = w->pos;
+	r = http_feed_byte(s, c);
+	w->pos++;
+	switch (r) {
+	case HTTP_HEAD_DONE:
+		switch (l7_judge(w->conn->set, s)) {
+		case L7_ALLOW:
+			l7_count(L7_STAT_ALLOWED, 1);
+			w->head_pos = L7_NO_HEAD;
+			return 0;
+		case L7_DENY:
+			l7_count(L7_STAT_DENIED, 1);
+			w->outcome = L7_WALK_DENY;
+			return 1;
+		}
+		l7_count(L7_STAT_PUNTED, 1);
+		w->outcome = L7_WALK_PUNT;
+		return 1;
+	case HTTP_ERROR:
+		l7_count(L7_STAT_REFUSED, 1);
+		w->outcome = L7_WALK_REFUSE;
+		return 1;
+	case HTTP_PUNT:
+		l7_count(L7_STAT_PUNTED, 1);
+		w->outcome = L7_WALK_PUNT;
+		return 1;
+	}
+	return 0;
+}
+
+/* The answers. The long form closes the connection and pads its body;
+ * under its length the reason phrase takes the slack, with
+ * "Connection: close" from 53 bytes and without it from 35. Content
+ * length is written with five digits, leading zeros allowed (RFC 9110
+ * section 8.6), so the head's length does not depend on the body's. */
+static const char l7_answer_long_403[] =
+	"HTTP/1.1 403 Forbidden\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 00000\r\n\r\n";
+static const char l7_answer_long_400[] =
+	"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 00000\r\n\r\n";
+static const char l7_answer_short_tail[] = "\r\nContent-Length:0\r\n\r\n";
+static const char l7_answer_close_tail[] = "\r\nConnection:close\r\nContent-Length:0\r\n\r\n";
+static const char l7_pad[L7_WINDOW] =
+	"                                                               \n";
+
+#define L7_LONG_403 (sizeof(l7_answer_long_403) - 1)
+#define L7_LONG_400 (sizeof(l7_answer_long_400) - 1)
+#define L7_SHORT_HEAD 13 /* "HTTP/1.1 403 " */
+#define L7_SHORT_TAIL (sizeof(l7_answer_short_tail) - 1)
+#define L7_SHORT_MIN (L7_SHORT_HEAD + L7_SHORT_TAIL)
+#define L7_CLOSE_TAIL (sizeof(l7_answer_close_tail) - 1)
+#define L7_CLOSE_MIN (L7_SHORT_HEAD + L7_CLOSE_TAIL)
+#define L7_MAX_ANSWER 65535
+
+struct l7_pad_fill {
+	struct __sk_buff *skb;
+	__u32 at, to;
+};
+
+/* l7_pad_step writes one window of spaces, or one space when less than
+ * a window is left. */
+static long l7_pad_step(__u32 i, void *data)
+{
+	struct l7_pad_fill *f = data;
+
+	if (f->at >= f->to)
+		return 1;
+	if (f->to - f->at >= L7_WINDOW) {
+		bpf_skb_store_bytes(f->skb, f->at, l7_pad, L7_WINDOW, 0);
+		f->at += L7_WINDOW;
+	} else {
+		bpf_skb_store_bytes(f->skb, f->at, l7_pad, 1, 0);
+		f->at++;
+	}
+	return 0;
+}
+
+/* l7_fill pads [from, to) of the skb with spaces. */
+__always_inline_fn void l7_fill(struct __sk_buff *skb, __u32 from, __u32 to)
+{
+	struct l7_pad_fill f = { .skb = skb, .at = from, .to = to };
+
+	bpf_loop(L7_MAX_ANSWER, l7_pad_step, &f, 0);
+}
+
+/* l7_answer rewrites the whole skb into a response of its length:
+ * status 403 or 400. It returns 1 when the answer closes the connection,
+ * 0 when it leaves it open, -1 when the skb cannot hold an answer. */
+__always_inline_fn int l7_answer(struct __sk_buff *skb, int status)
+{
+	__u32 len = skb->len, head, body, i;
+	char digits[5];
+
+	head = status == 403 ? L7_LONG_403 : L7_LONG_400;
+	if (len >= head && len <= L7_MAX_ANSWER) {
+		if (status == 403)
+			bpf_skb_store_bytes(skb, 0, l7_answer_long_403, L7_LONG_403, 0);
+		else
+			bpf_skb_store_bytes(skb, 0, l7_answer_long_400, L7_LONG_400, 0);
+		body = len - head;
+		for (i = 0; i < 5; i++) {
+			digits[4 - i] = '0' + body % 10;
+			body /= 10;
+		}
+		/* the digits sit before the final "\r\n\r\n" */
+		bpf_skb_store_bytes(skb, head - 9, digits, 5, 0);
+		l7_fill(skb, head, len);
+		return 1;
+	}
+	if (len < L7_SHORT_MIN || len > 512)
+		return -1;
+	/* Shorter than the long form: the reason phrase takes the slack. */
+	bpf_skb_store_bytes(skb, 0, status == 403 ? "HTTP/1.1 403 " : "HTTP/1.1 400 ", L7_SHORT_HEAD, 0);
+	if (len >= L7_CLOSE_MIN) {
+		l7_fill(skb, L7_SHORT_HEAD, len - L7_CLOSE_TAIL);
+		bpf_skb_store_bytes(skb, (len - L7_CLOSE_TAIL) & 511, l7_answer_close_tail, L7_CLOSE_TAIL, 0);
+		return 1;
+	}
+	l7_fill(skb, L7_SHORT_HEAD, len - L7_SHORT_TAIL);
+	bpf_skb_store_bytes(skb, (len - L7_SHORT_TAIL) & 511, l7_answer_short_tail, L7_SHORT_TAIL, 0);
+	return 0;
+}
+
+#endif /* WEIR_LIB_L7HTTP_H */

@@ -1,0 +1,234 @@
+package datapath
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weirnet/weir/internal/l7"
+)
+
+// l7HTTPHelperEnv makes the test binary an HTTP server (TestL7HTTPHelper)
+// on the address it names, in the cgroup the L7 programs watch.
+const l7HTTPHelperEnv = "WEIR_L7_HTTP_HELPER"
+
+// l7SeenPath answers the paths the helper served, one a line, itself
+// last: the test's way to know a denied request never reached it.
+const l7SeenPath = "/public/seen"
+
+// TestL7HTTPHelper is not a test: run with l7HTTPHelperEnv set, it
+// serves HTTP until killed, answering "<method> <path>" to every request.
+func TestL7HTTPHelper(t *testing.T) {
+	addr := os.Getenv(l7HTTPHelperEnv)
+	if addr == "" {
+		return
+	}
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	var mu sync.Mutex
+	var seen []string
+	fmt.Println("listening")
+	http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		list := strings.Join(seen, "\n")
+		mu.Unlock()
+		if r.URL.Path == l7SeenPath {
+			io.WriteString(w, list)
+			return
+		}
+		fmt.Fprintf(w, "%s %s", r.Method, r.URL.Path)
+	}))
+	os.Exit(3)
+}
+
+// startHTTPHelper runs TestL7HTTPHelper in cgroup cg on addr until the
+// test ends.
+func startHTTPHelper(t *testing.T, cg, addr string) {
+	t.Helper()
+	fd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestL7HTTPHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), l7HTTPHelperEnv+"="+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "listening" {
+		t.Fatalf("HTTP helper: %q, %v", line, err)
+	}
+}
+
+// rawExchange writes each piece (a pause between, so each is its own
+// skb) on a new connection and returns what came back before the
+// connection closed or went quiet.
+func rawExchange(t *testing.T, addr string, pieces ...string) string {
+	t.Helper()
+	c, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i, p := range pieces {
+		if i > 0 {
+			time.Sleep(30 * time.Millisecond)
+		}
+		if _, err := c.Write([]byte(p)); err != nil {
+			break
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(400 * time.Millisecond))
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+// TestL7HTTPEnforced: a port's requests are read and judged in the
+// kernel, with real sockets: allowed requests reach the server and are
+// answered by it; a denied one is answered 403 in place and never reaches
+// it, first or second on a keep-alive connection; a malformed one gets
+// 400; a head split over two skbs is never handed over in part; every
+// request of the smuggling corpus that the rules do not allow is kept
+// from the server; and each socket's reader state goes when it closes.
+func TestL7HTTPEnforced(t *testing.T) {
+	s, cg := attachL7ForTest(t)
+	const port = 18600
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	rules := []l7.Rule{
+		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
+		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
+		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
+	}
+	k, err := l7.CompileKernel(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteHTTPSet(1, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnforceHTTP(port, 1); err != nil {
+		t.Fatal(err)
+	}
+	startHTTPHelper(t, cg, addr)
+	seen := func() string {
+		t.Helper()
+		got := rawExchange(t, addr, "GET "+l7SeenPath+" HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+		if _, body, ok := strings.Cut(got, "\r\n\r\n"); ok {
+			return body
+		}
+		t.Fatalf("asking the server what it saw: %q", got)
+		return ""
+	}
+
+	// The deathstar: POST /v1/request-landing allowed, PUT
+	// /v1/exhaust-port denied, on one keep-alive connection.
+	got := rawExchange(t, addr,
+		"POST /v1/request-landing HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nland",
+		"PUT /v1/exhaust-port HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nboom")
+	if !strings.Contains(got, "200 OK") || !strings.Contains(got, "POST /v1/request-landing") || !strings.Contains(got, "HTTP/1.1 403 ") {
+		t.Fatalf("deathstar: got %q, want a 200 for the landing, then a 403", got)
+	}
+	if strings.Contains(seen(), "exhaust-port") {
+		t.Fatal("the denied PUT reached the server")
+	}
+
+	// A short request (37 bytes) gets the short 403, too short to say
+	// Connection: close, and keeps its connection.
+	got = rawExchange(t, addr, "GET /xyz HTTP/1.1\r\nHost: abcdefgh\r\n\r\n", "GET /public/after HTTP/1.1\r\nHost: a\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 403 ") || strings.Contains(got, "close") || !strings.Contains(got, "GET /public/after") {
+		t.Fatalf("short denied request, then an allowed one: %q", got)
+	}
+	// Under 35 bytes no 403 fits: the request is dropped, and so is all
+	// that follows on its connection.
+	got = rawExchange(t, addr, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n", "GET /public/dropped HTTP/1.1\r\nHost: a\r\n\r\n")
+	if got != "" || strings.Contains(seen(), "/public/dropped") {
+		t.Fatalf("a 28-byte denied request: got %q, want nothing and nothing served after it", got)
+	}
+
+	// Malformed: 400, nothing reaches the server.
+	got = rawExchange(t, addr, "GET /public/../admin HTTP/1.1\r\nHost: h\r\nX-Padding-For-The-Answer: 0123456789012345678901234567890123456789\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 400 Bad Request") {
+		t.Fatalf("dot-dot path: %q, want 400", got)
+	}
+
+	// A head split over two skbs is never handed over in part.
+	before, _ := s.Stats()
+	got = rawExchange(t, addr, "GET /public/spl", "it HTTP/1.1\r\nHost: h\r\n\r\n")
+	after, _ := s.Stats()
+	if got != "" || after.Split != before.Split+1 || strings.Contains(seen(), "/public/split") {
+		t.Fatalf("split head: got %q, split count %d -> %d; want no answer, one split, nothing served", got, before.Split, after.Split)
+	}
+
+	// Every smuggling attempt of internal/l7's corpus: the server never
+	// sees /admin.
+	var wg sync.WaitGroup
+	for _, stream := range readerCorpus(t)[:50] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp4", addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			c.Write(stream)
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			io.ReadAll(c)
+		}()
+	}
+	wg.Wait()
+	if list := seen(); strings.Contains(list, "/admin") || strings.Contains(list, "exhaust") {
+		t.Fatalf("a denied request reached the server:\n%s", list)
+	}
+
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stats: %+v", st)
+	if st.Allowed == 0 || st.Denied == 0 || st.Refused == 0 || st.Answered == 0 || st.JoinFail != 0 || st.NoState != 0 {
+		t.Errorf("counters: %+v", st)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		n, err := s.HTTPConnections()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sockets' reader state left after every connection closed", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
