@@ -223,13 +223,21 @@ func waitL7Bytes(t *testing.T, s *L7Sockets, want uint64) L7Stats {
 // the test ends.
 func startL7Helper(t *testing.T, cg, addr string) {
 	t.Helper()
+	startHelperIn(t, cg, "TestL7EchoHelper", l7HelperEnv, addr)
+}
+
+// startHelperIn runs the test binary's helper test (a server that prints
+// "listening" once it is) in cgroup cg with env set to addr, until the
+// test ends.
+func startHelperIn(t *testing.T, cg, helper, env, addr string) {
+	t.Helper()
 	fd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestL7EchoHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), l7HelperEnv+"="+addr)
+	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+addr)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -237,7 +245,7 @@ func startL7Helper(t *testing.T, cg, addr string) {
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start the echo helper in %s: %v", cg, err)
+		t.Fatalf("start %s in %s: %v", helper, cg, err)
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
@@ -245,7 +253,7 @@ func startL7Helper(t *testing.T, cg, addr string) {
 	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "listening" {
-		t.Fatalf("echo helper: %q, %v", line, err)
+		t.Fatalf("%s: %q, %v", helper, line, err)
 	}
 }
 

@@ -1,21 +1,16 @@
 package datapath
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/weirnet/weir/internal/l7"
 )
@@ -62,29 +57,7 @@ func TestL7HTTPHelper(t *testing.T) {
 // test ends.
 func startHTTPHelper(t *testing.T, cg, addr string) {
 	t.Helper()
-	fd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestL7HTTPHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), l7HTTPHelperEnv+"="+addr)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "listening" {
-		t.Fatalf("HTTP helper: %q, %v", line, err)
-	}
+	startHelperIn(t, cg, "TestL7HTTPHelper", l7HTTPHelperEnv, addr)
 }
 
 // rawExchange writes each piece (a pause between, so each is its own
