@@ -88,3 +88,28 @@ func actionEnum(spec apiextensionsv1.JSONSchemaProps, dir string) []string {
 	}
 	return out
 }
+
+// TestWeirNetworkPolicyCRD: the namespaced kind with HTTP rules, its
+// ports carrying at most 64 rules each (a set the kernel holds), and not
+// in the chart until the agent enforces it: a cluster that can create one
+// would believe its HTTP rules held.
+func TestWeirNetworkPolicyCRD(t *testing.T) {
+	crd := readCRD(t, "crd-weirnetworkpolicies.yaml")
+	if crd.Name != "weirnetworkpolicies.weir.io" || crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != "WeirNetworkPolicy" {
+		t.Fatalf("%s: %s, scope %s, kind %s", "crd-weirnetworkpolicies.yaml", crd.Name, crd.Spec.Scope, crd.Spec.Names.Kind)
+	}
+	spec := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
+	for _, dir := range []string{"ingress", "egress"} {
+		port := spec.Properties[dir].Items.Schema.Properties["ports"].Items.Schema
+		http, ok := port.Properties["http"]
+		if !ok || http.MaxItems == nil || *http.MaxItems != 64 {
+			t.Errorf("%s ports: http %+v, want at most 64 rules", dir, http.MaxItems)
+		}
+		if _, ok := port.Properties["port"]; !ok {
+			t.Errorf("%s ports: no port field (NetworkPolicyPort inline)", dir)
+		}
+	}
+	if _, err := Chart.ReadFile("helm/weir/crds/weirnetworkpolicies.yaml"); err == nil {
+		t.Fatal("the chart installs WeirNetworkPolicy before the agent enforces it")
+	}
+}

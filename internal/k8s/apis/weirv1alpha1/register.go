@@ -12,6 +12,9 @@ var SchemeGroupVersion = schema.GroupVersion{Group: "weir.io", Version: "v1alpha
 // Resource is the WeirClusterNetworkPolicy resource, for dynamic clients.
 var Resource = SchemeGroupVersion.WithResource("weirclusternetworkpolicies")
 
+// NetworkPolicyResource is the WeirNetworkPolicy resource.
+var NetworkPolicyResource = SchemeGroupVersion.WithResource("weirnetworkpolicies")
+
 var (
 	// SchemeBuilder registers this package's kinds.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
@@ -20,7 +23,8 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(SchemeGroupVersion, &WeirClusterNetworkPolicy{}, &WeirClusterNetworkPolicyList{})
+	s.AddKnownTypes(SchemeGroupVersion, &WeirClusterNetworkPolicy{}, &WeirClusterNetworkPolicyList{},
+		&WeirNetworkPolicy{}, &WeirNetworkPolicyList{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }
