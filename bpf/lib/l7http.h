@@ -114,6 +114,14 @@ static long l7_step(__u32 i, void *data)
 	case HTTP_HEAD_DONE:
 		switch (l7_judge(w->conn->set, s)) {
 		case L7_ALLOW:
+			if (s->flags & HTTP_FLAG_UPGRADE) {
+				/* After a 101 the bytes are no longer HTTP, and a
+				 * server that declines the upgrade stays in HTTP:
+				 * only the answer tells which, so user space decides. */
+				l7_count(L7_STAT_PUNTED, 1);
+				w->outcome = L7_WALK_PUNT;
+				return 1;
+			}
 			l7_count(L7_STAT_ALLOWED, 1);
 			w->head_pos = L7_NO_HEAD;
 			return 0;

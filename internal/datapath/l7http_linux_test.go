@@ -151,10 +151,20 @@ func TestL7HTTPEnforced(t *testing.T) {
 		t.Fatalf("dot-dot path: %q, want 400", got)
 	}
 
-	// A head split over two skbs is never handed over in part.
+	// An allowed upgrade: after it the bytes may not be HTTP, or may be
+	// if the server declines, so the kernel does not judge on: dropped
+	// (user space decides, once it exists).
 	before, _ := s.Stats()
-	got = rawExchange(t, addr, "GET /public/spl", "it HTTP/1.1\r\nHost: h\r\n\r\n")
+	got = rawExchange(t, addr, "GET /public/ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
 	after, _ := s.Stats()
+	if got != "" || after.Punted != before.Punted+1 || strings.Contains(seen(), "/public/ws") {
+		t.Fatalf("upgrade: got %q, punted %d -> %d; want it held back", got, before.Punted, after.Punted)
+	}
+
+	// A head split over two skbs is never handed over in part.
+	before, _ = s.Stats()
+	got = rawExchange(t, addr, "GET /public/spl", "it HTTP/1.1\r\nHost: h\r\n\r\n")
+	after, _ = s.Stats()
 	if got != "" || after.Split != before.Split+1 || strings.Contains(seen(), "/public/split") {
 		t.Fatalf("split head: got %q, split count %d -> %d; want no answer, one split, nothing served", got, before.Split, after.Split)
 	}
