@@ -1072,6 +1072,31 @@ static __always_inline long http_feed_byte(struct http_state *s, __u8 c)
 	return r;
 }
 
+/* A value of a field nothing reads (not Host, framing or Connection) is
+ * only checked for its bytes: a caller may take a run of them at once
+ * instead of one byte per http_feed_byte. */
+#define HTTP_VALUE_RUN 16
+
+/* http_in_plain_value says whether the next bytes may be taken as a run. */
+__always_inline_fn int http_in_plain_value(struct http_state *s)
+{
+	return s->state == HS_FIELD_VALUE && s->field == HF_OTHER;
+}
+
+/* http_take_value takes n bytes of a plain value, the last of them last,
+ * which the caller found to be value bytes (is_value_byte: no CR or LF).
+ * It takes nothing when they would pass the head's limit, so that
+ * http_feed_byte refuses at the very byte that does. */
+__always_inline_fn __u32 http_take_value(struct http_state *s, __u32 n, __u8 last)
+{
+	if (!n || s->unit_len + n > HTTP_MAX_HEAD)
+		return 0;
+	s->unit_len += n;
+	s->prev = last;
+	s->offset += n;
+	return n;
+}
+
 /* http_skip moves through up to n body or chunk bytes without reading
  * them and returns how many it moved through. */
 __always_inline_fn __u64 http_skip(struct http_state *s, __u64 n)

@@ -71,7 +71,7 @@ func (r *httpReader) read(t testing.TB, stream []byte, cuts []int) []httpreaderH
 	prev := 0
 	for _, cut := range append(cuts, len(stream)) {
 		for prev < cut {
-			end := min(cut, prev+4096)
+			end := min(cut, prev+2048) // BPF_PROG_RUN takes a packet within a page
 			data := append(make([]byte, 14), stream[prev:end]...)
 			ret, err := r.objs.HttpReaderTest.Run(&ebpf.RunOptions{Data: data})
 			if err != nil || ret != 0 {
@@ -223,6 +223,11 @@ func readerCorpus(t testing.TB) [][]byte {
 	} {
 		out = append(out, []byte(s))
 	}
+	// Heads at the limit and one byte over it, their long value read in
+	// runs (lib/http.h's http_take_value).
+	for _, v := range []int{16352, 16353} {
+		out = append(out, []byte("GET / HTTP/1.1\r\nHost: h\r\nX: "+strings.Repeat("a", v)+"\r\n\r\n"))
+	}
 	return out
 }
 
@@ -246,6 +251,11 @@ func TestHTTPReaderMatchesParser(t *testing.T) {
 	for _, s := range corpus {
 		check(s, nil)
 		for cut := 1; cut < len(s); cut++ {
+			// Long heads: every 97th byte and the last 40, where the limit
+			// decides.
+			if len(s) > 512 && cut%97 != 0 && cut < len(s)-40 {
+				continue
+			}
 			check(s, []int{cut})
 		}
 	}
