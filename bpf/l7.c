@@ -52,6 +52,17 @@ __always_inline_fn void l7_track(struct bpf_sock_ops *ctx, __u32 set)
 	bpf_sock_ops_cb_flags_set(ctx, BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
+/* l7_v4_mapped says whether a socket's two IPv6 addresses are
+ * ::ffff:a.b.c.d. Each field is read on its own: sock_ops context fields
+ * must be loaded at constant offsets. */
+__always_inline_fn int l7_v4_mapped(struct bpf_sock_ops *ctx)
+{
+	__u32 ffff = bpf_htonl(0xffff);
+
+	return ctx_load(ctx->remote_ip6[0]) == 0 && ctx_load(ctx->remote_ip6[1]) == 0 && ctx_load(ctx->remote_ip6[2]) == ffff &&
+	       ctx_load(ctx->local_ip6[0]) == 0 && ctx_load(ctx->local_ip6[1]) == 0 && ctx_load(ctx->local_ip6[2]) == ffff;
+}
+
 SEC("sockops")
 int l7_sockops(struct bpf_sock_ops *ctx)
 {
@@ -68,14 +79,23 @@ int l7_sockops(struct bpf_sock_ops *ctx)
 		}
 		return 1;
 	}
-	if (ctx->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB || ctx->family != WEIR_AF_INET)
+	if (ctx->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
 		return 1;
 	port = (__u16)ctx->local_port;
 	p = bpf_map_lookup_elem(&weir_l7_ports, &port);
 	if (!p)
 		return 1;
-	key.remote = ctx->remote_ip4;
-	key.local = ctx->local_ip4;
+	if (ctx->family == WEIR_AF_INET) {
+		key.remote = ctx->remote_ip4;
+		key.local = ctx->local_ip4;
+	} else if (ctx->family == WEIR_AF_INET6 && l7_v4_mapped(ctx)) {
+		/* An IPv4 client of a server listening on [::] (Go, Node and
+		 * the JVM by default): the same four-tuple as for AF_INET. */
+		key.remote = ctx_load(ctx->remote_ip6[3]);
+		key.local = ctx_load(ctx->local_ip6[3]);
+	} else {
+		return 1; /* IPv6 pods are not part of this single-stack cluster */
+	}
 	/* remote_port holds the port in network order in its upper half. */
 	key.remote_port = bpf_ntohs((__u16)(ctx->remote_port >> 16));
 	key.local_port = port;

@@ -70,17 +70,6 @@ enum sock_lb_result {
 	SOCK_LB_REFUSED,    /* a Service without backends: the error is set */
 };
 
-/* ctx_load reads a context field where it is written. Without the
- * barrier clang may sink the load into the branch that needs it and pick
- * its address by the branch taken; the verifier refuses a load from a
- * context or socket pointer moved that way. For 32-bit fields. */
-#define ctx_load(field)                            \
-	({                                         \
-		__u32 __v = (field);               \
-		asm volatile("" : "+r"(__v));      \
-		__v;                               \
-	})
-
 /* sock_v4 is a socket address as IPv4: v4 for an AF_INET socket, the
  * last word of an AF_INET6 socket's IPv4-mapped address (w0..w3), 0 for
  * any other. */

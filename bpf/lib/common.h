@@ -63,6 +63,17 @@ volatile const __u32 HASH_SEED_HI = 0;
 volatile const __u32 CLUSTER_CIDR_V4 = 0;      /* every pod address of the cluster */
 volatile const __u32 CLUSTER_CIDR_V4_MASK = 0;
 
+/* ctx_load reads a context field where it is written. Without the
+ * barrier clang may sink the load into the branch that needs it and pick
+ * its address by the branch taken; the verifier refuses a load from a
+ * context or socket pointer moved that way. For 32-bit fields. */
+#define ctx_load(field)                            \
+	({                                         \
+		__u32 __v = (field);               \
+		asm volatile("" : "+r"(__v));      \
+		__v;                               \
+	})
+
 /* in_pod_cidr_v4 reports whether ip belongs to this node's pod CIDR. */
 __always_inline_fn int in_pod_cidr_v4(__be32 ip)
 {

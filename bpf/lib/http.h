@@ -105,14 +105,21 @@ enum {
 	HF_TRANSFER_ENCODING,
 	HF_CONNECTION,
 	HF_UPGRADE,
+	/* method and target overrides frameworks honour: refused */
+	HF_METHOD_OVERRIDE,
+	HF_HTTP_METHOD,
+	HF_X_METHOD_OVERRIDE,
+	HF_ORIGINAL_URL,
+	HF_REWRITE_URL,
 	HF_COUNT,
 };
 
 /* Known field names, lowercase, and the words some of their values hold. */
 static const char http_field_names[HF_COUNT][32] = {
 	"", "host", "content-length", "transfer-encoding", "connection", "upgrade",
+	"x-http-method-override", "x-http-method", "x-method-override", "x-original-url", "x-rewrite-url",
 };
-static const __u8 http_field_len[HF_COUNT] = { 0, 4, 14, 17, 10, 7 };
+static const __u8 http_field_len[HF_COUNT] = { 0, 4, 14, 17, 10, 7, 22, 13, 17, 14, 13 };
 static const char http_word_chunked[16] = "chunked";
 static const char http_word_close[16] = "close";
 static const char http_word_keepalive[16] = "keep-alive";
@@ -163,7 +170,7 @@ struct http_state {
 	/* the field line being read */
 	__u8 field;
 	__u8 name_len;
-	__u8 name_match;  /* bit per HF_* still matching */
+	__u16 name_match; /* bit per HF_* still matching */
 	__u8 val_ws;      /* 0 before the value, 1 in it, 2 after it (trailing OWS) */
 	/* Content-Length */
 	__u8 cl_count;
@@ -187,6 +194,8 @@ struct http_state {
 	__u8 host_len;    /* bytes of the name read, saturating */
 	__u8 host_dot;    /* a '.' is pending (trailing dot unless more follows) */
 	__u8 host_label_len;
+	__u8 host_long;
+	__u8 override;    /* a method or target override header was sent */
 };
 
 __always_inline_fn __u64 fnv(__u64 h, __u8 c)
@@ -299,7 +308,8 @@ __always_inline_fn void http_begin_head(struct http_state *s)
 	s->te_count = s->te_last_chunked = s->te_bad = 0;
 	s->opt_close = s->opt_keep = s->opt_upgrade = 0;
 	s->upgrade_count = 0;
-	s->host_count = s->host_bad = 0;
+	s->host_count = s->host_bad = s->host_long = 0;
+	s->override = 0;
 	s->field = HF_OTHER;
 }
 
@@ -384,8 +394,8 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 	}
 	if (s->seg_raw < 2)
 		s->seg_raw++;
-	if (s->in_params)
-		return HTTP_MORE;
+	/* Escapes are checked in the whole segment, its parameters too; only
+	 * what comes before a ';' is hashed. */
 	if (s->pct) {
 		if (!is_hex(c))
 			return http_fail(s, HTTP_ERR_PATH);
@@ -396,11 +406,9 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 		}
 		s->pct = 0;
 		c = s->pct_val;
-		if (c == '/' || c == '\\' || c == 0 || http_utf8(s, c))
+		if (c == '/' || c == '\\' || c == 0 || is_unreserved(c) || http_utf8(s, c))
 			return http_fail(s, HTTP_ERR_PATH);
-		if (is_unreserved(c)) {
-			http_path_emit(s, c);
-		} else {
+		if (!s->in_params) {
 			http_path_emit(s, '%');
 			http_path_emit(s, "0123456789ABCDEF"[c >> 4]);
 			http_path_emit(s, "0123456789ABCDEF"[c & 15]);
@@ -408,9 +416,6 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 		return HTTP_MORE;
 	}
 	switch (c) {
-	case ';':
-		s->in_params = 1;
-		return HTTP_MORE;
 	case '%':
 		s->pct = 1;
 		s->pct_val = 0;
@@ -421,7 +426,10 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 	}
 	if (http_utf8(s, c))
 		return http_fail(s, HTTP_ERR_PATH);
-	http_path_emit(s, c);
+	if (c == ';')
+		s->in_params = 1;
+	if (!s->in_params)
+		http_path_emit(s, c);
 	return HTTP_MORE;
 }
 
@@ -431,7 +439,8 @@ __always_inline_fn void http_host_label_end(struct http_state *s)
 {
 	if (s->labels < HTTP_MAX_LABELS)
 		s->label[s->labels & (HTTP_MAX_LABELS - 1)] = s->label_hash;
-	s->labels++;
+	if (s->labels < 255)
+		s->labels++; /* past HTTP_MAX_LABELS the head is punted */
 	s->label_hash = FNV_OFFSET;
 	s->host_label_len = 0;
 }
@@ -470,7 +479,10 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 			s->host_dot = 0;
 		}
 		s->label_hash = fnv(s->label_hash, lower_ascii(c));
-		s->host_label_len++;
+		if (s->host_label_len == 255)
+			s->host_long = 1; /* a label the counter cannot hold: punted */
+		else
+			s->host_label_len++;
 		return;
 	case 1: /* the port: digits */
 		if (!is_digit(c))
@@ -628,6 +640,13 @@ __always_inline_fn void http_value_start(struct http_state *s)
 	case HF_UPGRADE:
 		s->upgrade_count++;
 		break;
+	case HF_METHOD_OVERRIDE:
+	case HF_HTTP_METHOD:
+	case HF_X_METHOD_OVERRIDE:
+	case HF_ORIGINAL_URL:
+	case HF_REWRITE_URL:
+		s->override = 1;
+		break;
 	}
 }
 
@@ -687,8 +706,34 @@ __always_inline_fn void http_value_end(struct http_state *s)
 	}
 }
 
+/* http_method_is compares the method read with m (n bytes, n <= 7). */
+__always_inline_fn int http_method_is(struct http_state *s, const char *m, __u8 n)
+{
+	int i;
+
+	if (s->method_len != n)
+		return 0;
+	for (i = 0; i < 7; i++) {
+		if (i >= n)
+			break;
+		if (s->method[i] != (__u8)m[i])
+			return 0;
+	}
+	return 1;
+}
+
+/* http_bodyless says whether the method's body has no defined meaning:
+ * one with a body is refused, as servers that ignore it take it for the
+ * next request (internal/l7's bodylessMethods). */
+__always_inline_fn int http_bodyless(struct http_state *s)
+{
+	return http_method_is(s, "GET", 3) || http_method_is(s, "HEAD", 4) || http_method_is(s, "DELETE", 6) ||
+	       http_method_is(s, "OPTIONS", 7) || http_method_is(s, "TRACE", 5);
+}
+
 /* http_head_end applies the checks the Go parser makes of a whole head
- * (readFraming, readHost, readConnection) and sets up the body. */
+ * (readFraming, bodies and overrides, readHost, readConnection) and sets
+ * up the body. */
 __always_inline_fn long http_head_end(struct http_state *s)
 {
 	int http11 = s->version_minor == 1;
@@ -703,9 +748,13 @@ __always_inline_fn long http_head_end(struct http_state *s)
 	} else if (s->cl_count > 1 || (s->cl_count == 1 && s->cl_bad)) {
 		return http_fail(s, HTTP_ERR_FRAMING);
 	}
+	if (((s->flags & HTTP_FLAG_CHUNKED) || s->content_length) && http_bodyless(s))
+		return http_fail(s, HTTP_ERR_FRAMING);
+	if (s->override)
+		return http_fail(s, HTTP_ERR_FIELD);
 	if (s->host_count > 1 || (http11 && s->host_count == 0) || (s->host_count && s->host_bad))
 		return http_fail(s, HTTP_ERR_HOST);
-	if (s->labels > HTTP_MAX_LABELS)
+	if (s->labels > HTTP_MAX_LABELS || s->host_long)
 		return http_punt(s, HTTP_PUNT_HOST);
 	if (!http11)
 		s->flags |= HTTP_FLAG_HTTP10;
@@ -910,7 +959,7 @@ static __always_inline long http_byte(struct http_state *s, __u8 c)
 				return http_fail(s, HTTP_ERR_FIELD);
 			s->fields++;
 			s->name_len = 0;
-			s->name_match = 0xfe;
+			s->name_match = 0xfffe;
 			http_name_byte(s, c);
 			s->state = HS_FIELD_NAME;
 			break;

@@ -49,7 +49,8 @@ type httpreaderHttpState struct {
 	ChunkDigits   uint8
 	Field         uint8
 	NameLen       uint8
-	NameMatch     uint8
+	_             [1]byte
+	NameMatch     uint16
 	ValWs         uint8
 	ClCount       uint8
 	ClDigits      uint8
@@ -73,7 +74,9 @@ type httpreaderHttpState struct {
 	HostLen       uint8
 	HostDot       uint8
 	HostLabelLen  uint8
-	_             [1]byte
+	HostLong      uint8
+	Override      uint8
+	_             [5]byte
 }
 
 type httpreaderHttpTestRecord struct {

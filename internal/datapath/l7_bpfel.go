@@ -51,7 +51,8 @@ type l7L7Conn struct {
 		ChunkDigits   uint8
 		Field         uint8
 		NameLen       uint8
-		NameMatch     uint8
+		_             [1]byte
+		NameMatch     uint16
 		ValWs         uint8
 		ClCount       uint8
 		ClDigits      uint8
@@ -75,7 +76,9 @@ type l7L7Conn struct {
 		HostLen       uint8
 		HostDot       uint8
 		HostLabelLen  uint8
-		_             [1]byte
+		HostLong      uint8
+		Override      uint8
+		_             [5]byte
 	}
 	Set    uint32
 	Closed uint8

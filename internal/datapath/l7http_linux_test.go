@@ -30,7 +30,11 @@ func TestL7HTTPHelper(t *testing.T) {
 	if addr == "" {
 		return
 	}
-	ln, err := net.Listen("tcp4", addr)
+	network := "tcp4"
+	if strings.HasPrefix(addr, "[") {
+		network = "tcp" // [::]: IPv4 clients get IPv4-mapped AF_INET6 sockets
+	}
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -130,6 +134,20 @@ func TestL7HTTPEnforced(t *testing.T) {
 	}
 	if strings.Contains(seen(), "exhaust-port") {
 		t.Fatal("the denied PUT reached the server")
+	}
+
+	// A server listening on [::], as Go, Node and the JVM do by default:
+	// an IPv4 client's socket is AF_INET6 with mapped addresses, and is
+	// judged all the same.
+	const dualPort = port + 1
+	if err := s.EnforceHTTP(dualPort, 1); err != nil {
+		t.Fatal(err)
+	}
+	startHTTPHelper(t, cg, fmt.Sprintf("[::]:%d", dualPort))
+	got = rawExchange(t, fmt.Sprintf("127.0.0.1:%d", dualPort),
+		"PUT /v1/exhaust-port HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nboom")
+	if !strings.HasPrefix(got, "HTTP/1.1 403 ") {
+		t.Fatalf("a denied request to a server on [::]: %q, want 403", got)
 	}
 
 	// A short request (37 bytes) gets the short 403, too short to say

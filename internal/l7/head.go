@@ -74,6 +74,16 @@ func parseHead(head []byte, start int64, l Limits, refuseRepeated map[string]boo
 	if err := r.readFraming(start); err != nil {
 		return nil, err
 	}
+	if (r.Chunked || r.ContentLength > 0) && bodylessMethods[r.Method] {
+		// A server that does not read a GET's body (Python's
+		// http.server does not) reads it as the next request.
+		return nil, refuse(ErrAmbiguousFraming, start, "a body on a %s request", r.Method)
+	}
+	for _, f := range r.Header {
+		if overrideHeaders[f.Name] {
+			return nil, refuse(ErrAmbiguousTarget, start, "%s asks the application for another method or target than the rules read", f.Name)
+		}
+	}
 	if err := r.readHost(start); err != nil {
 		return nil, err
 	}
@@ -84,6 +94,19 @@ func parseHead(head []byte, start int64, l Limits, refuseRepeated map[string]boo
 		}
 	}
 	return r, nil
+}
+
+// bodylessMethods are the methods whose body has no defined meaning
+// (RFC 9110): a request of one with a body is refused, since servers
+// that ignore such a body take it for the next request.
+var bodylessMethods = map[string]bool{"GET": true, "HEAD": true, "DELETE": true, "OPTIONS": true, "TRACE": true}
+
+// overrideHeaders make frameworks (Express's method-override, Spring,
+// Laravel, Symfony, IIS) act on another method or target than the
+// request line's, which the rules read: refused.
+var overrideHeaders = map[string]bool{
+	"x-http-method-override": true, "x-http-method": true, "x-method-override": true,
+	"x-original-url": true, "x-rewrite-url": true,
 }
 
 // parseRequestLine reads "method SP request-target SP HTTP-version", one

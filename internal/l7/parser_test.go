@@ -53,9 +53,17 @@ func TestParserReadsRequests(t *testing.T) {
 			want: []Request{{Method: "GET", Path: "/", Query: "q", Host: "api.example.com", Proto: "HTTP/1.1"}},
 		},
 		{
-			name: "canonical path: unreserved decoded, others uppercased, parameters cut",
-			in:   "GET /%61pi/v%31;jsessionid=1/%c3%a9 HTTP/1.1\r\nHost: h\r\n\r\n",
+			name: "canonical path: escapes uppercased, parameters cut",
+			in:   "GET /api/v1;jsessionid=1/%c3%a9 HTTP/1.1\r\nHost: h\r\n\r\n",
 			want: []Request{{Method: "GET", Path: "/api/v1/%C3%A9", Host: "h", Proto: "HTTP/1.1"}},
+		},
+		{
+			name: "a body on POST, DELETE without one",
+			in:   "POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\nxDELETE /a HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n",
+			want: []Request{
+				{Method: "POST", Path: "/a", Host: "h", Proto: "HTTP/1.1", ContentLength: 1},
+				{Method: "DELETE", Path: "/a", Host: "h", Proto: "HTTP/1.1"},
+			},
 		},
 		{
 			name: "HTTP/1.0 without Host closes",
@@ -134,6 +142,13 @@ func TestParserRefuses(t *testing.T) {
 		{"encoded slash", "GET /public%2Fadmin HTTP/1.1\r\n" + host + "\r\n", ErrAmbiguousTarget},
 		{"empty segment", "GET //admin HTTP/1.1\r\n" + host + "\r\n", ErrAmbiguousTarget},
 		{"bad percent-encoding", "GET /a%zz HTTP/1.1\r\n" + host + "\r\n", ErrAmbiguousTarget},
+		{"encoded unreserved", "GET /%61dmin HTTP/1.1\r\n" + host + "\r\n", ErrAmbiguousTarget},
+		{"encoded slash in parameters", "GET /public;%2F..%2Fadmin HTTP/1.1\r\n" + host + "\r\n", ErrAmbiguousTarget},
+		{"bad escape in parameters", "GET /public;%zz HTTP/1.1\r\n" + host + "\r\n", ErrAmbiguousTarget},
+		{"GET with a body", "GET /public HTTP/1.1\r\n" + host + "Content-Length: 3\r\n\r\nabc", ErrAmbiguousFraming},
+		{"HEAD chunked", "HEAD /public HTTP/1.1\r\n" + host + "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", ErrAmbiguousFraming},
+		{"method override", "POST /public HTTP/1.1\r\n" + host + "X-HTTP-Method-Override: PUT\r\nContent-Length: 0\r\n\r\n", ErrAmbiguousTarget},
+		{"URL override", "GET /public HTTP/1.1\r\n" + host + "X-Original-URL: /admin\r\n\r\n", ErrAmbiguousTarget},
 		{"backslash", "GET /public\\..\\admin HTTP/1.1\r\n" + host + "\r\n", ErrMalformed},
 		{"fragment", "GET /a#b HTTP/1.1\r\n" + host + "\r\n", ErrMalformed},
 		{"non-ASCII target", "GET /\xc3\xa9 HTTP/1.1\r\n" + host + "\r\n", ErrMalformed},

@@ -71,13 +71,13 @@ func (r *Request) parseTarget(t string, at int64) *RequestError {
 var ErrPathAmbiguous = errors.New("path servers may read differently")
 
 // CanonicalPath puts an absolute path in the form rules match against:
-// a percent-encoded unreserved character (letters, digits, "-._~") is
-// decoded, every other encoding is kept with uppercase hex, and each
-// segment's parameters (from a ';' on, which Java servers strip) are cut
-// off. It refuses, with ErrPathAmbiguous, what servers resolve in
-// different ways: "." and ".." segments (also encoded, also with
-// parameters, as in "/..;/"), an encoded '/', '\' or NUL, an empty
-// segment ("//", which nginx merges), and a bad percent-encoding.
+// escapes in uppercase hex, each segment's parameters (from a ';' on,
+// which Java servers strip) cut off. It refuses, with ErrPathAmbiguous,
+// what servers resolve in different ways: "." and ".." segments (also
+// with parameters, as in "/..;/"), an encoded '/', '\', NUL or
+// unreserved character anywhere in a segment (its parameters too), an
+// empty segment ("//", which nginx merges), a bad percent-encoding and
+// escapes that are not UTF-8.
 func CanonicalPath(p string) (string, error) {
 	if !strings.HasPrefix(p, "/") {
 		return "", fmt.Errorf("%w: %q does not start with '/'", ErrPathAmbiguous, p)
@@ -101,23 +101,31 @@ func CanonicalPath(p string) (string, error) {
 	return out.String(), nil
 }
 
-// canonicalSegment decodes one segment's unreserved characters and cuts
-// its parameters off. The bytes its escapes stand for must be UTF-8: an
-// overlong form such as %c0%ae (a '.' to a lax decoder) is refused.
+// canonicalSegment gives a segment's canonical form: escapes in
+// uppercase hex, the parameters (from a ';' on) cut off. Every escape of
+// the whole segment, parameters included, must be well formed and stand
+// for a byte servers agree on: an encoded '/', '\' or NUL is refused (a
+// server that decodes it before routing resolves another path: nginx
+// takes "/public;%2F..%2Fadmin" to /admin), and so is an encoded
+// unreserved character (RFC 3986 says never to encode one, and servers
+// that route on the raw path and those that decode first disagree), and
+// the bytes the escapes stand for must be UTF-8 (an overlong %c0%ae is a
+// '.' to a lax decoder).
 func canonicalSegment(seg string) (string, error) {
 	var b strings.Builder
 	var decoded []byte
+	params := false
 	for i := 0; i < len(seg); i++ {
 		c := seg[i]
-		if c == ';' {
-			break
-		}
 		if c == '[' || c == ']' {
 			return "", fmt.Errorf("%q outside a host", c)
 		}
 		if c != '%' {
-			b.WriteByte(c)
 			decoded = append(decoded, c)
+			params = params || c == ';'
+			if !params {
+				b.WriteByte(c)
+			}
 			continue
 		}
 		if i+2 >= len(seg) || !isHex(seg[i+1]) || !isHex(seg[i+2]) {
@@ -130,8 +138,9 @@ func canonicalSegment(seg string) (string, error) {
 		case d == '/' || d == '\\' || d == 0:
 			return "", fmt.Errorf("encoded %q", d)
 		case isUnreserved(d):
-			b.WriteByte(d)
-		default:
+			return "", fmt.Errorf("encoded %q, which is sent as it is", d)
+		}
+		if !params {
 			fmt.Fprintf(&b, "%%%02X", d)
 		}
 	}
