@@ -1146,6 +1146,31 @@ __always_inline_fn __u32 http_take_value(struct http_state *s, __u32 n, __u8 las
 	return n;
 }
 
+/* http_take_value_run takes the run of plain value bytes at buf[at...]
+ * (indexes masked by mask, a power of two less one; at most avail bytes
+ * there belong to the stream) and returns how many it took: 0 when the
+ * reader is not in a plain value or the next byte is not a value byte. */
+__always_inline_fn __u32 http_take_value_run(struct http_state *s, const __u8 *buf, __u32 at, __u32 mask, __u32 avail)
+{
+	__u32 n = 0, j;
+	__u8 last = 0;
+
+	if (!http_in_plain_value(s))
+		return 0;
+	for (j = 0; j < HTTP_VALUE_RUN; j++) {
+		__u8 d;
+
+		if (j >= avail)
+			break;
+		d = buf[(at + j) & mask];
+		if (!is_value_byte(d))
+			break;
+		last = d;
+		n++;
+	}
+	return http_take_value(s, n, last);
+}
+
 /* http_skip moves through up to n body or chunk bytes without reading
  * them and returns how many it moved through. */
 __always_inline_fn __u64 http_skip(struct http_state *s, __u64 n)

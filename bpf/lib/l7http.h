@@ -93,6 +93,7 @@ static long l7_step(__u32 i, void *data)
 {
 	struct l7_walk *w = data;
 	struct http_state *s = &w->conn->s;
+	__u32 n;
 	__u8 c;
 	long r;
 
@@ -106,27 +107,12 @@ static long l7_step(__u32 i, void *data)
 		w->outcome = L7_WALK_REFUSE;
 		return 1;
 	}
-	if (http_in_plain_value(s) && is_value_byte(c)) {
-		/* A run of a value nothing reads, within the loaded window. */
-		__u32 n = 1, j;
-		__u8 last = c;
-
-		for (j = 1; j < HTTP_VALUE_RUN; j++) {
-			__u8 d;
-
-			if (w->pos + j >= w->len || w->pos + j >= w->wstart + w->wlen)
-				break;
-			d = w->win[(w->pos + j - w->wstart) & (L7_WINDOW - 1)];
-			if (!is_value_byte(d))
-				break;
-			last = d;
-			n++;
-		}
-		n = http_take_value(s, n, last);
-		if (n) {
-			w->pos += n;
-			return 0;
-		}
+	/* A run of a value nothing reads, within the loaded window. */
+	n = http_take_value_run(s, w->win, w->pos - w->wstart, L7_WINDOW - 1,
+				(w->len < w->wstart + w->wlen ? w->len : w->wstart + w->wlen) - w->pos);
+	if (n) {
+		w->pos += n;
+		return 0;
 	}
 	if (s->state == HS_IDLE && c != '\r')
 		w->head_pos = w->pos;

@@ -124,6 +124,7 @@ static long step(__u32 i, void *data)
 {
 	struct feed *f = data;
 	struct http_state *s = f->s;
+	__u32 n;
 	long r;
 
 	if (f->pos >= f->len)
@@ -132,27 +133,11 @@ static long step(__u32 i, void *data)
 		f->pos += http_skip(s, f->len - f->pos);
 		return 0;
 	}
-	if (http_in_plain_value(s)) {
-		/* The same runs l7http.h takes, so the comparison covers them. */
-		__u32 n = 0, j;
-		__u8 last = 0;
-
-		for (j = 0; j < HTTP_VALUE_RUN; j++) {
-			__u8 d;
-
-			if (f->pos + j >= f->len)
-				break;
-			d = f->b->buf[(f->pos + j) & (TEST_MAX_BYTES - 1)];
-			if (!is_value_byte(d))
-				break;
-			last = d;
-			n++;
-		}
-		n = http_take_value(s, n, last);
-		if (n) {
-			f->pos += n;
-			return 0;
-		}
+	/* The same runs l7http.h takes, so the comparison covers them. */
+	n = http_take_value_run(s, f->b->buf, f->pos, TEST_MAX_BYTES - 1, f->len - f->pos);
+	if (n) {
+		f->pos += n;
+		return 0;
 	}
 	r = http_feed_byte(s, f->b->buf[f->pos & (TEST_MAX_BYTES - 1)]);
 	f->pos++;
