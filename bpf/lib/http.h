@@ -365,12 +365,15 @@ __always_inline_fn int http_utf8(struct http_state *s, __u8 b)
 }
 
 /* http_segment_end checks the segment that just ended: not "." or "..",
- * not empty unless it is the last, escapes that are UTF-8. */
+ * not empty unless it is the last, not only parameters (";x" is empty
+ * once they are cut), escapes that are UTF-8. */
 __always_inline_fn int http_segment_end(struct http_state *s, int last)
 {
 	if (s->pct || s->utf8_need)
 		return -1;
 	if (s->seg_raw == 0 && !last)
+		return -1;
+	if (s->seg_raw > 0 && s->seg_canon == 0)
 		return -1;
 	if (s->seg_canon > 0 && s->seg_canon < 3 && s->seg_dots == s->seg_canon)
 		return -1;

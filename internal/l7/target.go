@@ -95,6 +95,12 @@ func CanonicalPath(p string) (string, error) {
 		if canon == "." || canon == ".." {
 			return "", fmt.Errorf("%w: %q has a dot segment", ErrPathAmbiguous, p)
 		}
+		// "/;x/" would be "//" once its parameters are cut: servers that
+		// cut them and merge slashes read another path than those that
+		// serve ";x" as a name.
+		if canon == "" && seg != "" {
+			return "", fmt.Errorf("%w: %q has a segment that is only parameters", ErrPathAmbiguous, p)
+		}
 		out.WriteByte('/')
 		out.WriteString(canon)
 	}
