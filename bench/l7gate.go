@@ -107,7 +107,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, release()) }()
-	socks, err := datapath.AttachL7Sockets(cg)
+	socks, err := datapath.AttachL7Sockets(cg, nil)
 	if err != nil {
 		return err
 	}

@@ -12,9 +12,10 @@
  *                    requests (lib/l7http.h)
  *
  * The first two verdicts pass everything: they measure what the path
- * itself costs (bench l7-gate). l7_http_verdict enforces a port's HTTP
- * set; today the set is the port's (weir_l7_ports), not yet the one
- * policy names per peer.
+ * itself costs (bench l7-gate). l7_http_verdict judges each request
+ * against its connection's HTTP sets in weir_l7_flows (lib/l7flow.h):
+ * written by tc from policy when it allowed the SYN, or, for a port
+ * given a set directly (weir_l7_ports, tests and benches), by sock_ops.
  */
 #include "lib/common.h"
 #include "lib/l7sock.h"
@@ -32,24 +33,34 @@ struct {
 	__type(value, struct l7_conn);
 } weir_l7_scratch SEC(".maps");
 
-/* l7_track gives an accepted socket of an HTTP port its reader. A socket
- * whose state cannot be made still joins: its verdict then drops every
- * skb (closed), where not joining would hand its bytes to the
- * application unread. */
-__always_inline_fn void l7_track(struct bpf_sock_ops *ctx, __u32 set)
+/* l7_track gives an accepted socket its reader state and asks to hear
+ * of its close; it returns -1 when the state cannot be made. */
+__always_inline_fn int l7_track(struct bpf_sock_ops *ctx)
 {
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	__u32 zero = 0;
 	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_scratch, &zero);
 
 	if (!c)
-		return;
+		return -1;
 	__builtin_memset(c, 0, sizeof(*c));
-	c->set = set;
-	if (bpf_map_update_elem(&weir_l7_conns, &cookie, c, BPF_NOEXIST))
-		l7_count(L7_STAT_JOIN_FAIL, 1);
 	/* Forget the state when the socket closes (l7_sockops, STATE_CB). */
 	bpf_sock_ops_cb_flags_set(ctx, BPF_SOCK_OPS_STATE_CB_FLAG);
+	return bpf_map_update_elem(&weir_l7_conns, &cookie, c, BPF_NOEXIST) ? -1 : 0;
+}
+
+/* l7_join_http puts an accepted socket in weir_l7_http with its reader
+ * state; it returns -1 when either fails. A socket whose state could not
+ * be made still joins (its verdict drops every skb: closed) rather than
+ * reach the application unread; its flow is not marked joined, so tc
+ * holds its bytes back as well. */
+__always_inline_fn int l7_join_http(struct bpf_sock_ops *ctx, struct l7_sock_key *key)
+{
+	int tracked = l7_track(ctx);
+
+	if (bpf_sock_hash_update(ctx, &weir_l7_http, key, BPF_NOEXIST))
+		return -1;
+	return tracked;
 }
 
 /* l7_v4_mapped says whether a socket's two IPv6 addresses are
@@ -63,49 +74,82 @@ __always_inline_fn int l7_v4_mapped(struct bpf_sock_ops *ctx)
 	       ctx_load(ctx->local_ip6[0]) == 0 && ctx_load(ctx->local_ip6[1]) == 0 && ctx_load(ctx->local_ip6[2]) == ffff;
 }
 
+/* l7_sock_key_of names the socket as weir_l7_flows and the socket hashes
+ * do; it returns -1 for a socket that is neither IPv4 nor IPv4-mapped. */
+__always_inline_fn int l7_sock_key_of(struct bpf_sock_ops *ctx, struct l7_sock_key *key)
+{
+	if (ctx->family == WEIR_AF_INET) {
+		key->remote = ctx->remote_ip4;
+		key->local = ctx->local_ip4;
+	} else if (ctx->family == WEIR_AF_INET6 && l7_v4_mapped(ctx)) {
+		/* An IPv4 client of a server listening on [::] (Go, Node and
+		 * the JVM by default): the same four-tuple as for AF_INET. */
+		key->remote = ctx_load(ctx->remote_ip6[3]);
+		key->local = ctx_load(ctx->local_ip6[3]);
+	} else {
+		return -1; /* IPv6 pods are not part of this single-stack cluster */
+	}
+	/* remote_port holds the port in network order in its upper half. */
+	key->remote_port = bpf_ntohs((__u16)(ctx->remote_port >> 16));
+	key->local_port = (__u16)ctx->local_port;
+	return 0;
+}
+
+/* l7_closed forgets a closing socket's reader state and flow. */
+__always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
+{
+	struct l7_sock_key key = {};
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+
+	bpf_map_delete_elem(&weir_l7_conns, &cookie);
+	if (!l7_sock_key_of(ctx, &key))
+		bpf_map_delete_elem(&weir_l7_flows, &key);
+}
+
 SEC("sockops")
 int l7_sockops(struct bpf_sock_ops *ctx)
 {
 	struct l7_sock_key key = {};
+	struct l7_flow *f, own = {};
 	struct l7_port *p;
 	__u16 port;
 	long err;
 
 	if (ctx->op == BPF_SOCK_OPS_STATE_CB) {
-		if (ctx->args[1] == BPF_TCP_CLOSE) {
-			__u64 cookie = bpf_get_socket_cookie(ctx);
-
-			bpf_map_delete_elem(&weir_l7_conns, &cookie);
-		}
+		if (ctx->args[1] == BPF_TCP_CLOSE)
+			l7_closed(ctx);
 		return 1;
 	}
 	if (ctx->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
 		return 1;
-	port = (__u16)ctx->local_port;
+	if (l7_sock_key_of(ctx, &key))
+		return 1;
+	/* A connection policy restricts to HTTP rules: tc wrote its flow
+	 * when it allowed the SYN, and holds its bytes until joined. */
+	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
+	if (f) {
+		err = l7_join_http(ctx, &key);
+		if (!err)
+			f->joined = 1;
+		l7_count(err ? L7_STAT_JOIN_FAIL : L7_STAT_SOCKETS, 1);
+		return 1;
+	}
+	port = key.local_port;
 	p = bpf_map_lookup_elem(&weir_l7_ports, &port);
 	if (!p)
 		return 1;
-	if (ctx->family == WEIR_AF_INET) {
-		key.remote = ctx->remote_ip4;
-		key.local = ctx->local_ip4;
-	} else if (ctx->family == WEIR_AF_INET6 && l7_v4_mapped(ctx)) {
-		/* An IPv4 client of a server listening on [::] (Go, Node and
-		 * the JVM by default): the same four-tuple as for AF_INET. */
-		key.remote = ctx_load(ctx->remote_ip6[3]);
-		key.local = ctx_load(ctx->local_ip6[3]);
-	} else {
-		return 1; /* IPv6 pods are not part of this single-stack cluster */
-	}
-	/* remote_port holds the port in network order in its upper half. */
-	key.remote_port = bpf_ntohs((__u16)(ctx->remote_port >> 16));
-	key.local_port = port;
 	switch (p->mode) {
 	case WEIR_L7_STRPARSER:
 		err = bpf_sock_hash_update(ctx, &weir_l7_strp, &key, BPF_NOEXIST);
 		break;
 	case WEIR_L7_HTTP:
-		l7_track(ctx, p->set);
-		err = bpf_sock_hash_update(ctx, &weir_l7_http, &key, BPF_NOEXIST);
+		/* The port's own set: the flow is written here, joined. */
+		err = l7_join_http(ctx, &key);
+		if (!err) {
+			own.sets[0] = p->set;
+			own.joined = 1;
+			err = bpf_map_update_elem(&weir_l7_flows, &key, &own, BPF_ANY);
+		}
 		break;
 	default:
 		err = bpf_sock_hash_update(ctx, &weir_l7_skb, &key, BPF_NOEXIST);
@@ -156,6 +200,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_conns, &cookie);
 	struct l7_walk w = { .skb = skb, .len = skb->len, .head_pos = L7_NO_HEAD };
 	struct l7_sock_key key = {};
+	struct l7_flow *f;
 	__u64 start;
 	int r, keep;
 
@@ -167,6 +212,19 @@ int l7_http_verdict(struct __sk_buff *skb)
 	}
 	if (c->closed)
 		return SK_DROP;
+	key.remote = skb->remote_ip4;
+	key.local = skb->local_ip4;
+	key.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
+	key.local_port = skb->local_port;
+	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
+	if (!f) {
+		/* Evicted or never written: what to judge against is unknown. */
+		l7_count(L7_STAT_NO_STATE, 1);
+		return l7_close(c);
+	}
+	w.sets[0] = f->sets[0];
+	w.sets[1] = f->sets[1];
+	w.sets[2] = f->sets[2];
 	w.conn = c;
 	start = c->s.offset;
 	bpf_loop(w.len + 1, l7_step, &w, 0);
@@ -197,9 +255,5 @@ int l7_http_verdict(struct __sk_buff *skb)
 	keep = r == 0 && w.outcome == L7_WALK_DENY && w.pos == w.len && c->s.state == HS_IDLE;
 	if (!keep)
 		l7_close(c);
-	key.remote = skb->remote_ip4;
-	key.local = skb->local_ip4;
-	key.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
-	key.local_port = skb->local_port;
 	return bpf_sk_redirect_hash(skb, &weir_l7_http, &key, 0);
 }

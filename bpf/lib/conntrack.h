@@ -54,6 +54,7 @@
 #include "endpoint.h"
 #include "events.h"
 #include "frag.h"
+#include "l7flow.h"
 #include "lbflow.h"
 #include "policy.h"
 
@@ -73,6 +74,9 @@ struct ct_entry {
 };
 
 #define CT_DENIED 1
+/* Its receiver's policy restricts it to HTTP rules: its bytes toward the
+ * receiver pass only once the receiver's socket joined (l7flow.h). */
+#define CT_L7 2
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -188,13 +192,18 @@ __always_inline_fn void ct_reverse(const struct ct_key *k, struct ct_key *r)
  * for any other.
  */
 __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct identity_hint *hint, __u32 ifindex,
-					 __u8 dir, __u32 client, int report)
+					 __u8 dir, __u32 client, int report, __u32 *http)
 {
 	struct verdict_event ev = {};
 	struct policy_verdict v;
 	__be32 peer = dir == POLICY_EGRESS ? flow->daddr : flow->saddr;
 
 	policy_check(ifindex, dir, peer, hint, flow->proto, flow->dport, &v, &ev.peer_id);
+	if (http && v.verdict == VERDICT_ALLOWED && flow->proto == IPPROTO_TCP) {
+		http[0] = v.http[0];
+		http[1] = v.http[1];
+		http[2] = v.http[2];
+	}
 	if (v.verdict == VERDICT_ALLOWED && !report && !v.log)
 		return VERDICT_ALLOWED;
 	ev.rule = v.rule;
@@ -224,22 +233,25 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct 
  * policy_decide judges a flow (original direction) at its local ends and
  * returns VERDICT_*: the sender's egress first, then the receiver's
  * ingress. report: emit allowed events too (a new connection, not a
- * re-check).
+ * re-check). http (L7_FLOW_SETS entries, zeroed here) receives the HTTP
+ * sets the receiver's policy restricts an allowed TCP flow to.
  */
-__always_inline_fn int policy_decide(const struct ct_key *flow, const struct identity_hint *hint, int report)
+__always_inline_fn int policy_decide(const struct ct_key *flow, const struct identity_hint *hint, int report,
+				     __u32 *http)
 {
 	const struct endpoint_info *src = endpoint_lookup_v4(flow->saddr);
 	const struct endpoint_info *dst = endpoint_lookup_v4(flow->daddr);
 	__u32 client = src ? src->ifindex : 0;
 	int verdict;
 
+	http[0] = http[1] = http[2] = 0;
 	if (src) {
-		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, client, report);
+		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, client, report, NULL);
 		if (verdict != VERDICT_ALLOWED)
 			return verdict;
 	}
 	if (dst)
-		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, client, report);
+		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, client, report, http);
 	return VERDICT_ALLOWED;
 }
 
@@ -337,6 +349,90 @@ __always_inline_fn void ct_revoke(struct ct_entry *e, const struct ct_key *orig)
 		metric_inc(METRIC_CT_REVOKED_FULL);
 }
 
+/* l7_flow_key is the receiver's socket's name for a flow (l7flow.h). */
+__always_inline_fn void l7_flow_key(const struct ct_key *flow, struct l7_sock_key *k)
+{
+	k->remote = flow->saddr;
+	k->local = flow->daddr;
+	k->remote_port = bpf_ntohs(flow->sport);
+	k->local_port = bpf_ntohs(flow->dport);
+}
+
+/*
+ * ct_l7_restrict records what the receiver's policy restricts an allowed
+ * flow to, just decided into http: the flow's entry in weir_l7_flows
+ * gets the sets (made not joined if it has none: a connection a policy
+ * restricts once open never joined, and so carries no more bytes), and
+ * the CT entry e (if any) CT_L7. Unrestricted, a flow keeps its entry
+ * with sets 0, so a socket that joined passes every request. Returns -1
+ * when the flow needs an entry and none can be written: deny.
+ */
+__always_inline_fn int ct_l7_restrict(const struct ct_key *flow, const __u32 *http, struct ct_entry *e,
+				      int opening)
+{
+	struct l7_sock_key k;
+	struct l7_flow *f, fresh = {};
+
+	if (flow->proto != IPPROTO_TCP)
+		return 0;
+	if (!http[0] && !http[1] && !http[2]) {
+		if (!e || !(e->flags & CT_L7))
+			return 0;
+		e->flags &= ~CT_L7;
+		l7_flow_key(flow, &k);
+		f = bpf_map_lookup_elem(&weir_l7_flows, &k);
+		if (f)
+			f->sets[0] = f->sets[1] = f->sets[2] = 0;
+		return 0;
+	}
+	l7_flow_key(flow, &k);
+	f = opening ? NULL : bpf_map_lookup_elem(&weir_l7_flows, &k);
+	if (f) {
+		f->sets[0] = http[0];
+		f->sets[1] = http[1];
+		f->sets[2] = http[2];
+	} else {
+		fresh.sets[0] = http[0];
+		fresh.sets[1] = http[1];
+		fresh.sets[2] = http[2];
+		if (bpf_map_update_elem(&weir_l7_flows, &k, &fresh, BPF_ANY) < 0) {
+			metric_inc(METRIC_DROP_L7_NOT_RECORDED);
+			return -1;
+		}
+	}
+	if (e)
+		e->flags |= CT_L7;
+	return 0;
+}
+
+/*
+ * ct_l7_gate lets a packet of a CT_L7 flow in its original direction
+ * (toward the restricted receiver) pass only when it carries no bytes of
+ * the stream, or the receiver's socket joined: the reader sees every
+ * byte before the application does.
+ */
+__always_inline_fn int ct_l7_gate(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off, const struct ct_key *flow)
+{
+	__u32 ihl = (ip->ihl & 0xf) * 4;
+	struct l7_sock_key k;
+	struct l7_flow *f;
+	__u8 off;
+
+	if (!(ip->frag_off & bpf_htons(IP_OFFSET_MASK | IP_MF_BIT))) {
+		if (bpf_skb_load_bytes(skb, l3_off + ihl + 12, &off, 1) < 0)
+			goto drop;
+		if (bpf_ntohs(ip->tot_len) <= ihl + (off >> 4) * 4)
+			return TC_ACT_OK; /* no payload: handshake, ACK, FIN, RST */
+	}
+	l7_flow_key(flow, &k);
+	f = bpf_map_lookup_elem(&weir_l7_flows, &k);
+	if (f && f->joined)
+		return TC_ACT_OK;
+drop:
+	metric_inc(METRIC_DROP_L7_UNJOINED);
+	return TC_ACT_SHOT;
+}
+
 /*
  * ct_policy_v4_opens returns TC_ACT_OK to let the packet on, TC_ACT_SHOT
  * when policy denies its flow, CT_POLICY_REJECT when a Reject rule does,
@@ -349,7 +445,7 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 {
 	struct ct_key key, rev_key, *orig = &key;
 	struct ct_entry *e, fresh = {};
-	__u32 rev = policy_revision();
+	__u32 rev = policy_revision(), http[L7_FLOW_SETS];
 	__u64 *revoked;
 	int verdict, rc;
 
@@ -371,6 +467,8 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 	}
 	if (e && e->rev == rev && !(e->flags & CT_DENIED)) {
 		e->last_ns = bpf_ktime_get_ns();
+		if ((e->flags & CT_L7) && orig == &key)
+			return ct_l7_gate(skb, ip, l3_off, orig);
 		return TC_ACT_OK;
 	}
 	if (e) {
@@ -378,7 +476,9 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 		 * (allowed verdicts quietly; a drop is reported). */
 		e->rev = rev;
 		e->last_ns = bpf_ktime_get_ns();
-		verdict = policy_decide(orig, hint, 0);
+		verdict = policy_decide(orig, hint, 0, http);
+		if (verdict == VERDICT_ALLOWED && ct_l7_restrict(orig, http, e, 0) < 0)
+			verdict = VERDICT_DENIED;
 		if (verdict != VERDICT_ALLOWED) {
 			ct_revoke(e, orig);
 			return ct_denied(verdict);
@@ -387,6 +487,8 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 			e->flags &= ~CT_DENIED;
 			bpf_map_delete_elem(&weir_ct_revoked, orig);
 		}
+		if ((e->flags & CT_L7) && orig == &key)
+			return ct_l7_gate(skb, ip, l3_off, orig);
 		return TC_ACT_OK;
 	}
 
@@ -402,7 +504,9 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 		revoked = bpf_map_lookup_elem(&weir_ct_revoked, &rev_key);
 	}
 	if (revoked) {
-		verdict = policy_decide(orig, hint, 0);
+		verdict = policy_decide(orig, hint, 0, http);
+		if (verdict == VERDICT_ALLOWED && ct_l7_restrict(orig, http, &fresh, 0) < 0)
+			verdict = VERDICT_DENIED;
 		if (verdict != VERDICT_ALLOWED) {
 			*revoked = bpf_ktime_get_ns();
 			return ct_denied(verdict);
@@ -413,13 +517,17 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 		fresh.last_ns = bpf_ktime_get_ns();
 		if (ct_create(orig, &fresh) < 0)
 			metric_inc(METRIC_CT_FULL);
+		if ((fresh.flags & CT_L7) && orig == &key)
+			return ct_l7_gate(skb, ip, l3_off, orig);
 		return TC_ACT_OK;
 	}
 	if (!ct_tcp_opens(skb, ip, l3_off)) {
 		metric_inc(METRIC_DROP_NO_FLOW);
 		return TC_ACT_SHOT;
 	}
-	verdict = policy_decide(&key, hint, 1);
+	verdict = policy_decide(&key, hint, 1, http);
+	if (verdict == VERDICT_ALLOWED && ct_l7_restrict(&key, http, &fresh, 1) < 0)
+		verdict = VERDICT_DENIED;
 	if (verdict != VERDICT_ALLOWED)
 		return ct_denied(verdict);
 	fresh.rev = rev;
@@ -428,6 +536,9 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 		metric_inc(METRIC_CT_FULL); /* allowed; UDP is decided again next packet, TCP dropped as flowless */
 	metric_inc(METRIC_CT_NEW);
 	*opens = 1;
+	/* A SYN that carries data (TCP Fast Open) waits for the join too. */
+	if (fresh.flags & CT_L7)
+		return ct_l7_gate(skb, ip, l3_off, &key);
 	return TC_ACT_OK;
 }
 

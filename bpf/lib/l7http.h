@@ -31,12 +31,12 @@
 #include "l7match.h"
 #include "l7sock.h"
 
-/* l7_conn is one socket's reader and what it is judged against. */
+/* l7_conn is one socket's reader. What its requests are judged against
+ * is its flow's entry (lib/l7flow.h), read on every skb. */
 struct l7_conn {
 	struct http_state s;
-	__u32 set;
 	__u8 closed; /* later skbs are dropped */
-	__u8 pad[3];
+	__u8 pad[7];
 };
 
 struct {
@@ -62,6 +62,7 @@ enum {
 struct l7_walk {
 	struct __sk_buff *skb;
 	struct l7_conn *conn;
+	__u32 sets[L7_FLOW_SETS]; /* the flow's, as l7flow.h */
 	__u32 pos, len;
 	__u32 wstart, wlen;
 	__u32 head_pos; /* skb offset of the head being read, L7_NO_HEAD if none began here */
@@ -69,6 +70,27 @@ struct l7_walk {
 	__u8 pad[3];
 	__u8 win[L7_WINDOW];
 };
+
+/* l7_judge_sets decides a head against a flow's sets: allowed when one
+ * set allows it, to user space when none does and one leaves it there,
+ * else denied. Sets all 0: the flow is not restricted. */
+__always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s)
+{
+	int i, v, out = L7_DENY;
+
+	if (!sets[0] && !sets[1] && !sets[2])
+		return L7_ALLOW;
+	for (i = 0; i < L7_FLOW_SETS; i++) {
+		if (!sets[i])
+			continue;
+		v = l7_judge(sets[i], s);
+		if (v == L7_ALLOW)
+			return L7_ALLOW;
+		if (v == L7_USER_SPACE)
+			out = L7_USER_SPACE;
+	}
+	return out;
+}
 
 /* l7_byte returns the skb's byte at w->pos through a window of loads. */
 __always_inline_fn int l7_byte(struct l7_walk *w, __u8 *c)
@@ -120,7 +142,7 @@ static long l7_step(__u32 i, void *data)
 	w->pos++;
 	switch (r) {
 	case HTTP_HEAD_DONE:
-		switch (l7_judge(w->conn->set, s)) {
+		switch (l7_judge_sets(w->sets, s)) {
 		case L7_ALLOW:
 			if (s->flags & HTTP_FLAG_UPGRADE) {
 				/* After a 101 the bytes are no longer HTTP, and a

@@ -24,6 +24,7 @@
 #define WEIR_LIB_L7SOCK_H
 
 #include "common.h"
+#include "l7flow.h"
 
 /* How a port's sockets are read (weir_l7_ports values' mode). */
 #define WEIR_L7_STRPARSER 1   /* strparser, verdict passes everything (bench l7-gate) */
@@ -36,15 +37,6 @@ struct l7_port {
 	__u8 mode;
 	__u8 pad[3];
 	__u32 set;
-};
-
-/* l7_sock_key names an accepted socket by its four-tuple, ports in host
- * order, addresses in network order. */
-struct l7_sock_key {
-	__be32 remote;
-	__be32 local;
-	__u16 remote_port;
-	__u16 local_port;
 };
 
 struct {

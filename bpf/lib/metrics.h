@@ -50,6 +50,8 @@ enum weir_metric {
 	METRIC_NODEPORT,           /* a packet from outside translated to its Service backend (nodeport.h) */
 	METRIC_NODEPORT_REPLY,     /* a reply leaving with the Service address its client asked for (nodeport.h) */
 	METRIC_DROP_NODEPORT,      /* a packet from outside to a Service address with no backend here, or not rewritable */
+	METRIC_DROP_L7_UNJOINED,   /* bytes of a flow L7 policy restricts before its socket joined the reader (conntrack.h) */
+	METRIC_DROP_L7_NOT_RECORDED, /* a flow L7 policy restricts denied: weir_l7_flows refused its entry (conntrack.h) */
 	METRIC_MAX,
 };
 

@@ -109,6 +109,9 @@ struct policy_entry {
 	__u32 allow; /* NetworkPolicy RuleID that allows, 0: none */
 	struct tier_match tier[2]; /* by TIER_*: Accept, Deny, Reject or Pass */
 	struct tier_match log[2];  /* by TIER_*: Log rules */
+	/* The HTTP set (lib/l7match.h) allow is restricted to, 0: none.
+	 * Appended last: an entry of a version without it reads as 0. */
+	__u32 http;
 };
 
 /* policy_verdict is policy_decide_entries's answer (internal/policy.Decision). */
@@ -119,6 +122,10 @@ struct policy_verdict {
 	__u8 verdict; /* VERDICT_* */
 	__u8 stage;   /* STAGE_* */
 	__u8 pad[2];
+	/* NetworkPolicy allowed only through rules with HTTP rules on the
+	 * port: the HTTP sets of the allowing entries, one of which must
+	 * allow each request (lib/l7flow.h). All 0: not restricted. */
+	__u32 http[3];
 };
 
 struct {
@@ -227,6 +234,28 @@ __always_inline_fn int tier_decided(const struct tier_match *m, __u8 stage, stru
 	return 1;
 }
 
+/* policy_http_sets fills v->http when NetworkPolicy allowed only through
+ * entries restricted to HTTP rules: one allowing entry without a set
+ * lifts the restriction, as one NetworkPolicy rule without HTTP rules
+ * does (internal/policy.Result.LookupHTTP). */
+__always_inline_fn void policy_http_sets(const struct policy_entry *e0, const struct policy_entry *e1,
+					 const struct policy_entry *e2, struct policy_verdict *v)
+{
+	const struct policy_entry *found[3] = {e0, e1, e2};
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 3; i++) {
+		if (!found[i] || !found[i]->allow)
+			continue;
+		if (!found[i]->http) {
+			__builtin_memset(v->http, 0, sizeof(v->http));
+			return;
+		}
+		v->http[i] = found[i]->http;
+	}
+}
+
 /* policy_decide_entries combines the three entries in precedence order. */
 __always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_entry *e0,
 					      const struct policy_entry *e1, const struct policy_entry *e2,
@@ -242,6 +271,8 @@ __always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_en
 		v->rule = e0 && e0->allow ? e0->allow : e1 && e1->allow ? e1->allow : e2 && e2->allow ? e2->allow : 0;
 		v->verdict = v->rule ? VERDICT_ALLOWED : VERDICT_DENIED;
 		v->stage = v->rule ? STAGE_NETWORKPOLICY : STAGE_NP_DEFAULT_DENY;
+		if (v->rule)
+			policy_http_sets(e0, e1, e2, v);
 		return;
 	}
 	tier_best(e0, e1, e2, TIER_BASELINE, 0, &m);

@@ -73,6 +73,21 @@ type hostFragPorts struct {
 	Pad   [3]uint8
 }
 
+type hostL7Flow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Joined uint8
+	Pad    [3]uint8
+}
+
+type hostL7SockKey struct {
+	_          structs.HostLayout
+	Remote     uint32
+	Local      uint32
+	RemotePort uint16
+	LocalPort  uint16
+}
+
 type hostLb4Affinity struct {
 	_       structs.HostLayout
 	Backend hostLb4Backend
@@ -203,6 +218,7 @@ type hostPolicyEntry struct {
 		Action uint8
 		Pad    [3]uint8
 	}
+	Http uint32
 }
 
 type hostPolicyKey struct {
@@ -261,6 +277,7 @@ const (
 	hostMapWeirFlowConfig          = "weir_flow_config"
 	hostMapWeirFrags               = "weir_frags"
 	hostMapWeirIpcache             = "weir_ipcache"
+	hostMapWeirL7Flows             = "weir_l7_flows"
 	hostMapWeirLb4Affinity         = "weir_lb4_affinity"
 	hostMapWeirLb4Backends         = "weir_lb4_backends"
 	hostMapWeirLb4Flows            = "weir_lb4_flows"
@@ -356,6 +373,7 @@ type hostMapSpecs struct {
 	WeirFlowConfig   *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirFrags        *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache      *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirL7Flows      *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
 	WeirLb4Flows     *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
@@ -425,6 +443,7 @@ type hostMaps struct {
 	WeirFlowConfig   *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirFrags        *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache      *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirL7Flows      *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
 	WeirLb4Flows     *ebpf.Map `ebpf:"weir_lb4_flows"`
@@ -458,6 +477,7 @@ func (m *hostMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirFrags,
 		m.WeirIpcache,
+		m.WeirL7Flows,
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
 		m.WeirLb4Flows,

@@ -65,12 +65,25 @@ type L7Sockets struct {
 
 // AttachL7Sockets loads bpf/l7.c, attaches its parser and verdicts to its
 // socket hashes and its sock_ops program to the cgroup v2 directory
-// cgroup. Close detaches everything: a socket still in a hash leaves it,
-// and what its queue held unread is lost (l7sock.h), so close the
-// enforced connections first.
-func AttachL7Sockets(cgroup string) (_ *L7Sockets, retErr error) {
+// cgroup. flows is the node's weir_l7_flows (Programs.L7Flows), where tc
+// records the connections policy restricts to HTTP rules; nil gives the
+// programs a map of their own, for ports given a set with EnforceHTTP.
+// Close detaches everything: a socket still in a hash leaves it, and
+// what its queue held unread is lost (l7sock.h), so close the enforced
+// connections first.
+func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error) {
 	s := &L7Sockets{}
-	if err := loadL7Objects(&s.objs, nil); err != nil {
+	spec, err := loadL7()
+	if err != nil {
+		return nil, fmt.Errorf("parse the L7 socket programs: %w", err)
+	}
+	opts := &ebpf.CollectionOptions{}
+	if flows != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{"weir_l7_flows": flows}
+	} else {
+		spec.Maps["weir_l7_flows"].Pinning = ebpf.PinNone
+	}
+	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load the L7 socket programs: %w", err)
 	}
 	defer func() {

@@ -80,8 +80,14 @@ type l7L7Conn struct {
 		Override      uint8
 		_             [5]byte
 	}
-	Set    uint32
 	Closed uint8
+	Pad    [7]uint8
+}
+
+type l7L7Flow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Joined uint8
 	Pad    [3]uint8
 }
 
@@ -122,6 +128,7 @@ type l7L7SockKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	l7MapWeirL7Conns             = "weir_l7_conns"
+	l7MapWeirL7Flows             = "weir_l7_flows"
 	l7MapWeirL7Http              = "weir_l7_http"
 	l7MapWeirL7Match             = "weir_l7_match"
 	l7MapWeirL7Ports             = "weir_l7_ports"
@@ -202,6 +209,7 @@ type l7ProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
 	WeirL7Conns   *ebpf.MapSpec `ebpf:"weir_l7_conns"`
+	WeirL7Flows   *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirL7Http    *ebpf.MapSpec `ebpf:"weir_l7_http"`
 	WeirL7Match   *ebpf.MapSpec `ebpf:"weir_l7_match"`
 	WeirL7Ports   *ebpf.MapSpec `ebpf:"weir_l7_ports"`
@@ -250,6 +258,7 @@ func (o *l7Objects) Close() error {
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
 	WeirL7Conns   *ebpf.Map `ebpf:"weir_l7_conns"`
+	WeirL7Flows   *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirL7Http    *ebpf.Map `ebpf:"weir_l7_http"`
 	WeirL7Match   *ebpf.Map `ebpf:"weir_l7_match"`
 	WeirL7Ports   *ebpf.Map `ebpf:"weir_l7_ports"`
@@ -263,6 +272,7 @@ type l7Maps struct {
 func (m *l7Maps) Close() error {
 	return _L7Close(
 		m.WeirL7Conns,
+		m.WeirL7Flows,
 		m.WeirL7Http,
 		m.WeirL7Match,
 		m.WeirL7Ports,

@@ -263,7 +263,7 @@ func attachL7ForTest(t *testing.T) (*L7Sockets, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	cg := l7TestCgroup(t)
-	s, err := AttachL7Sockets(cg)
+	s, err := AttachL7Sockets(cg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,11 @@ func rawExchange(t *testing.T, addr string, pieces ...string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return exchangeOn(c, pieces...)
+}
+
+// exchangeOn is rawExchange on a connection of the caller's; it closes c.
+func exchangeOn(c net.Conn, pieces ...string) string {
 	defer c.Close()
 	for i, p := range pieces {
 		if i > 0 {

@@ -73,6 +73,21 @@ type lxcFragPorts struct {
 	Pad   [3]uint8
 }
 
+type lxcL7Flow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Joined uint8
+	Pad    [3]uint8
+}
+
+type lxcL7SockKey struct {
+	_          structs.HostLayout
+	Remote     uint32
+	Local      uint32
+	RemotePort uint16
+	LocalPort  uint16
+}
+
 type lxcLb4Flow struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -127,6 +142,7 @@ type lxcPolicyEntry struct {
 		Action uint8
 		Pad    [3]uint8
 	}
+	Http uint32
 }
 
 type lxcPolicyKey struct {
@@ -208,6 +224,7 @@ const (
 	lxcMapWeirFlowConfig          = "weir_flow_config"
 	lxcMapWeirFrags               = "weir_frags"
 	lxcMapWeirIpcache             = "weir_ipcache"
+	lxcMapWeirL7Flows             = "weir_l7_flows"
 	lxcMapWeirLb4Flows            = "weir_lb4_flows"
 	lxcMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
 	lxcMapWeirLb4NatRev           = "weir_lb4_nat_rev"
@@ -294,6 +311,7 @@ type lxcMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirL7Flows    *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
@@ -354,6 +372,7 @@ type lxcMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirL7Flows    *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
@@ -378,6 +397,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirFrags,
 		m.WeirIpcache,
+		m.WeirL7Flows,
 		m.WeirLb4Flows,
 		m.WeirLb4NatFwd,
 		m.WeirLb4NatRev,

@@ -286,6 +286,8 @@ var MetricNames = []string{
 	"nodeport",
 	"nodeport_reply",
 	"drop_nodeport",
+	"drop_l7_unjoined",
+	"drop_l7_not_recorded",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -29,6 +29,12 @@ import (
 //     copied into it.
 //   - counters and event queues (mapsToReset): made anew, empty; what is
 //     lost is counts (a counter reset) and undelivered events.
+//   - widened (a struct value that gained members at its end, the same
+//     type and key, the old value's layout recorded and equal to the new
+//     one's up to the old size): a new map is made and every entry copied
+//     into it, the new members zero. A member appended to a pinned map's
+//     value must therefore mean "as before" at zero (policy_entry's http:
+//     no HTTP restriction).
 //   - anything else (another type, key or value size, the same sizes laid
 //     out differently, or more entries than the new limit): refused with
 //     ErrMapLayout, naming each map and what changed. Replacing it would
@@ -92,6 +98,8 @@ type migrationStep struct {
 	copy bool // carry the entries over; otherwise start it empty
 	// fresh is the new map (prepared), unpinned until commit.
 	fresh *ebpf.Map
+	// widened: the old values are shorter, copied with zeroes after.
+	widened bool
 	// seen are the keys copied at preparation, of a program-written map:
 	// finish copies only keys created after, so an entry the new programs
 	// deleted meanwhile stays deleted.
@@ -156,6 +164,15 @@ func planMigration(pinDir string, specs []*ebpf.CollectionSpec) (_ []*migrationS
 			}
 			if why == "" {
 				steps = append(steps, &migrationStep{name: name, spec: spec, old: old, copy: true})
+				continue
+			}
+		case recorded && widenable(old, spec, shape):
+			if why, err = fits(old, spec); err != nil {
+				old.Close()
+				return nil, fmt.Errorf("pinned map %s: %w", name, err)
+			}
+			if why == "" {
+				steps = append(steps, &migrationStep{name: name, spec: spec, old: old, copy: true, widened: true})
 				continue
 			}
 		case sizes != nil:
@@ -334,6 +351,11 @@ func (m *pinMigration) commit() error {
 			m.notes = append(m.notes, fmt.Sprintf("%s made anew: %s", s.name, mapsToReset[s.name]))
 			continue
 		}
+		if s.widened {
+			m.notes = append(m.notes, fmt.Sprintf("%s carried over (%d entries, values widened from %d to %d bytes, the new members zero)",
+				s.name, s.n, s.old.ValueSize(), s.spec.ValueSize))
+			continue
+		}
 		m.notes = append(m.notes, fmt.Sprintf("%s carried over (%d entries, limit %d to %d)", s.name, s.n, s.old.MaxEntries(), s.spec.MaxEntries))
 	}
 	return nil
@@ -405,6 +427,49 @@ func (m *pinMigration) close() {
 	m.steps, m.leftover = nil, nil
 }
 
+// widenable: old's values are spec's struct cut short at old's value size,
+// told by old's recorded shape, so each entry can be copied with zeroes
+// after it.
+func widenable(old *ebpf.Map, spec *ebpf.MapSpec, recorded uint64) bool {
+	if old.Type() != spec.Type || old.KeySize() != spec.KeySize || old.ValueSize() >= spec.ValueSize {
+		return false
+	}
+	switch spec.Type {
+	case ebpf.Hash, ebpf.LRUHash, ebpf.LPMTrie, ebpf.Array:
+	default:
+		return false
+	}
+	cut, ok := valuePrefix(spec, old.ValueSize())
+	return ok && layoutOf(cut) == recorded
+}
+
+// valuePrefix is spec with its struct value cut to its first size bytes:
+// the members that end by then. ok is false when the value is no struct
+// or a member straddles the cut.
+func valuePrefix(spec *ebpf.MapSpec, size uint32) (_ *ebpf.MapSpec, ok bool) {
+	st, isStruct := btf.UnderlyingType(spec.Value).(*btf.Struct)
+	if !isStruct {
+		return nil, false
+	}
+	cut := &btf.Struct{Size: size}
+	for _, m := range st.Members {
+		msize, err := btf.Sizeof(m.Type)
+		if err != nil {
+			return nil, false
+		}
+		start := m.Offset.Bytes()
+		switch {
+		case start+uint32(msize) <= size:
+			cut.Members = append(cut.Members, m)
+		case start < size:
+			return nil, false
+		}
+	}
+	out := spec.Copy()
+	out.Value, out.ValueSize = cut, size
+	return out, true
+}
+
 // resizable: old can be copied entry by entry into a map made from spec.
 func resizable(old *ebpf.Map, spec *ebpf.MapSpec) bool {
 	if old.Type() != spec.Type || old.KeySize() != spec.KeySize || old.ValueSize() != spec.ValueSize {
@@ -424,11 +489,13 @@ func copyEntries(from, to *ebpf.Map, seen map[string]bool) (int, error) {
 	key := make([]byte, from.KeySize())
 	value := make([]byte, from.ValueSize())
 	n := 0
+	wide := make([]byte, to.ValueSize())
 	err := iterateRetrying(from, key, value, func() error {
 		if from.Type() == ebpf.Array && binary.NativeEndian.Uint32(key) >= to.MaxEntries() {
 			return nil
 		}
-		if err := to.Put(key, value); err != nil {
+		copy(wide, value) // zeroes after a widened value's old end
+		if err := to.Put(key, wide); err != nil {
 			return fmt.Errorf("entry %d: %w", n+1, err)
 		}
 		if seen != nil {
@@ -447,11 +514,13 @@ func copyNew(from, to *ebpf.Map, seen map[string]bool) (int, error) {
 	key := make([]byte, from.KeySize())
 	value := make([]byte, from.ValueSize())
 	n := 0
+	wide := make([]byte, to.ValueSize())
 	err := iterateRetrying(from, key, value, func() error {
 		if seen[string(key)] {
 			return nil
 		}
-		err := to.Update(key, value, ebpf.UpdateNoExist)
+		copy(wide, value)
+		err := to.Update(key, wide, ebpf.UpdateNoExist)
 		switch {
 		case err == nil:
 			n++

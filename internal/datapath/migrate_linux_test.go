@@ -289,3 +289,78 @@ func TestMigrateRefusesChangedShape(t *testing.T) {
 		t.Fatalf("error does not name the map and the change: %v", err)
 	}
 }
+
+// A value that gained members at its end (policy_entry's http) is carried
+// over with its entries, the new members zero, when the earlier layout
+// recorded is this one's cut at the old size; any other earlier layout
+// of that size is refused.
+func TestMigrateWidenedValues(t *testing.T) {
+	specs, err := entrySpecs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := pinnedSpecs(specs.all())["weir_policy"]
+	const oldSize = 52 // policy_entry before http
+	earlier, ok := valuePrefix(cur, oldSize)
+	if !ok || cur.ValueSize != oldSize+4 {
+		t.Fatalf("weir_policy's value is %d bytes: this test knows the 4 bytes http added to 52", cur.ValueSize)
+	}
+	for _, c := range []struct {
+		name   string
+		layout uint64 // recorded for the earlier map
+		carry  bool
+	}{
+		{"prefix recorded", layoutOf(earlier), true},
+		{"other layout", layoutOf(earlier) + 1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir, cfg := migrationPinDir(t)
+			old := pinEarlier(t, dir, "weir_policy", func(s *ebpf.MapSpec) { s.Value, s.ValueSize = earlier.Value, oldSize })
+			layouts, err := ebpf.NewMapWithOptions(layoutsSpec(), ebpf.MapOptions{PinPath: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer layouts.Close()
+			if err := layouts.Put(layoutKeyOf("weir_policy"), c.layout); err != nil {
+				t.Fatal(err)
+			}
+			k := lxcPolicyKey{Prefixlen: 128, Ifindex: 12, Identity: 300, Proto: 6, Dport: 80}
+			v := make([]byte, oldSize)
+			for i := range v {
+				v[i] = byte(i + 1)
+			}
+			if err := old.Put(k, v); err != nil {
+				t.Fatal(err)
+			}
+			p, err := LoadPrograms(cfg)
+			if !c.carry {
+				if err == nil {
+					p.Close()
+					t.Fatal("loaded over a shorter value of another layout")
+				}
+				if !errors.Is(err, ErrMapLayout) || !strings.Contains(err.Error(), "weir_policy (ValueSize") {
+					t.Fatalf("error does not name the map and the change: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			got := make([]byte, cur.ValueSize)
+			if err := p.Policy.Lookup(k, got); err != nil {
+				t.Fatalf("the entry was not carried over: %v", err)
+			}
+			want := append(v, 0, 0, 0, 0)
+			if string(got) != string(want) {
+				t.Fatalf("carried value %x, want %x", got, want)
+			}
+			if notes := strings.Join(p.MigrationNotes(), "; "); !strings.Contains(notes, "weir_policy carried over (1 entries, values widened from 52 to 56 bytes") {
+				t.Fatalf("notes %q do not say the values were widened", notes)
+			}
+			if _, err := p.FinishMigration(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

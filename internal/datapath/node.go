@@ -139,6 +139,9 @@ type Node struct {
 	// or UpdateServices that wrote everything it meant to; nil: read them
 	// first.
 	lbWritten lbMaps
+	// l7 holds the HTTP sets written, once EnableL7 made the node read
+	// requests; nil: HTTP-restricted allows are written closed.
+	l7 *nodeL7
 }
 
 // SetupNode prepares the node (sysctls, overlay device, programs, masquerade)

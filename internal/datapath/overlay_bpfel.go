@@ -73,6 +73,21 @@ type overlayFragPorts struct {
 	Pad   [3]uint8
 }
 
+type overlayL7Flow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Joined uint8
+	Pad    [3]uint8
+}
+
+type overlayL7SockKey struct {
+	_          structs.HostLayout
+	Remote     uint32
+	Local      uint32
+	RemotePort uint16
+	LocalPort  uint16
+}
+
 type overlayLb4Flow struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -127,6 +142,7 @@ type overlayPolicyEntry struct {
 		Action uint8
 		Pad    [3]uint8
 	}
+	Http uint32
 }
 
 type overlayPolicyKey struct {
@@ -185,6 +201,7 @@ const (
 	overlayMapWeirFlowConfig          = "weir_flow_config"
 	overlayMapWeirFrags               = "weir_frags"
 	overlayMapWeirIpcache             = "weir_ipcache"
+	overlayMapWeirL7Flows             = "weir_l7_flows"
 	overlayMapWeirLb4Flows            = "weir_lb4_flows"
 	overlayMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
 	overlayMapWeirLb4NatRev           = "weir_lb4_nat_rev"
@@ -271,6 +288,7 @@ type overlayMapSpecs struct {
 	WeirFlowConfig *ebpf.MapSpec `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
+	WeirL7Flows    *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
@@ -331,6 +349,7 @@ type overlayMaps struct {
 	WeirFlowConfig *ebpf.Map `ebpf:"weir_flow_config"`
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
+	WeirL7Flows    *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
@@ -355,6 +374,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirFlowConfig,
 		m.WeirFrags,
 		m.WeirIpcache,
+		m.WeirL7Flows,
 		m.WeirLb4Flows,
 		m.WeirLb4NatFwd,
 		m.WeirLb4NatRev,

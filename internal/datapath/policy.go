@@ -114,6 +114,7 @@ func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) e
 	if contained != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", contained, ErrPolicyClosed))
 	}
+	errs = append(errs, n.writeHTTPSets(d))
 	for _, ed := range d.Endpoints {
 		ep, ok := endpoints[ed.Pod]
 		if !ok {
@@ -124,7 +125,7 @@ func (n *Node) ApplyPolicy(d policy.Diff, endpoints map[string]PolicyEndpoint) e
 	if err := n.writeIdentities(d); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", err, ErrPolicyClosed))
 	}
-	errs = append(errs, n.deleteIdentities(d), n.bumpPolicyRevision())
+	errs = append(errs, n.deleteIdentities(d), n.bumpPolicyRevision(), n.deleteHTTPSets(d))
 	return errors.Join(errs...)
 }
 
@@ -314,7 +315,9 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 // first. The first that fails stops it.
 func (n *Node) writePolicyKeys(ed policy.EndpointDiff, ep PolicyEndpoint) error {
 	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
-		if err := n.writePolicyMap(func() error { return n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k])) }); err != nil {
+		if err := n.writePolicyMap(func() error {
+			return n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k], n.kernelHTTPSet(k.k.Direction, ed.Upsert[k.k].HTTP)))
+		}); err != nil {
 			return fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
 		}
 	}
@@ -393,14 +396,17 @@ func enforceFlags(np, tiers [2]bool) [2]uint8 {
 	return out
 }
 
-// policyEntry is the datapath's form of a compiled entry. An allow
-// restricted to HTTP rules is written as no allow: until the datapath
-// reads requests, the connections those rules would judge are closed,
-// never opened whole.
-func policyEntry(e policy.Entry) lxcPolicyEntry {
+// policyEntry is the datapath's form of a compiled entry, its HTTP set
+// written as http, the kernel's number for it (bpf/lib/l7match.h). An
+// allow restricted to HTTP rules with no kernel set (0: the node does not
+// read requests yet) is written as no allow, closed, never opened whole.
+func policyEntry(e policy.Entry, http uint32) lxcPolicyEntry {
 	out := lxcPolicyEntry{Allow: uint32(e.Allow)}
 	if e.HTTP != 0 {
-		out.Allow = 0
+		out.Http = http
+		if http == 0 {
+			out.Allow = 0
+		}
 	}
 	for t := range e.Tier {
 		out.Tier[t].Rule, out.Tier[t].Rank, out.Tier[t].Action = uint32(e.Tier[t].Rule), e.Tier[t].Rank, uint8(e.Tier[t].Action)
@@ -478,6 +484,7 @@ func (n *Node) PrunePolicy(res *policy.Result, endpoints map[string]PolicyEndpoi
 		pruneMap(n, n.progs.IPCache, wantAddr),
 		pruneMap(n, n.progs.CIDRIDs, wantCIDR),
 		n.bumpPolicyRevision(),
+		n.pruneHTTPSets(res),
 	)
 }
 

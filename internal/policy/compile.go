@@ -12,11 +12,12 @@ import (
 )
 
 // Compiler turns snapshots into Results. It keeps only the numbering of
-// CIDR identities and rules between runs, so an unchanged prefix or rule
-// keeps its number and Diff stays small.
+// CIDR identities, rules and HTTP sets between runs, so an unchanged
+// prefix, rule or set keeps its number and Diff stays small.
 type Compiler struct {
 	cidrs idAllocator[netip.Prefix]
 	rules idAllocator[RuleRef]
+	http  idAllocator[string] // HTTP sets by content: HTTPSetID
 	// MaxCIDRs bounds the CIDR identities of one Result (the datapath's
 	// CIDR map holds that many; 0: no bound). Cluster policies and pod
 	// prefixes are numbered first; NetworkPolicies are admitted smallest
@@ -35,6 +36,7 @@ func NewCompiler() *Compiler {
 	return &Compiler{
 		cidrs: newIDAllocator[netip.Prefix](uint32(MinCIDRIdentity)),
 		rules: newIDAllocator[RuleRef](uint32(RuleNodeTraffic) + 1),
+		http:  newIDAllocator[string](1),
 	}
 }
 
@@ -96,7 +98,7 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 		usedCIDR:  map[netip.Prefix]bool{},
 		usedRule:  map[RuleRef]bool{},
 	}
-	cp.http = newHTTPSets(cp.res)
+	cp.http = newHTTPSets(cp.res, &c.http)
 	cp.buildLabelSets()
 	cp.buildIPCache()
 	cp.buildCIDRs()
@@ -121,6 +123,7 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 	}
 	c.cidrs.keepOnly(cp.usedCIDR)
 	c.rules.forget(cp.usedRule) // a rule's number is never reused: verdict counters are keyed by it
+	c.http.forget(cp.http.used) // nor a set's: the datapath holds sets by number
 	return cp.res
 }
 

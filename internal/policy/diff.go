@@ -2,7 +2,10 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"sort"
+
+	"github.com/weirnet/weir/internal/l7"
 )
 
 // Diff is the least change that turns one Result's datapath state into
@@ -17,6 +20,13 @@ type Diff struct {
 	Endpoints     []EndpointDiff // sorted by Pod
 	IPCacheDelete []netip.Addr
 	CIDRDelete    []netip.Prefix
+	// HTTPSets are the HTTP sets next's entries name that prev's did
+	// not, with their rules (in their HTTPRuleRef order), to be written
+	// before the entries; HTTPSetsGone those only prev named, sorted, to
+	// go after. A number names one set for the Compiler's life, so a set
+	// in both is unchanged.
+	HTTPSets     map[HTTPSetID][]l7.Rule
+	HTTPSetsGone []HTTPSetID
 }
 
 // EndpointDiff is the change to one endpoint's policy.
@@ -36,7 +46,7 @@ type EndpointDiff struct {
 // Empty reports whether applying d would change nothing.
 func (d *Diff) Empty() bool {
 	return len(d.IPCacheUpsert) == 0 && len(d.CIDRUpsert) == 0 && len(d.Endpoints) == 0 &&
-		len(d.IPCacheDelete) == 0 && len(d.CIDRDelete) == 0
+		len(d.IPCacheDelete) == 0 && len(d.CIDRDelete) == 0 && len(d.HTTPSets) == 0 && len(d.HTTPSetsGone) == 0
 }
 
 // DiffResults computes the change from prev (nil: nothing loaded) to next.
@@ -72,6 +82,25 @@ func DiffResults(prev, next *Result) Diff {
 		}
 	}
 	sort.Slice(d.Endpoints, func(i, j int) bool { return d.Endpoints[i].Pod < d.Endpoints[j].Pod })
+	for id, refs := range next.HTTPSets {
+		if _, ok := prev.HTTPSets[id]; ok {
+			continue
+		}
+		if d.HTTPSets == nil {
+			d.HTTPSets = map[HTTPSetID][]l7.Rule{}
+		}
+		rules := make([]l7.Rule, len(refs))
+		for i, ref := range refs {
+			rules[i] = next.HTTPRules[ref]
+		}
+		d.HTTPSets[id] = rules
+	}
+	for id := range prev.HTTPSets {
+		if _, ok := next.HTTPSets[id]; !ok {
+			d.HTTPSetsGone = append(d.HTTPSetsGone, id)
+		}
+	}
+	slices.Sort(d.HTTPSetsGone)
 	return d
 }
 

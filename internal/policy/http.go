@@ -58,36 +58,59 @@ func (r HTTPRuleRef) compare(o HTTPRuleRef) int {
 }
 
 // HTTPSetID numbers a set of HTTP rules an allow is restricted to;
-// 0 is no restriction.
+// 0 is no restriction. The Compiler numbers sets by what they hold (each
+// rule's reference and content): a set keeps its number across compiles
+// while it is unchanged, and a number once used never names another set,
+// so the datapath can write a set once under its number and a
+// connection judged against a number never meets other rules under it.
 type HTTPSetID uint32
 
-// httpSets interns the sets of one compilation: equal sets share an ID,
-// numbered in order of first use, so an unchanged cluster compiles to the
-// same numbers.
+// httpSets interns the sets of one compilation in the Compiler's
+// numbering.
 type httpSets struct {
-	res  *Result
-	byID map[string]HTTPSetID
+	res   *Result
+	alloc *idAllocator[string]
+	used  map[string]bool
+	byKey map[string]HTTPSetID
 }
 
-func newHTTPSets(res *Result) *httpSets {
+func newHTTPSets(res *Result, alloc *idAllocator[string]) *httpSets {
 	res.HTTPSets = map[HTTPSetID][]HTTPRuleRef{}
 	res.HTTPRules = map[HTTPRuleRef]l7.Rule{}
-	return &httpSets{res: res, byID: map[string]HTTPSetID{}}
+	return &httpSets{res: res, alloc: alloc, used: map[string]bool{}, byKey: map[string]HTTPSetID{}}
 }
 
-// intern returns the ID of the sorted set refs, numbering it if new.
+// intern returns the ID of the sorted set refs, whose rules are in
+// res.HTTPRules, numbering it if new.
 func (h *httpSets) intern(refs []HTTPRuleRef) HTTPSetID {
 	var key strings.Builder
 	for _, r := range refs {
-		fmt.Fprintf(&key, "%d/%d/%d,", r.Rule, r.Port, r.Index)
+		fmt.Fprintf(&key, "%d/%d/%d=%q,", r.Rule, r.Port, r.Index, ruleKey(h.res.HTTPRules[r]))
 	}
-	if id, ok := h.byID[key.String()]; ok {
+	if id, ok := h.byKey[key.String()]; ok {
 		return id
 	}
-	id := HTTPSetID(len(h.byID) + 1)
-	h.byID[key.String()] = id
+	id := HTTPSetID(h.alloc.get(key.String()))
+	h.byKey[key.String()] = id
+	h.used[key.String()] = true
 	h.res.HTTPSets[id] = refs
 	return id
+}
+
+// ruleKey writes out everything a rule matches on.
+func ruleKey(r l7.Rule) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "m=%q", r.Method)
+	if r.Path != nil {
+		fmt.Fprintf(&b, " p=%s:%q", r.Path.Type, r.Path.Value)
+	}
+	for _, h := range r.Hostnames {
+		fmt.Fprintf(&b, " h=%q", h)
+	}
+	for _, h := range r.Headers {
+		fmt.Fprintf(&b, " f=%s:%q:%q", h.Type, h.Name, h.Value)
+	}
+	return b.String()
 }
 
 // union joins two restrictions: either unrestricted is unrestricted.

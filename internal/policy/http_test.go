@@ -284,3 +284,64 @@ func TestHTTPRulesRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTPSetNumbers: a set keeps its number across compiles while it is
+// unchanged; a changed rule makes a new number, and the old one is never
+// used again, so the datapath can hold a set under its number for good;
+// the Diff writes a new set with its rules and lets the gone one go.
+func TestHTTPSetNumbers(t *testing.T) {
+	landing := l7.Rule{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}
+	health := l7.Rule{Method: "GET", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/healthz"}}
+	c := NewCompiler()
+	setOf := func(res *Result) HTTPSetID {
+		t.Helper()
+		if len(res.Errors) > 0 {
+			t.Fatal(res.Errors)
+		}
+		var id HTTPSetID
+		for _, e := range res.Endpoints["default/web"].Entries {
+			if e.HTTP != 0 {
+				if id != 0 && e.HTTP != id {
+					t.Fatalf("two sets (%d, %d) where one policy gives one", id, e.HTTP)
+				}
+				id = e.HTTP
+			}
+		}
+		if id == 0 {
+			t.Fatal("no entry restricted to HTTP rules")
+		}
+		return id
+	}
+	p, h := l7Policy("deathstar", landing)
+	first := c.Compile(l7Cluster(p, h))
+	a := setOf(first)
+	again := c.Compile(l7Cluster(p, h))
+	if got := setOf(again); got != a {
+		t.Fatalf("an unchanged set went from %d to %d", a, got)
+	}
+	if d := DiffResults(first, again); !d.Empty() {
+		t.Fatalf("an unchanged cluster's diff: %+v", d)
+	}
+	// The same policy, its rule changed: another number.
+	p2, h2 := l7Policy("deathstar", health)
+	changed := c.Compile(l7Cluster(p2, h2))
+	b := setOf(changed)
+	if b == a {
+		t.Fatalf("set %d kept its number with other rules", a)
+	}
+	d := DiffResults(again, changed)
+	if rules, ok := d.HTTPSets[b]; !ok || len(rules) != 1 || rules[0].Path.Value != "/healthz" {
+		t.Fatalf("diff's new sets %+v, want %d with the /healthz rule", d.HTTPSets, b)
+	}
+	if len(d.HTTPSetsGone) != 1 || d.HTTPSetsGone[0] != a {
+		t.Fatalf("diff's gone sets %v, want [%d]", d.HTTPSetsGone, a)
+	}
+	// Back to the first rule: a number of its own again, never a.
+	back := c.Compile(l7Cluster(p, h))
+	if got := setOf(back); got == a || got == b {
+		t.Fatalf("a set came back under a used number %d (a %d, b %d)", got, a, b)
+	}
+	if d := DiffResults(nil, back); len(d.HTTPSets) == 0 {
+		t.Fatal("a first load's diff writes no set")
+	}
+}

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * l7flow.h: the connections L7 policy restricts, from the decision on
+ * their SYN to the socket that reads them.
+ *
+ * weir_l7_flows: LRU hash, key struct l7_sock_key (the server's view of
+ * the connection: the client as remote, ports in host order), value
+ * struct l7_flow. When NetworkPolicy allows a TCP connection into a
+ * local pod only through rules with HTTP rules on its port, the tc
+ * program that judged its SYN (conntrack.h) marks the flow CT_L7 and
+ * writes its entry here: the HTTP sets its requests are judged against,
+ * not joined. The server's sock_ops program (l7.c), when the handshake
+ * completes, makes the socket's reader state, puts the socket in
+ * weir_l7_http and only when both succeeded sets joined. Until then tc
+ * drops every packet of the flow that carries bytes toward the server
+ * (its handshake passes): a socket that could not join (a full map, a
+ * cgroup the L7 programs do not watch, an agent that has not loaded
+ * them) never hands the application a byte its reader did not read.
+ *
+ * The sets are read here on every skb the verdict judges, so a policy
+ * change reaches open connections: tc rewrites them when it decides the
+ * flow again under a new policy revision; sets all 0 mean the policy no
+ * longer restricts the connection (its requests are still read, framed
+ * and passed, so a restriction that comes back finds the stream in step).
+ *
+ * An LRU, so SYNs that never complete cannot fill it for good; an entry
+ * evicted from under a live connection fails closed (tc drops its data,
+ * the verdict closes it). The socket's close deletes its entry.
+ */
+#ifndef WEIR_LIB_L7FLOW_H
+#define WEIR_LIB_L7FLOW_H
+
+#include "common.h"
+
+#define L7_FLOW_SETS 3
+
+/* l7_sock_key names an accepted socket by its four-tuple, ports in host
+ * order, addresses in network order. */
+struct l7_sock_key {
+	__be32 remote;
+	__be32 local;
+	__u16 remote_port;
+	__u16 local_port;
+};
+
+/* l7_flow is what a restricted connection's requests are judged against:
+ * a request is allowed when one of the sets allows it (policy unions
+ * the HTTP rules of every rule that allows the connection; each of the
+ * three lookups of policy.h names at most one set). */
+struct l7_flow {
+	__u32 sets[L7_FLOW_SETS]; /* HTTP set IDs, 0 for none; all 0: unrestricted */
+	__u8 joined;              /* the socket joined weir_l7_http with reader state */
+	__u8 pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l7_sock_key);
+	__type(value, struct l7_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_flows SEC(".maps");
+
+#endif /* WEIR_LIB_L7FLOW_H */

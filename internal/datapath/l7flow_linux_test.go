@@ -1,0 +1,451 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+	"github.com/weirnet/weir/internal/testutil"
+)
+
+// restrictIngress sets the HTTP set of every allowing ingress entry of
+// ifindex to set (0 lifts the restriction), as the agent writes an
+// allow that HTTP rules restrict, and makes every flow be judged again.
+func restrictIngress(t *testing.T, n *Node, ifindex uint32, set uint32) {
+	t.Helper()
+	var (
+		k       lxcPolicyKey
+		e       lxcPolicyEntry
+		keys    []lxcPolicyKey
+		entries []lxcPolicyEntry
+	)
+	it := n.progs.Policy.Iterate()
+	for it.Next(&k, &e) {
+		if k.Ifindex == ifindex && k.Dir == 0 && e.Allow != 0 {
+			e.Http = set
+			keys, entries = append(keys, k), append(entries, e)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) == 0 {
+		t.Fatalf("no allowing ingress entry of ifindex %d", ifindex)
+	}
+	for i := range keys {
+		if err := n.progs.Policy.Put(keys[i], entries[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.bumpPolicyRevision(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// l7FlowOf reads the weir_l7_flows entry of a connection as its server
+// names it; ok is false when there is none.
+func l7FlowOf(t *testing.T, p *Programs, client netip.AddrPort, server netip.AddrPort) (lxcL7Flow, bool) {
+	t.Helper()
+	var f lxcL7Flow
+	err := p.L7Flows.Lookup(l7FlowKey(client, server), &f)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return f, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, true
+}
+
+func l7FlowKey(client, server netip.AddrPort) lxcL7SockKey {
+	c, s := client.Addr().As4(), server.Addr().As4()
+	return lxcL7SockKey{Remote: nativeUint32(c), Local: nativeUint32(s), RemotePort: client.Port(), LocalPort: server.Port()}
+}
+
+// nativeUint32 is an address's bytes read as the kernel stores a __be32.
+func nativeUint32(a [4]byte) uint32 {
+	return uint32(a[0]) | uint32(a[1])<<8 | uint32(a[2])<<16 | uint32(a[3])<<24
+}
+
+// TestL7FlowGate: a connection NetworkPolicy allows only through HTTP
+// rules is recorded in weir_l7_flows on its SYN with the policy's set,
+// and no byte toward the server passes until the server's socket joined
+// the reader (sock_ops sets joined): the handshake, pure ACKs and the
+// server's own bytes do. A policy change reaches the recorded flow (a
+// lifted restriction passes it whole; one that comes back, or a lost
+// entry, holds its bytes again), and a SYN carrying data waits too.
+func TestL7FlowGate(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	c := policy.NewCompiler()
+	loadPolicy(t, n, c, nil, policyFixture(ingressFromApp("a", "TCP", 80)))
+	restrictIngress(t, n, ifB, 7)
+
+	client, server := netip.AddrPortFrom(podA, 40500), netip.AddrPortFrom(podB, 80)
+	send := func(what string, src, dst netip.AddrPort, flags uint8, payload string, want uint32) {
+		t.Helper()
+		from := uint32(ifA)
+		if src.Addr() == podB {
+			from = ifB
+		}
+		f := tcpFrame(hostMAC, podMAC, src.Addr(), dst.Addr(), src.Port(), dst.Port(), 1, flags, []byte(payload))
+		if ret, _ := run(t, p.FromContainer, f, from); ret != want {
+			t.Fatalf("%s: verdict %d, want %d", what, ret, want)
+		}
+	}
+	unjoined := metric(t, p, "drop_l7_unjoined")
+	send("SYN", client, server, tcpSYN, "", tcActRedirect)
+	f, ok := l7FlowOf(t, p, client, server)
+	if !ok || f.Sets != [3]uint32{7, 0, 0} || f.Joined != 0 {
+		t.Fatalf("flow entry after the SYN: %+v (found %v), want set 7, not joined", f, ok)
+	}
+	send("SYN-ACK", server, client, tcpSYN|tcpACK, "", tcActRedirect)
+	send("ACK", client, server, tcpACK, "", tcActRedirect)
+	send("request before the join", client, server, tcpACK, "GET / HTTP/1.1\r\n", tcActShot)
+	if got := metric(t, p, "drop_l7_unjoined") - unjoined; got != 1 {
+		t.Fatalf("drop_l7_unjoined rose by %d, want 1", got)
+	}
+	send("the server's bytes", server, client, tcpACK, "hello", tcActRedirect)
+	send("FIN", client, server, tcpFIN|tcpACK, "", tcActRedirect)
+
+	// Joined: the reader sees what follows.
+	f.Joined = 1
+	if err := p.L7Flows.Put(l7FlowKey(client, server), f); err != nil {
+		t.Fatal(err)
+	}
+	send("request once joined", client, server, tcpACK, "GET / HTTP/1.1\r\n", tcActRedirect)
+
+	// A policy that no longer restricts: the flow passes whole, its
+	// entry says unrestricted for the reader.
+	restrictIngress(t, n, ifB, 0)
+	send("request, restriction lifted", client, server, tcpACK, "GET / HTTP/1.1\r\n", tcActRedirect)
+	if f, ok = l7FlowOf(t, p, client, server); !ok || f.Sets != [3]uint32{} || f.Joined != 1 {
+		t.Fatalf("flow entry after the restriction was lifted: %+v (found %v), want sets 0, joined", f, ok)
+	}
+	// Restricted again: the sets come back, the socket is still joined.
+	restrictIngress(t, n, ifB, 9)
+	send("request, restricted again", client, server, tcpACK, "GET / HTTP/1.1\r\n", tcActRedirect)
+	if f, _ = l7FlowOf(t, p, client, server); f.Sets != [3]uint32{9, 0, 0} {
+		t.Fatalf("flow entry after a new restriction: %+v, want set 9", f)
+	}
+	// An entry lost from under the connection (LRU eviction): closed.
+	if err := p.L7Flows.Delete(l7FlowKey(client, server)); err != nil {
+		t.Fatal(err)
+	}
+	send("request, entry lost", client, server, tcpACK, "GET / HTTP/1.1\r\n", tcActShot)
+
+	// A connection opened unrestricted and restricted while open never
+	// joined: it carries no more bytes.
+	open := netip.AddrPortFrom(podA, 40501)
+	restrictIngress(t, n, ifB, 0)
+	send("SYN, unrestricted", open, server, tcpSYN, "", tcActRedirect)
+	if _, ok := l7FlowOf(t, p, open, server); ok {
+		t.Fatal("an unrestricted connection was recorded in weir_l7_flows")
+	}
+	send("request, unrestricted", open, server, tcpACK, "GET / HTTP/1.1\r\n", tcActRedirect)
+	restrictIngress(t, n, ifB, 7)
+	send("request, restricted once open", open, server, tcpACK, "GET / HTTP/1.1\r\n", tcActShot)
+	if f, ok := l7FlowOf(t, p, open, server); !ok || f.Joined != 0 || f.Sets[0] != 7 {
+		t.Fatalf("flow restricted once open: %+v (found %v), want set 7, not joined", f, ok)
+	}
+
+	// TCP Fast Open: data on the SYN waits for the join like any other.
+	send("SYN with data", netip.AddrPortFrom(podA, 40502), server, tcpSYN, "GET / HTTP/1.1\r\n", tcActShot)
+}
+
+// TestL7JoinsRecordedFlows: with real sockets, a connection recorded in
+// weir_l7_flows (as tc records one policy restricts) joins the reader
+// when its handshake completes, whatever its port, is marked joined, and
+// is judged against the union of its entry's sets as they are on each
+// skb: sets rewritten while it is open (a policy change) apply to its
+// next request, sets all 0 pass every request, a lost entry closes it.
+// A connection not recorded, on a port not enforced, is not read. The
+// entry goes when the socket closes.
+func TestL7JoinsRecordedFlows(t *testing.T) {
+	testutil.RequireRoot(t)
+	spec, err := loadL7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := spec.Maps["weir_l7_flows"].Copy()
+	ms.Pinning = ebpf.PinNone
+	flows, err := ebpf.NewMap(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flows.Close()
+	cg := l7TestCgroup(t)
+	s, err := AttachL7Sockets(cg, flows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for id, rules := range map[uint32][]l7.Rule{
+		1: {{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}},
+		2: {{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}}},
+	} {
+		k, err := l7.CompileKernel(rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteHTTPSet(id, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const port = 18620
+	server := netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", port))
+	startHTTPHelper(t, cg, server.String())
+
+	// dial connects from a port the kernel picks, recorded with sets
+	// before the SYN leaves unless sets is nil; it waits for the server's
+	// side to be marked joined.
+	dial := func(sets *[3]uint32) (net.Conn, netip.AddrPort) {
+		t.Helper()
+		var client netip.AddrPort
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			var err error
+			cerr := rc.Control(func(fd uintptr) {
+				if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+					return
+				}
+				var sa unix.Sockaddr
+				if sa, err = unix.Getsockname(int(fd)); err != nil {
+					return
+				}
+				client = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
+				if sets != nil {
+					err = flows.Put(l7FlowKey(client, server), lxcL7Flow{Sets: *sets})
+				}
+			})
+			return errors.Join(cerr, err)
+		}}
+		c, err := d.Dial("tcp4", server.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sets == nil {
+			return c, client
+		}
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var f lxcL7Flow
+			if err := flows.Lookup(l7FlowKey(client, server), &f); err == nil && f.Joined == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("connection from %v never marked joined", client)
+			}
+		}
+		return c, client
+	}
+	setFlow := func(client netip.AddrPort, sets [3]uint32) {
+		t.Helper()
+		if err := flows.Put(l7FlowKey(client, server), lxcL7Flow{Sets: sets, Joined: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const (
+		landing = "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nland"
+		exhaust = "PUT /v1/exhaust-port HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nboom"
+		public  = "GET /public/x HTTP/1.1\r\nHost: deathstar\r\nX-Padding: 0123456789012345678901234567890123456789\r\n\r\n"
+	)
+
+	// Set 1: the landing is served, the exhaust port answered 403.
+	c, client := dial(&[3]uint32{1, 0, 0})
+	got := exchangeOn(c, landing, exhaust)
+	if !strings.Contains(got, "POST /v1/request-landing") || !strings.Contains(got, "HTTP/1.1 403 ") || strings.Contains(got, "PUT /v1") {
+		t.Fatalf("set 1: %q, want the landing served and a 403", got)
+	}
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var f lxcL7Flow
+		if errors.Is(flows.Lookup(l7FlowKey(client, server), &f), ebpf.ErrKeyNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the flow entry outlived its socket")
+		}
+	}
+
+	// The union of two sets.
+	c, _ = dial(&[3]uint32{2, 1, 0})
+	got = exchangeOn(c, landing, public, exhaust)
+	if !strings.Contains(got, "POST /v1/request-landing") || !strings.Contains(got, "GET /public/x") || !strings.Contains(got, "HTTP/1.1 403 ") {
+		t.Fatalf("sets 2 and 1: %q, want the landing and /public served, then a 403", got)
+	}
+
+	// Sets rewritten while the connection is open apply to its next
+	// request: lifted, then narrowed to set 2.
+	c, client = dial(&[3]uint32{1, 0, 0})
+	setFlow(client, [3]uint32{})
+	c.Write([]byte(exhaust))
+	buf := make([]byte, 4096)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	nr, _ := c.Read(buf)
+	if !strings.Contains(string(buf[:nr]), "PUT /v1/exhaust-port") {
+		t.Fatalf("restriction lifted: %q, want the PUT served", buf[:nr])
+	}
+	setFlow(client, [3]uint32{2, 0, 0})
+	got = exchangeOn(c, landing)
+	if !strings.HasPrefix(got, "HTTP/1.1 403 ") {
+		t.Fatalf("narrowed to set 2: %q, want the landing denied", got)
+	}
+
+	// An entry lost from under a joined connection closes it.
+	c, client = dial(&[3]uint32{1, 0, 0})
+	if err := flows.Delete(l7FlowKey(client, server)); err != nil {
+		t.Fatal(err)
+	}
+	if got = exchangeOn(c, landing); got != "" {
+		t.Fatalf("entry lost: %q, want nothing", got)
+	}
+
+	// Not recorded, port not enforced: the server reads it unjudged.
+	c, _ = dial(nil)
+	if got = exchangeOn(c, exhaust); !strings.Contains(got, "PUT /v1/exhaust-port") {
+		t.Fatalf("unrecorded connection: %q, want it served", got)
+	}
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.JoinFail != 0 || st.Sockets != 4 {
+		t.Errorf("counters %+v: want 4 sockets joined, none refused", st)
+	}
+}
+
+// TestL7SetsFollowPolicy: on a node that reads requests (EnableL7), an
+// ingress allow restricted to HTTP rules is written as an allow with its
+// set, the set written first; the SYN of such a connection records the
+// set; a changed rule is a new set, the flow takes it on its next packet
+// and the old set goes. An egress allow restricted to HTTP rules stays
+// closed (nothing reads a client's requests), and so does every such
+// allow on a node that does not read requests.
+func TestL7SetsFollowPolicy(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	cg := l7TestCgroup(t)
+	s, err := AttachL7Sockets(cg, p.L7Flows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	landing := l7.Rule{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}
+	health := l7.Rule{Method: "GET", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/healthz"}}
+	snapshot := func(rule l7.Rule) *policy.Snapshot {
+		in := ingressFromApp("a", "TCP", 80)
+		out := ingressFromApp("a", "TCP", 8080, 80) // HTTP rules on 8080 only
+		out.Name, out.Spec.PodSelector.MatchLabels["app"] = "egress", "a"
+		out.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: out.Spec.Ingress[0].Ports}}
+		out.Spec.Ingress = nil
+		out.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+		snap := policyFixture(in, out)
+		snap.HTTP = map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{
+			in:  {Ingress: [][][]l7.Rule{{{rule}}}},
+			out: {Egress: [][][]l7.Rule{{{rule}, nil}}},
+		}
+		return snap
+	}
+	// A node that does not read requests: closed.
+	plain := &Node{progs: p}
+	c := policy.NewCompiler()
+	res := loadPolicy(t, plain, c, nil, snapshot(landing))
+	restricted := 0
+	for k, e := range res.Endpoints["x/b"].Entries {
+		if e.HTTP == 0 {
+			continue
+		}
+		var v lxcPolicyEntry
+		if err := p.Policy.Lookup(policyKey(ifB, k), &v); err != nil || v.Allow != 0 || v.Http != 0 {
+			t.Fatalf("entry %v on a node that does not read requests written as %+v (%v), want closed", k, v, err)
+		}
+		restricted++
+	}
+	if restricted == 0 {
+		t.Fatal("no entry of x/b restricted to HTTP rules")
+	}
+	loadPolicy(t, plain, c, res, &policy.Snapshot{})
+
+	n := &Node{progs: p}
+	n.EnableL7(s)
+	c = policy.NewCompiler()
+	ingressSet := func(res *policy.Result) policy.HTTPSetID {
+		t.Helper()
+		for k, e := range res.Endpoints["x/b"].Entries {
+			if k.Direction == policy.Ingress && e.HTTP != 0 {
+				return e.HTTP
+			}
+		}
+		t.Fatal("no ingress entry of x/b restricted to HTTP rules")
+		return 0
+	}
+	first := loadPolicy(t, n, c, nil, snapshot(landing))
+	set := ingressSet(first)
+	for k, e := range first.Endpoints["x/b"].Entries {
+		var v lxcPolicyEntry
+		if err := p.Policy.Lookup(policyKey(ifB, k), &v); err != nil {
+			t.Fatal(err)
+		}
+		if e.HTTP != 0 && (v.Allow == 0 || v.Http != uint32(set)) {
+			t.Fatalf("entry %v written as %+v, want an allow restricted to set %d", k, v, set)
+		}
+	}
+	var row l7L7Set
+	if err := s.objs.WeirL7Sets.Lookup(uint32(set), &row); err != nil {
+		t.Fatalf("set %d not written: %v", set, err)
+	}
+	var closedEgress int
+	for k, e := range first.Endpoints["x/a"].Entries {
+		if k.Direction != policy.Egress || e.HTTP == 0 {
+			continue
+		}
+		var v lxcPolicyEntry
+		if err := p.Policy.Lookup(policyKey(ifA, k), &v); err != nil || v.Allow != 0 || v.Http != 0 {
+			t.Fatalf("egress entry %v restricted to HTTP rules written as %+v (%v), want closed", k, v, err)
+		}
+		closedEgress++
+	}
+	if closedEgress == 0 {
+		t.Fatal("no egress entry restricted to HTTP rules")
+	}
+
+	client, server := netip.AddrPortFrom(podA, 40600), netip.AddrPortFrom(podB, 80)
+	syn := tcpFrame(hostMAC, podMAC, podA, podB, client.Port(), server.Port(), 1, tcpSYN, nil)
+	if ret, _ := run(t, p.FromContainer, syn, ifA); ret != tcActRedirect {
+		t.Fatalf("SYN: verdict %d, want redirect", ret)
+	}
+	if f, ok := l7FlowOf(t, p, client, server); !ok || f.Sets[0] != uint32(set) {
+		t.Fatalf("flow after the SYN: %+v (found %v), want set %d", f, ok, set)
+	}
+
+	// The rule changes: a new set; the flow takes it on its next packet.
+	second := loadPolicy(t, n, c, first, snapshot(health))
+	next := ingressSet(second)
+	if next == set {
+		t.Fatalf("a changed rule kept set %d", set)
+	}
+	if err := s.objs.WeirL7Sets.Lookup(uint32(set), &row); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the old set %d is still written: %v", set, err)
+	}
+	ack := tcpFrame(hostMAC, podMAC, podA, podB, client.Port(), server.Port(), 2, tcpACK, nil)
+	if ret, _ := run(t, p.FromContainer, ack, ifA); ret != tcActRedirect {
+		t.Fatalf("ACK: verdict %d, want redirect", ret)
+	}
+	if f, _ := l7FlowOf(t, p, client, server); f.Sets[0] != uint32(next) {
+		t.Fatalf("flow after the change: %+v, want set %d", f, next)
+	}
+	// Policy gone: every set goes.
+	loadPolicy(t, n, c, second, &policy.Snapshot{})
+	var id uint32
+	if err := s.objs.WeirL7Sets.NextKey(nil, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("set %d left after every policy went: %v", id, err)
+	}
+}

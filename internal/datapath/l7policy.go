@@ -1,0 +1,107 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// nodeL7 is what a node that reads requests (EnableL7) holds of the HTTP
+// sets policy names: the kernel's tables and, for each set written, its
+// compiled lookups (needed to delete it). A set is written under the
+// compiler's number (policy.HTTPSetID), which never names other rules.
+type nodeL7 struct {
+	tables  l7Tables
+	written map[policy.HTTPSetID]*l7.KernelRules
+}
+
+// EnableL7 makes the node enforce the HTTP rules policy restricts
+// ingress allows to, with s's tables: from the next ApplyPolicy on, such
+// an allow is written restricted to its set (tc records the connection,
+// s's programs judge its requests) instead of closed. Call it before the
+// first ApplyPolicy: entries written closed before stay closed until they
+// change.
+func (n *Node) EnableL7(s *L7Sockets) {
+	n.l7 = &nodeL7{
+		tables:  l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets},
+		written: map[policy.HTTPSetID]*l7.KernelRules{},
+	}
+}
+
+// kernelHTTPSet is the set an entry of direction d is written restricted
+// to: the compiler's number once written, 0 (the allow written closed)
+// when the node does not read requests, the set could not be written,
+// or d is egress (no client-side reader exists: an egress entry's set
+// would not be read, and its allow would pass every request).
+func (n *Node) kernelHTTPSet(d policy.Direction, id policy.HTTPSetID) uint32 {
+	if id == 0 || d != policy.Ingress || n.l7 == nil || n.l7.written[id] == nil {
+		return 0
+	}
+	return uint32(id)
+}
+
+// writeHTTPSets writes the sets the diff adds, before the entries that
+// name them. A set the kernel cannot hold (over 64 rules, once several
+// policies' rules add up) is left unwritten: its entries are written
+// closed, and the error says which.
+func (n *Node) writeHTTPSets(d policy.Diff) error {
+	if n.l7 == nil {
+		return nil
+	}
+	var errs []error
+	for id, rules := range d.HTTPSets {
+		if n.l7.written[id] != nil {
+			continue
+		}
+		k, err := l7.CompileKernel(rules)
+		if err == nil {
+			err = n.l7.tables.writeSet(uint32(id), k)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("HTTP set %d (%d rules): %w: its allows stay closed: %w", id, len(rules), err, ErrPolicyClosed))
+			continue
+		}
+		n.l7.written[id] = k
+	}
+	return errors.Join(errs...)
+}
+
+// deleteHTTPSets deletes the sets the diff drops, once no entry names
+// them and flows were told to be judged again: a connection still naming
+// one (its next packet not yet through tc) is denied meanwhile, never
+// judged against other rules.
+func (n *Node) deleteHTTPSets(d policy.Diff) error {
+	if n.l7 == nil {
+		return nil
+	}
+	var errs []error
+	for _, id := range d.HTTPSetsGone {
+		k := n.l7.written[id]
+		if k == nil {
+			continue
+		}
+		if err := n.l7.tables.deleteSet(uint32(id), k); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(n.l7.written, id)
+	}
+	return errors.Join(errs...)
+}
+
+// pruneHTTPSets deletes the sets written that res does not name: those a
+// failed apply wrote and the full rewrite after it no longer uses.
+func (n *Node) pruneHTTPSets(res *policy.Result) error {
+	if n.l7 == nil {
+		return nil
+	}
+	var gone policy.Diff
+	for id := range n.l7.written {
+		if _, ok := res.HTTPSets[id]; !ok {
+			gone.HTTPSetsGone = append(gone.HTTPSetsGone, id)
+		}
+	}
+	return n.deleteHTTPSets(gone)
+}
