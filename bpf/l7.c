@@ -44,8 +44,9 @@ __always_inline_fn int l7_track(struct bpf_sock_ops *ctx)
 	if (!c)
 		return -1;
 	__builtin_memset(c, 0, sizeof(*c));
-	/* Forget the state when the socket closes (l7_sockops, STATE_CB). */
-	bpf_sock_ops_cb_flags_set(ctx, BPF_SOCK_OPS_STATE_CB_FLAG);
+	/* Forget the state when the socket closes (l7_sockops, STATE_CB);
+	 * the flags another sock_ops program set stay. */
+	bpf_sock_ops_cb_flags_set(ctx, ctx->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	return bpf_map_update_elem(&weir_l7_conns, &cookie, c, BPF_NOEXIST) ? -1 : 0;
 }
 

@@ -18,10 +18,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weirnet/weir/deploy"
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/lab"
 	"github.com/weirnet/weir/internal/testutil"
 	"github.com/weirnet/weir/internal/version"
@@ -125,16 +127,18 @@ func decodeAll(t *testing.T, stream []byte) map[string]any {
 	return objs
 }
 
-// TestChartDefaults: with its defaults the chart installs the three CRDs,
-// RBAC, the agent's ConfigMap and a DaemonSet whose agent reads that
-// ConfigMap, probes the health port the configuration opens, and mounts
-// pod network namespaces and bpffs with the propagation they need.
+// TestChartDefaults: with its defaults the chart installs the four CRDs,
+// RBAC that lets the agent read every custom kind it watches, the agent's
+// ConfigMap and a DaemonSet whose agent reads that ConfigMap, probes the
+// health port the configuration opens, and mounts pod network namespaces
+// and bpffs with the propagation they need.
 func TestChartDefaults(t *testing.T) {
 	objs := render(t)
 	for _, k := range []string{
 		"CustomResourceDefinition/securityidentities.weir.io",
 		"CustomResourceDefinition/clusternetworkpolicies.policy.networking.k8s.io",
 		"CustomResourceDefinition/weirclusternetworkpolicies.weir.io",
+		"CustomResourceDefinition/weirnetworkpolicies.weir.io",
 		"ServiceAccount/weir-agent", "ClusterRole/weir-agent", "ClusterRoleBinding/weir-agent",
 		"ConfigMap/weir-config", "DaemonSet/weir-agent", "Job/weir-upgrade-check",
 	} {
@@ -142,9 +146,10 @@ func TestChartDefaults(t *testing.T) {
 			t.Errorf("the chart renders no %s", k)
 		}
 	}
-	if len(objs) != 9 {
-		t.Errorf("%d objects, want 9: %v", len(objs), keys(objs))
+	if len(objs) != 10 {
+		t.Errorf("%d objects, want 10: %v", len(objs), keys(objs))
 	}
+	checkAgentReads(t, objs["ClusterRole/weir-agent"].(*rbacv1.ClusterRole))
 	cm := objs["ConfigMap/weir-config"].(*corev1.ConfigMap)
 	for flag, want := range map[string]string{
 		"mode": "vxlan", "tunnel-port": "4789", "mtu": "0", "cluster-cidr": "10.244.0.0/16", "kube-proxy-replacement": "false",
@@ -192,6 +197,26 @@ func TestChartDefaults(t *testing.T) {
 		t.Errorf("termination message policy %q: an agent refusing to start must say why in its pod's status", agent.TerminationMessagePolicy)
 	}
 	checkUpgradeJob(t, objs["Job/weir-upgrade-check"].(*batchv1.Job), ds)
+}
+
+// checkAgentReads: the agent's role lets it list and watch each custom
+// kind the agent watches; without one its caches never sync.
+func checkAgentReads(t *testing.T, role *rbacv1.ClusterRole) {
+	t.Helper()
+	for _, gvr := range []schema.GroupVersionResource{k8s.IdentityResource, k8s.ClusterPolicyResource,
+		k8s.WeirClusterPolicyResource, k8s.WeirNetworkPolicyResource} {
+		verbs := map[string]bool{}
+		for _, r := range role.Rules {
+			if slices.Contains(r.APIGroups, gvr.Group) && slices.Contains(r.Resources, gvr.Resource) {
+				for _, v := range r.Verbs {
+					verbs[v] = true
+				}
+			}
+		}
+		if !verbs["get"] || !verbs["list"] || !verbs["watch"] {
+			t.Errorf("the agent's role lets it %v on %s.%s, want get, list and watch", slices.Sorted(maps.Keys(verbs)), gvr.Resource, gvr.Group)
+		}
+	}
 }
 
 // checkAgentCapabilities: the agent is not privileged but has the four
@@ -364,7 +389,7 @@ func TestChartValueSets(t *testing.T) {
 	}
 
 	objs = render(t, "agent.enabled=false", "rbac.extraGroups={weir:agents}")
-	if objs["DaemonSet/weir-agent"] != nil || objs["ConfigMap/weir-config"] != nil || len(objs) != 6 {
+	if objs["DaemonSet/weir-agent"] != nil || objs["ConfigMap/weir-config"] != nil || len(objs) != 7 {
 		t.Errorf("agent.enabled=false renders %v, want the CRDs and RBAC alone", keys(objs))
 	}
 	crb := objs["ClusterRoleBinding/weir-agent"].(*rbacv1.ClusterRoleBinding)
@@ -454,6 +479,7 @@ func TestChartCopiesAreCurrent(t *testing.T) {
 		"crds.yaml":                           "helm/weir/crds/securityidentities.yaml",
 		"crd-clusternetworkpolicies.yaml":     "helm/weir/crds/clusternetworkpolicies.yaml",
 		"crd-weirclusternetworkpolicies.yaml": "helm/weir/crds/weirclusternetworkpolicies.yaml",
+		"crd-weirnetworkpolicies.yaml":        "helm/weir/crds/weirnetworkpolicies.yaml",
 		"../docs/grafana-dashboard.json":      "helm/weir/dashboards/weir.json",
 	} {
 		a, err := os.ReadFile(from)

@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"bytes"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -89,16 +90,26 @@ func actionEnum(spec apiextensionsv1.JSONSchemaProps, dir string) []string {
 	return out
 }
 
-// TestWeirNetworkPolicyCRD: the namespaced kind with HTTP rules, its
-// ports carrying at most 64 rules each (a set the kernel holds), and not
-// in the chart until the agent enforces it: a cluster that can create one
-// would believe its HTTP rules held.
+// TestWeirNetworkPolicyCRD: the namespaced kind with HTTP rules, one
+// served storage version with a status subresource, its ports carrying at
+// most 64 rules each (a set the kernel holds), and in the chart, the same
+// file: the agent watches the kind and enforces its ingress HTTP rules,
+// and its caches never sync on a cluster without the kind.
 func TestWeirNetworkPolicyCRD(t *testing.T) {
-	crd := readCRD(t, "crd-weirnetworkpolicies.yaml")
+	const file = "crd-weirnetworkpolicies.yaml"
+	crd := readCRD(t, file)
 	if crd.Name != "weirnetworkpolicies.weir.io" || crd.Spec.Scope != apiextensionsv1.NamespaceScoped || crd.Spec.Names.Kind != "WeirNetworkPolicy" {
-		t.Fatalf("%s: %s, scope %s, kind %s", "crd-weirnetworkpolicies.yaml", crd.Name, crd.Spec.Scope, crd.Spec.Names.Kind)
+		t.Fatalf("%s: %s, scope %s, kind %s", file, crd.Name, crd.Spec.Scope, crd.Spec.Names.Kind)
 	}
-	spec := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
+	if len(crd.Spec.Versions) != 1 {
+		t.Fatalf("%s: %d versions, want only v1alpha1", file, len(crd.Spec.Versions))
+	}
+	v := crd.Spec.Versions[0]
+	if v.Name != "v1alpha1" || !v.Served || !v.Storage || v.Subresources == nil || v.Subresources.Status == nil {
+		t.Fatalf("%s: version %s (served %v, storage %v), want v1alpha1 served and stored with a status subresource",
+			file, v.Name, v.Served, v.Storage)
+	}
+	spec := v.Schema.OpenAPIV3Schema.Properties["spec"]
 	for _, dir := range []string{"ingress", "egress"} {
 		port := spec.Properties[dir].Items.Schema.Properties["ports"].Items.Schema
 		http, ok := port.Properties["http"]
@@ -109,7 +120,12 @@ func TestWeirNetworkPolicyCRD(t *testing.T) {
 			t.Errorf("%s ports: no port field (NetworkPolicyPort inline)", dir)
 		}
 	}
-	if _, err := Chart.ReadFile("helm/weir/crds/weirnetworkpolicies.yaml"); err == nil {
-		t.Fatal("the chart installs WeirNetworkPolicy before the agent enforces it")
+	want, err := Manifests.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Chart.ReadFile("helm/weir/crds/weirnetworkpolicies.yaml")
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the chart does not install %s as generated (%v): run go generate ./deploy", file, err)
 	}
 }

@@ -45,6 +45,7 @@ struct {
 	__type(key, __u64);
 	__type(value, struct l7_conn);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_conns SEC(".maps");
 
 /* What a walk ends in. */

@@ -57,6 +57,7 @@ struct {
 	__type(key, struct l7_match_key);
 	__type(value, __u64);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_match SEC(".maps");
 
 struct {
@@ -64,6 +65,7 @@ struct {
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, struct l7_set);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_sets SEC(".maps");
 
 __always_inline_fn __u64 l7_lookup(__u32 set, __u8 kind, __u64 hash)

@@ -65,6 +65,7 @@ struct {
 	__uint(max_entries, 65536);
 	__type(key, struct l7_sock_key);
 	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_http SEC(".maps");
 
 /* Counters of the L7 socket path (weir_l7_stats indexes). */
@@ -89,6 +90,7 @@ struct {
 	__uint(max_entries, L7_STAT_MAX);
 	__type(key, __u32);
 	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_stats SEC(".maps");
 
 __always_inline_fn void l7_count(__u32 stat, __u64 n)

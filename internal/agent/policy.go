@@ -100,6 +100,7 @@ func (a *Agent) policySnapshot(s k8s.Snapshot, local map[string]datapath.PolicyE
 	ps := &policy.Snapshot{
 		Namespaces:      map[string]policy.Namespace{},
 		Policies:        s.Policies,
+		HTTP:            s.HTTP,
 		ClusterPolicies: s.ClusterPolicies,
 		Identities:      s.Identities,
 		HostIPs:         []netip.Addr{a.cfg.NodeIP},
@@ -188,7 +189,7 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	for _, e := range res.Errors {
 		a.log.Warn("network policy not fully compiled; its pods fail closed", "err", e)
 	}
-	a.policyEvents.report(s.Policies, res.Errors)
+	a.policyEvents.report(s.Policies, s.HTTP, res.Errors)
 	for pod, ep := range res.Endpoints {
 		loc := eps[pod]
 		loc.Identity = ep.Identity

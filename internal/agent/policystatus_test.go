@@ -107,6 +107,7 @@ func TestPolicyStatusLoopWritesOnReports(t *testing.T) {
 		k8s.IdentityResource:          "SecurityIdentityList",
 		k8s.ClusterPolicyResource:     "ClusterNetworkPolicyList",
 		k8s.WeirClusterPolicyResource: "WeirClusterNetworkPolicyList",
+		k8s.WeirNetworkPolicyResource: "WeirNetworkPolicyList",
 	}, p)
 	w := k8s.NewWatcher(kube, dyn, "n1", 0)
 	w.Start(ctx)

@@ -77,11 +77,13 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 	if err != nil {
 		return nil, fmt.Errorf("parse the L7 socket programs: %w", err)
 	}
+	// Maps of their own, none pinned: the node's are SetupL7's.
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
 	opts := &ebpf.CollectionOptions{}
 	if flows != nil {
 		opts.MapReplacements = map[string]*ebpf.Map{"weir_l7_flows": flows}
-	} else {
-		spec.Maps["weir_l7_flows"].Pinning = ebpf.PinNone
 	}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load the L7 socket programs: %w", err)
@@ -172,12 +174,17 @@ func (s *L7Sockets) ReleasePort(port uint16) error {
 
 // Stats sums the path's per-CPU counters.
 func (s *L7Sockets) Stats() (L7Stats, error) {
+	return readL7Stats(s.objs.WeirL7Stats)
+}
+
+// readL7Stats sums weir_l7_stats over CPUs.
+func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
 		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState}
 	for i, f := range fields {
 		var perCPU []uint64
-		if err := s.objs.WeirL7Stats.Lookup(uint32(i), &perCPU); err != nil {
+		if err := m.Lookup(uint32(i), &perCPU); err != nil {
 			return out, fmt.Errorf("read L7 counter %d: %w", i, err)
 		}
 		for _, v := range perCPU {

@@ -3,8 +3,11 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -375,7 +378,9 @@ func TestL7SetsFollowPolicy(t *testing.T) {
 	loadPolicy(t, plain, c, res, &policy.Snapshot{})
 
 	n := &Node{progs: p}
-	n.EnableL7(s)
+	if err := n.EnableL7(s); err != nil {
+		t.Fatal(err)
+	}
 	c = policy.NewCompiler()
 	ingressSet := func(res *policy.Result) policy.HTTPSetID {
 		t.Helper()
@@ -447,5 +452,113 @@ func TestL7SetsFollowPolicy(t *testing.T) {
 	var id uint32
 	if err := s.objs.WeirL7Sets.NextKey(nil, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("set %d left after every policy went: %v", id, err)
+	}
+}
+
+// TestL7SurvivesRestart: the node's L7 path (SetupL7) keeps judging an
+// open keep-alive connection while no agent runs and after another
+// takes over: its socket, reader state and set are pinned. The new
+// agent numbers its sets above the earlier one's, and the first full
+// load removes the earlier sets.
+func TestL7SurvivesRestart(t *testing.T) {
+	dir, cfg := migrationPinDir(t)
+	if err := os.MkdirAll(filepath.Join(dir, "cgroup"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cg := l7TestCgroup(t)
+	start := func() *Node {
+		t.Helper()
+		p, err := LoadPrograms(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &Node{cfg: NodeConfig{PinDir: dir}, progs: p}
+		if err := n.setupL7(cg); err != nil {
+			n.Close()
+			t.Fatal(err)
+		}
+		return n
+	}
+	n := start()
+	k, err := l7.CompileKernel([]l7.Rule{{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The set as an apply writes it, the port given it directly (no tc
+	// on loopback to record the connection).
+	n.l7.written[1] = k
+	set := n.l7.base + 1
+	if err := n.l7.tables.writeSet(set, k); err != nil {
+		t.Fatal(err)
+	}
+	const port = 18630
+	if err := n.l7objs.WeirL7Ports.Put(uint16(port), l7L7Port{Mode: uint8(L7HTTP), Set: set}); err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	startHTTPHelper(t, cg, addr)
+	const (
+		landing = "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nland"
+		exhaust = "PUT /v1/exhaust-port HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nboom"
+	)
+	c, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ask := func(req, want string) {
+		t.Helper()
+		if _, err := c.Write([]byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4096)
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		nr, err := c.Read(buf)
+		if err != nil || !strings.Contains(string(buf[:nr]), want) {
+			t.Fatalf("%q: got %q (%v), want %q", req[:20], buf[:nr], err, want)
+		}
+	}
+	ask(landing, "POST /v1/request-landing")
+
+	// The agent goes: every handle closes, the pins stay.
+	n.Close()
+	ask(landing, "POST /v1/request-landing")
+
+	n = start()
+	defer n.Close()
+	if n.l7.base < set || !n.l7.stale {
+		t.Fatalf("the new agent numbers sets from %d (stale %v), want above %d", n.l7.base, n.l7.stale, set)
+	}
+	ask(landing, "POST /v1/request-landing")
+	// weir_l7_ports is no node state (tests and benches give a port its
+	// set): given again, as the new agent's load would record flows.
+	if err := n.l7objs.WeirL7Ports.Put(uint16(port), l7L7Port{Mode: uint8(L7HTTP), Set: set}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rawExchange(t, addr, exhaust); !strings.HasPrefix(got, "HTTP/1.1 403 ") {
+		t.Fatalf("a new connection's denied request after the restart: %q, want 403", got)
+	}
+	// Last on the old connection: the denial, which closes it.
+	if _, err := c.Write([]byte(exhaust)); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if b, _ := io.ReadAll(c); !strings.HasPrefix(string(b), "HTTP/1.1 403 ") {
+		t.Fatalf("the old connection's denied request after the restart: %q, want 403", b)
+	}
+	// The first full load removes what the earlier agent wrote.
+	if err := n.pruneHTTPSets(&policy.Result{}); err != nil {
+		t.Fatal(err)
+	}
+	var row l7L7Set
+	if err := n.l7objs.WeirL7Sets.Lookup(set, &row); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the earlier agent's set %d is still there after the first full load: %v", set, err)
+	}
+	st, err := n.L7Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.JoinFail != 0 || st.Denied < 2 {
+		t.Errorf("counters %+v: want no join refused, 2 denials", st)
 	}
 }

@@ -4,17 +4,26 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
 
 // nodeL7 is what a node that reads requests (EnableL7) holds of the HTTP
 // sets policy names: the kernel's tables and, for each set written, its
-// compiled lookups (needed to delete it). A set is written under the
-// compiler's number (policy.HTTPSetID), which never names other rules.
+// compiled lookups (needed to delete it). A set is written under base
+// plus the compiler's number (policy.HTTPSetID), which never names other
+// rules in the compiler's life; base is above every set an earlier agent
+// left in the pinned tables, whose compiler numbered from 1 too.
 type nodeL7 struct {
 	tables  l7Tables
 	written map[policy.HTTPSetID]*l7.KernelRules
+	base    uint32
+	// stale: sets an earlier agent wrote (numbers up to base) may still
+	// be in the tables, until the first full load replaced every entry
+	// naming them (pruneHTTPSets).
+	stale bool
 }
 
 // EnableL7 makes the node enforce the HTTP rules policy restricts
@@ -23,23 +32,53 @@ type nodeL7 struct {
 // s's programs judge its requests) instead of closed. Call it before the
 // first ApplyPolicy: entries written closed before stay closed until they
 // change.
-func (n *Node) EnableL7(s *L7Sockets) {
-	n.l7 = &nodeL7{
-		tables:  l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets},
-		written: map[policy.HTTPSetID]*l7.KernelRules{},
+func (n *Node) EnableL7(s *L7Sockets) error {
+	return n.enableL7(l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}, s.objs.WeirL7Flows)
+}
+
+func (n *Node) enableL7(t l7Tables, flows *ebpf.Map) error {
+	base, err := highestHTTPSet(t, flows)
+	if err != nil {
+		return err
 	}
+	n.l7 = &nodeL7{tables: t, written: map[policy.HTTPSetID]*l7.KernelRules{}, base: base, stale: base > 0}
+	return nil
+}
+
+// highestHTTPSet is the highest set number the tables or a connection
+// name.
+func highestHTTPSet(t l7Tables, flows *ebpf.Map) (uint32, error) {
+	var high, id uint32
+	var row l7L7Set
+	it := t.sets.Iterate()
+	for it.Next(&id, &row) {
+		high = max(high, id)
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read HTTP sets: %w", err)
+	}
+	var k l7L7SockKey
+	var f l7L7Flow
+	fit := flows.Iterate()
+	for fit.Next(&k, &f) {
+		high = max(high, f.Sets[0], f.Sets[1], f.Sets[2])
+	}
+	if err := fit.Err(); err != nil {
+		return 0, fmt.Errorf("read L7 flows: %w", err)
+	}
+	return high, nil
 }
 
 // kernelHTTPSet is the set an entry of direction d is written restricted
-// to: the compiler's number once written, 0 (the allow written closed)
-// when the node does not read requests, the set could not be written,
-// or d is egress (no client-side reader exists: an egress entry's set
-// would not be read, and its allow would pass every request).
+// to: its kernel number once written, 0 (the allow written closed) when
+// the node does not read requests, the set could not be written, or d is
+// egress (no client-side reader exists: an egress entry's set would not
+// be read, and its allow would pass every request).
 func (n *Node) kernelHTTPSet(d policy.Direction, id policy.HTTPSetID) uint32 {
 	if id == 0 || d != policy.Ingress || n.l7 == nil || n.l7.written[id] == nil {
 		return 0
 	}
-	return uint32(id)
+	return n.l7.base + uint32(id)
 }
 
 // writeHTTPSets writes the sets the diff adds, before the entries that
@@ -57,7 +96,7 @@ func (n *Node) writeHTTPSets(d policy.Diff) error {
 		}
 		k, err := l7.CompileKernel(rules)
 		if err == nil {
-			err = n.l7.tables.writeSet(uint32(id), k)
+			err = n.l7.tables.writeSet(n.l7.base+uint32(id), k)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("HTTP set %d (%d rules): %w: its allows stay closed: %w", id, len(rules), err, ErrPolicyClosed))
@@ -82,7 +121,7 @@ func (n *Node) deleteHTTPSets(d policy.Diff) error {
 		if k == nil {
 			continue
 		}
-		if err := n.l7.tables.deleteSet(uint32(id), k); err != nil {
+		if err := n.l7.tables.deleteSet(n.l7.base+uint32(id), k); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -92,10 +131,17 @@ func (n *Node) deleteHTTPSets(d policy.Diff) error {
 }
 
 // pruneHTTPSets deletes the sets written that res does not name: those a
-// failed apply wrote and the full rewrite after it no longer uses.
+// failed apply wrote and the full rewrite after it no longer uses, and an
+// earlier agent's, which no entry names once every entry was written.
 func (n *Node) pruneHTTPSets(res *policy.Result) error {
 	if n.l7 == nil {
 		return nil
+	}
+	if n.l7.stale {
+		if err := n.l7.tables.deleteUpTo(n.l7.base); err != nil {
+			return err
+		}
+		n.l7.stale = false
 	}
 	var gone policy.Diff
 	for id := range n.l7.written {

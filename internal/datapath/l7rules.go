@@ -47,6 +47,43 @@ func (t l7Tables) deleteSet(id uint32, k *l7.KernelRules) error {
 	return errors.Join(errs...)
 }
 
+// deleteUpTo removes every set numbered up to high, rows first, without
+// their compiled rules: an earlier agent's.
+func (t l7Tables) deleteUpTo(high uint32) error {
+	var errs []error
+	var id uint32
+	var row l7L7Set
+	var ids []uint32
+	it := t.sets.Iterate()
+	for it.Next(&id, &row) {
+		if id <= high {
+			ids = append(ids, id)
+		}
+	}
+	errs = append(errs, it.Err())
+	for _, id := range ids {
+		if err := t.sets.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete HTTP set %d: %w", id, err))
+		}
+	}
+	var k l7L7MatchKey
+	var mask uint64
+	var keys []l7L7MatchKey
+	mit := t.match.Iterate()
+	for mit.Next(&k, &mask) {
+		if k.Set <= high {
+			keys = append(keys, k)
+		}
+	}
+	errs = append(errs, mit.Err())
+	for _, k := range keys {
+		if err := t.match.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete HTTP set %d lookup: %w", k.Set, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func l7MatchKey(id uint32, k l7.KernelKey) l7L7MatchKey {
 	return l7L7MatchKey{Set: id, Kind: uint8(k.Kind), Hash: k.Hash}
 }

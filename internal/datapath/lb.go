@@ -44,14 +44,8 @@ func (p *Programs) sockPrograms() map[string]struct {
 // attachSockets attaches the socket programs to the cgroup v2 root, each
 // link pinned under <pin>/cgroup.
 func (n *Node) attachSockets() error {
-	root := n.cfg.CgroupRoot
-	if root == "" {
-		var err error
-		if root, _, err = EnsureCgroup2(); err != nil {
-			return err
-		}
-	}
-	if err := checkMachineCgroupRoot(root); err != nil {
+	root, err := n.socketCgroupRoot()
+	if err != nil {
 		return err
 	}
 	dir := filepath.Join(n.cfg.PinDir, "cgroup")
@@ -61,6 +55,22 @@ func (n *Node) attachSockets() error {
 		}
 	}
 	return nil
+}
+
+// socketCgroupRoot is the cgroup v2 root the socket programs attach to:
+// the configured one, or the machine's (mounted if need be).
+func (n *Node) socketCgroupRoot() (string, error) {
+	root := n.cfg.CgroupRoot
+	if root == "" {
+		var err error
+		if root, _, err = EnsureCgroup2(); err != nil {
+			return "", err
+		}
+	}
+	if err := checkMachineCgroupRoot(root); err != nil {
+		return "", err
+	}
+	return root, nil
 }
 
 // netnsCookie returns the kernel's cookie of the network namespace at path,

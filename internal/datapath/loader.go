@@ -272,6 +272,9 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 // checked against all of them before any is loaded.
 type programSpecs struct {
 	lxc, overlay, host, sock, sockiter *ebpf.CollectionSpec
+	// l7 is loaded by Node.SetupL7, not here; its pins are checked and
+	// carried over with the others.
+	l7 *ebpf.CollectionSpec
 }
 
 func entrySpecs() (programSpecs, error) {
@@ -281,7 +284,7 @@ func entrySpecs() (programSpecs, error) {
 		load func() (*ebpf.CollectionSpec, error)
 		to   **ebpf.CollectionSpec
 	}{{"lxc", loadLxc, &s.lxc}, {"overlay", loadOverlay, &s.overlay}, {"host", loadHost, &s.host},
-		{"sock", loadSock, &s.sock}, {"sockiter", loadSockiter, &s.sockiter}} {
+		{"sock", loadSock, &s.sock}, {"sockiter", loadSockiter, &s.sockiter}, {"l7", loadL7, &s.l7}} {
 		spec, err := e.load()
 		if err != nil {
 			return s, fmt.Errorf("parse the %s object: %w", e.name, err)
@@ -292,7 +295,7 @@ func entrySpecs() (programSpecs, error) {
 }
 
 func (s programSpecs) all() []*ebpf.CollectionSpec {
-	return []*ebpf.CollectionSpec{s.lxc, s.overlay, s.host, s.sock, s.sockiter}
+	return []*ebpf.CollectionSpec{s.lxc, s.overlay, s.host, s.sock, s.sockiter, s.l7}
 }
 
 // FinishMigration copies what the previous version's programs wrote into

@@ -142,6 +142,8 @@ type Node struct {
 	// l7 holds the HTTP sets written, once EnableL7 made the node read
 	// requests; nil: HTTP-restricted allows are written closed.
 	l7 *nodeL7
+	// l7objs is bpf/l7.c as SetupL7 loaded it; nil until then.
+	l7objs *l7Objects
 }
 
 // SetupNode prepares the node (sysctls, overlay device, programs, masquerade)
@@ -259,6 +261,11 @@ func (n *Node) setupDevices() error {
 	if err := n.attachSockets(); err != nil {
 		return err
 	}
+	// The L7 socket path: connections policy restricts to HTTP rules are
+	// read before their server sees a byte (docs/l7.md).
+	if err := n.SetupL7(); err != nil {
+		return err
+	}
 	if err := n.setNodeSockets(n.cfg.KubeProxyReplacement); err != nil {
 		return err
 	}
@@ -325,6 +332,9 @@ func (n *Node) Close() {
 	n.closeTrace()
 	if n.progs != nil {
 		n.progs.Close()
+	}
+	if n.l7objs != nil {
+		n.l7objs.Close() // pinned: the sockets and their state stay
 	}
 	if n.nl != nil {
 		n.nl.Close()

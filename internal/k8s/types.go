@@ -64,7 +64,14 @@ type Snapshot struct {
 	ClusterPods []Pod  // every scheduled pod, this node's too, sorted
 	// Namespaces maps each namespace to its labels.
 	Namespaces map[string]map[string]string
-	Policies   []*networkingv1.NetworkPolicy // sorted by namespace/name
+	// Policies are the NetworkPolicies and the WeirNetworkPolicies, these
+	// read as NetworkPolicies (WeirNetworkPolicyToPolicy), sorted by
+	// namespace/name, a NetworkPolicy before a WeirNetworkPolicy of the
+	// same name. HTTP holds the HTTP rules of the WeirNetworkPolicies
+	// among them, and marks them: a policy without an entry is a
+	// NetworkPolicy.
+	Policies []*networkingv1.NetworkPolicy
+	HTTP     map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP
 	// Identities maps label set keys to their cluster identity;
 	// IdentityObjects are the objects it was read from.
 	Identities      map[string]policy.Identity

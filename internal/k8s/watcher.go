@@ -24,9 +24,9 @@ import (
 )
 
 // Watcher keeps informers on Nodes, Pods, Namespaces, NetworkPolicies,
-// Services, EndpointSlices, SecurityIdentities and the cluster policies of
-// both kinds and hands the agent a fresh Snapshot after each burst
-// of changes; Services and EndpointSlices come apart from it, one changed
+// WeirNetworkPolicies, Services, EndpointSlices, SecurityIdentities and
+// the cluster policies of both kinds and hands the agent a fresh Snapshot
+// after each burst of changes; Services and EndpointSlices come apart from it, one changed
 // Service at a time (ServiceUpdates). While the API server is unreachable the informers keep their
 // last state and retry; nothing is delivered until they have news, so the
 // datapath stays as it was.
@@ -41,6 +41,9 @@ type Watcher struct {
 	services   cache.SharedIndexInformer
 	slices     cache.SharedIndexInformer
 	identities cache.SharedIndexInformer // nil without a dynamic client
+	// weirPolicies holds WeirNetworkPolicies, stored typed; nil without
+	// a dynamic client.
+	weirPolicies cache.SharedIndexInformer
 	// Both cluster policy kinds, stored typed; nil without a dynamic
 	// client.
 	clusterPolicies     cache.SharedIndexInformer
@@ -93,7 +96,8 @@ func (m *podMemo) prune(seen map[types.UID]bool) {
 }
 
 // NewWatcher sets up (but does not start) the informers. dyn may be nil,
-// and then identities and cluster policies are not watched.
+// and then identities, WeirNetworkPolicies and cluster policies are not
+// watched.
 func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName string, resync time.Duration) *Watcher {
 	w := &Watcher{nodeName: nodeName, changed: make(chan struct{}, 1), memo: podMemo{byID: map[types.UID]memoPod{}}}
 	w.factory = informers.NewSharedInformerFactory(client, resync)
@@ -122,6 +126,8 @@ func NewWatcher(client kubernetes.Interface, dyn dynamic.Interface, nodeName str
 			typed[npav1alpha2.ClusterNetworkPolicy](), h).informer
 		w.weirClusterPolicies = w.watchCRD(WeirClusterPolicyResource, "crd-weirclusternetworkpolicies.yaml",
 			typed[weirv1alpha1.WeirClusterNetworkPolicy](), h).informer
+		w.weirPolicies = w.watchCRD(WeirNetworkPolicyResource, "crd-weirnetworkpolicies.yaml",
+			typed[weirv1alpha1.WeirNetworkPolicy](), h).informer
 	}
 	return w
 }
@@ -224,11 +230,7 @@ func (w *Watcher) Snapshot() Snapshot {
 			s.Namespaces[ns.Name] = ns.Labels
 		}
 	}
-	for _, o := range w.policies.GetStore().List() {
-		if p, ok := o.(*networkingv1.NetworkPolicy); ok {
-			s.Policies = append(s.Policies, p)
-		}
-	}
+	s.Policies, s.HTTP = w.namespacedPolicies()
 	if w.identities != nil {
 		s.IdentityObjects = identitiesFrom(w.identities.GetStore().List())
 		for _, id := range s.IdentityObjects {
@@ -243,10 +245,42 @@ func (w *Watcher) Snapshot() Snapshot {
 	if w.clusterPolicies != nil {
 		s.ClusterPolicies = clusterPoliciesFrom(w.clusterPolicies.GetStore().List(), w.weirClusterPolicies.GetStore().List())
 	}
-	sort.Slice(s.Policies, func(i, j int) bool {
-		return s.Policies[i].Namespace+"/"+s.Policies[i].Name < s.Policies[j].Namespace+"/"+s.Policies[j].Name
-	})
 	return s
+}
+
+// namespacedPolicies is the cached NetworkPolicies and WeirNetworkPolicies,
+// the latter read as NetworkPolicies with their HTTP rules beside them
+// (see Snapshot.HTTP), sorted by namespace/name. The compiler keeps the
+// order of two policies of one name (a NetworkPolicy and a
+// WeirNetworkPolicy), so that order is fixed here too: the NetworkPolicy
+// first, whatever order the caches list them in.
+func (w *Watcher) namespacedPolicies() ([]*networkingv1.NetworkPolicy, map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP) {
+	var out []*networkingv1.NetworkPolicy
+	for _, o := range w.policies.GetStore().List() {
+		if p, ok := o.(*networkingv1.NetworkPolicy); ok {
+			out = append(out, p)
+		}
+	}
+	http := map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{}
+	if w.weirPolicies != nil {
+		for _, o := range w.weirPolicies.GetStore().List() {
+			if p, ok := o.(*weirv1alpha1.WeirNetworkPolicy); ok {
+				np, h := WeirNetworkPolicyToPolicy(p)
+				out = append(out, np)
+				http[np] = h
+			}
+		}
+	}
+	// Stable, and each kind's names unique in a namespace: every
+	// NetworkPolicy, appended first, stays before its WeirNetworkPolicy
+	// namesake.
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, http
 }
 
 // sortedPods orders pods by namespace/name.

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -20,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/weirnet/weir/internal/k8s/apis/weirv1alpha1"
 	"github.com/weirnet/weir/internal/policy"
@@ -189,6 +192,7 @@ func newWatcherDynamic(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 		IdentityResource:          "SecurityIdentityList",
 		ClusterPolicyResource:     "ClusterNetworkPolicyList",
 		WeirClusterPolicyResource: "WeirClusterNetworkPolicyList",
+		WeirNetworkPolicyResource: "WeirNetworkPolicyList",
 	}, objs...)
 }
 
@@ -313,6 +317,91 @@ func TestWatcherSnapshotsClusterPolicies(t *testing.T) {
 	if last := w.Snapshot().ClusterPolicies[3]; last.Ref() != "WeirClusterNetworkPolicy/b-weir" {
 		t.Fatalf("last policy %s, want WeirClusterNetworkPolicy/b-weir", last.Ref())
 	}
+}
+
+// weirNetworkPolicy is deathstarPolicy in namespace ns, as a dynamic
+// client holds it.
+func weirNetworkPolicy(t *testing.T, ns string) *unstructured.Unstructured {
+	t.Helper()
+	var p weirv1alpha1.WeirNetworkPolicy
+	if err := yaml.UnmarshalStrict([]byte(deathstarPolicy), &p); err != nil {
+		t.Fatal(err)
+	}
+	p.Namespace = ns
+	return asUnstructured(t, &p, weirv1alpha1.SchemeGroupVersion.WithKind(policy.KindWeirNetworkPolicy))
+}
+
+// TestWatcherSnapshotsWeirNetworkPolicies: a WeirNetworkPolicy reaches
+// the snapshot's Policies as the NetworkPolicy it is read as, its HTTP
+// rules in HTTP under that policy, after a NetworkPolicy of the same name
+// and in namespace/name order with the rest; a new one is signalled.
+func TestWatcherSnapshotsWeirNetworkPolicies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	np := func(ns, name string) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	}
+	kube := fake.NewSimpleClientset(np("empire", "deathstar"), np("empire", "a-first"), np("rebels", "base"))
+	dyn := newWatcherDynamic(weirNetworkPolicy(t, "empire"))
+	w := NewWatcher(kube, dyn, "n1", 0)
+	w.Start(ctx)
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Several snapshots: the caches list in map order, the snapshot never.
+	for range 20 {
+		s := w.Snapshot()
+		want := []string{"empire/a-first", "empire/deathstar", policy.KindWeirNetworkPolicy + "/empire/deathstar", "rebels/base"}
+		if got := policyRefs(s); !slices.Equal(got, want) {
+			t.Fatalf("policies %v, want %v", got, want)
+		}
+	}
+	s := w.Snapshot()
+	weir := s.Policies[2]
+	h := s.HTTP[weir]
+	if len(s.HTTP) != 1 || h == nil || len(weir.Spec.Ingress) != 1 || len(weir.Spec.Ingress[0].Ports) != 2 {
+		t.Fatalf("HTTP %v for %+v: want the WeirNetworkPolicy's rules alone", s.HTTP, weir.Spec)
+	}
+	if len(h.Ingress) != 1 || len(h.Ingress[0]) != 2 || len(h.Ingress[0][0]) != 2 || len(h.Ingress[0][1]) != 0 {
+		t.Fatalf("HTTP rules by rule and port %+v: want two on port 80, none on 9090", h.Ingress)
+	}
+	if r := h.Ingress[0][0][0]; r.Method != "POST" || r.Path == nil || r.Path.Value != "/v1/request-landing" {
+		t.Fatalf("first HTTP rule %+v: want POST /v1/request-landing", r)
+	}
+
+	drain(w)
+	if _, err := dyn.Resource(WeirNetworkPolicyResource).Namespace("alderaan").Create(ctx, weirNetworkPolicy(t, "alderaan"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Changes():
+	case <-ctx.Done():
+		t.Fatal("no change signalled for a new WeirNetworkPolicy")
+	}
+	for len(w.Snapshot().HTTP) != 2 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the new WeirNetworkPolicy never reached the snapshot")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if first := policyRefs(w.Snapshot())[0]; first != policy.KindWeirNetworkPolicy+"/alderaan/deathstar" {
+		t.Fatalf("first policy %s, want the new one, sorted by namespace", first)
+	}
+}
+
+// policyRefs names a snapshot's policies in order, a WeirNetworkPolicy
+// with its kind before it.
+func policyRefs(s Snapshot) []string {
+	var out []string
+	for _, p := range s.Policies {
+		ref := p.Namespace + "/" + p.Name
+		if _, ok := s.HTTP[p]; ok {
+			ref = policy.KindWeirNetworkPolicy + "/" + ref
+		}
+		out = append(out, ref)
+	}
+	return out
 }
 
 // TestWatcherSyncFailsOnMissingCRD: a kind the API server does not serve

@@ -9,6 +9,10 @@ import (
 	"github.com/weirnet/weir/internal/policy"
 )
 
+// WeirNetworkPolicyResource is Weir's namespaced WeirNetworkPolicy
+// (deploy/crd-weirnetworkpolicies.yaml).
+var WeirNetworkPolicyResource = weirv1alpha1.NetworkPolicyResource
+
 // WeirNetworkPolicyToPolicy splits a WeirNetworkPolicy into what the
 // policy compiler reads: the NetworkPolicy its selectors, peers and ports
 // are (HTTP rules taken off), and its HTTP rules by rule and port

@@ -162,7 +162,62 @@ func (st *State) demoClusterPolicy(ctx context.Context, frontends []corev1.Pod, 
 	if err := st.printPolicyStatus(ctx, "weirclusternetworkpolicies.weir.io", "demo-guard", out); err != nil {
 		return err
 	}
-	return st.printDemoTrace(ctx, from, to, out)
+	if err := st.printDemoTrace(ctx, from, to, out); err != nil {
+		return err
+	}
+	return st.demoHTTPPolicy(ctx, frontends[0], out)
+}
+
+// demoHTTPPolicy runs the deathstar: a frontend lands a ship (POST
+// /v1/request-landing, allowed by the WeirNetworkPolicy's HTTP rule and
+// answered by the deathstar) and tries the exhaust port (PUT
+// /v1/exhaust-port, answered 403 in the kernel, on the same connection's
+// socket, before the deathstar reads a byte).
+func (st *State) demoHTTPPolicy(ctx context.Context, f corev1.Pod, out io.Writer) error {
+	r := strings.NewReplacer("IMAGE", AgnhostImage)
+	if err := st.applyManifests(ctx, manifests.FS, r, "demo-deathstar.yaml"); err != nil {
+		return err
+	}
+	if err := st.WaitDeployment(ctx, DemoNamespace, "deathstar", 2*time.Minute); err != nil {
+		return err
+	}
+	if err := st.applyManifests(ctx, manifests.FS, nil, "demo-deathstar-policy.yaml"); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "WeirNetworkPolicy demo/deathstar: the frontend tier may POST /v1/request-landing on port 80, nothing else\n")
+	const base = "http://deathstar." + DemoNamespace + ".svc.cluster.local"
+	var status, body string
+	var err error
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) { // until the agents have compiled it
+		if status, body, err = st.httpFrom(ctx, f, "PUT", base+"/v1/exhaust-port"); err == nil && status == "403" {
+			break
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if err != nil || status != "403" {
+		return fmt.Errorf("demo: PUT /v1/exhaust-port from %s: %s %q (%v), want 403 under the policy", f.Name, status, body, err)
+	}
+	fmt.Fprintf(out, "  %s: PUT  /v1/exhaust-port     -> %s (answered by the kernel; the deathstar never saw it)\n", f.Name, status)
+	status, body, err = st.httpFrom(ctx, f, "POST", base+"/v1/request-landing")
+	if err != nil || status != "200" || body != "Ship landed" {
+		return fmt.Errorf("demo: POST /v1/request-landing from %s: %s %q (%v), want 200 \"Ship landed\"", f.Name, status, body, err)
+	}
+	fmt.Fprintf(out, "  %s: POST /v1/request-landing -> %s %q (answered by the deathstar)\n", f.Name, status, body)
+	return nil
+}
+
+// httpFrom makes one HTTP request with curl from inside pod f and
+// returns the status code and the body.
+func (st *State) httpFrom(ctx context.Context, f corev1.Pod, method, url string) (status, body string, _ error) {
+	b, err := st.Kubectl(ctx, nil, "exec", "-n", f.Namespace, f.Name, "--", "curl", "-sS", "-m", "5", "-X", method,
+		"-w", "\n%{http_code}", url)
+	if err != nil {
+		return "", "", err
+	}
+	text := strings.TrimRight(string(b), "\n")
+	i := strings.LastIndexByte(text, '\n')
+	return text[i+1:], strings.TrimSpace(text[:max(i, 0)]), nil
 }
 
 // printPolicyStatus waits for the policy's Programmed condition and prints it.

@@ -2,8 +2,10 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,8 +80,9 @@ func (st *State) writeValues(file, ref string, cgroupRoot bool) error {
 }
 
 // UpgradeWeir upgrades a lab that came up with an earlier release
-// (Config.Release) to the tree's chart and image, with helm upgrade, and
-// returns when helm has applied it (the agents then roll, node by node).
+// (Config.Release) to the tree's chart and image, with helm upgrade, then
+// applies the chart's CRDs as README's Upgrade says, and returns when
+// both are applied (the agents then roll, node by node).
 func (st *State) UpgradeWeir(ctx context.Context) error {
 	if st.Config.Release == "" {
 		return fmt.Errorf("lab %s runs the tree's Weir already: nothing to upgrade from", st.Config.Name)
@@ -90,7 +93,34 @@ func (st *State) UpgradeWeir(ctx context.Context) error {
 		st.Config.Release = rel // still installed: helm changed nothing
 		return err
 	}
-	return st.save()
+	// The tree's chart is installed whether or not its CRDs apply.
+	return errors.Join(st.applyChartCRDs(ctx), st.save())
+}
+
+// applyChartCRDs applies the tree's chart's CRDs server-side. Helm
+// installs a chart's CRDs with the release only, never on upgrade, and an
+// agent's caches wait for every kind it watches: one added since the
+// release (WeirNetworkPolicy) must be applied for the new agents to follow
+// the cluster.
+func (st *State) applyChartCRDs(ctx context.Context) error {
+	dir := deploy.ChartDir + "/crds"
+	files, err := fs.ReadDir(deploy.Chart, dir)
+	if err != nil {
+		return fmt.Errorf("read the chart's CRDs: %w", err)
+	}
+	var docs strings.Builder
+	for _, f := range files {
+		b, err := fs.ReadFile(deploy.Chart, dir+"/"+f.Name())
+		if err != nil {
+			return fmt.Errorf("read the chart's CRDs: %w", err)
+		}
+		docs.WriteString("\n---\n") // empty documents are skipped
+		docs.Write(b)
+	}
+	if _, err := st.Kubectl(ctx, strings.NewReader(docs.String()), "apply", "--server-side", "-f", "-"); err != nil {
+		return fmt.Errorf("apply the chart's CRDs: %w", err)
+	}
+	return nil
 }
 
 // chartValues are the chart's values for this lab: its image (imported

@@ -110,7 +110,7 @@ func (st *State) installWeirBeforeNodes(ctx context.Context) error {
 	}
 	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/securityidentities.weir.io", "crd/clusternetworkpolicies.policy.networking.k8s.io",
-		"crd/weirclusternetworkpolicies.weir.io"); err != nil {
+		"crd/weirclusternetworkpolicies.weir.io", "crd/weirnetworkpolicies.weir.io"); err != nil {
 		return fmt.Errorf("weir CRDs: %w", err)
 	}
 	return nil

@@ -391,7 +391,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, and trace agrees with the datapath", func(t *testing.T) {
+	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, trace agrees with the datapath, and a WeirNetworkPolicy's HTTP rule lands the ship and answers the exhaust port 403", func(t *testing.T) {
 		t.Cleanup(func() {
 			for _, args := range [][]string{
 				{"delete", "weirclusternetworkpolicies.weir.io", "demo-guard", "--ignore-not-found"},
@@ -408,7 +408,8 @@ func TestKubernetes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"rejected", "Programmed=True ProgrammedOnAllNodes", "agrees=true", "logged by"} {
+		for _, want := range []string{"rejected", "Programmed=True ProgrammedOnAllNodes", "agrees=true", "logged by",
+			"PUT  /v1/exhaust-port     -> 403", `POST /v1/request-landing -> 200 "Ship landed"`} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("demo output lacks %q", want)
 			}
