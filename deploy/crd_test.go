@@ -2,11 +2,14 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"slices"
 	"testing"
 
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/validation"
 	"sigs.k8s.io/yaml"
 )
 
@@ -127,5 +130,26 @@ func TestWeirNetworkPolicyCRD(t *testing.T) {
 	got, err := Chart.ReadFile("helm/weir/crds/weirnetworkpolicies.yaml")
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("the chart does not install %s as generated (%v): run go generate ./deploy", file, err)
+	}
+}
+
+// TestCRDsPassTheAPIServersValidation runs every CRD the chart installs
+// through the API server's own validation of a CustomResourceDefinition,
+// CEL cost estimates included: a CRD whose rules an API server deems too
+// costly (Gateway API's path rules under a policy's nested lists were)
+// is refused at install, which no schema test sees.
+func TestCRDsPassTheAPIServersValidation(t *testing.T) {
+	for _, file := range []string{"crds.yaml", "crd-clusternetworkpolicies.yaml", "crd-weirclusternetworkpolicies.yaml", "crd-weirnetworkpolicies.yaml"} {
+		t.Run(file, func(t *testing.T) {
+			crd := readCRD(t, file)
+			apiextensionsv1.SetObjectDefaults_CustomResourceDefinition(&crd)
+			var internal apiextensions.CustomResourceDefinition
+			if err := apiextensionsv1.Convert_v1_CustomResourceDefinition_To_apiextensions_CustomResourceDefinition(&crd, &internal, nil); err != nil {
+				t.Fatal(err)
+			}
+			if errs := validation.ValidateCustomResourceDefinition(context.Background(), &internal); len(errs) > 0 {
+				t.Fatalf("the API server would refuse %s: %v", file, errs.ToAggregate())
+			}
+		})
 	}
 }

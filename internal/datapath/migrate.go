@@ -30,9 +30,10 @@ import (
 //   - counters and event queues (mapsToReset): made anew, empty; what is
 //     lost is counts (a counter reset) and undelivered events.
 //   - widened (a struct value that gained members at its end, the same
-//     type and key, the old value's layout recorded and equal to the new
-//     one's up to the old size): a new map is made and every entry copied
-//     into it, the new members zero. A member appended to a pinned map's
+//     type and key, the old value's layout equal to the new one's up to
+//     the old size, as recorded, or as the old map's own BTF describes
+//     it for a version that recorded none): a new map is made and every
+//     entry copied into it, the new members zero. A member appended to a pinned map's
 //     value must therefore mean "as before" at zero (policy_entry's http:
 //     no HTTP restriction).
 //   - anything else (another type, key or value size, the same sizes laid
@@ -166,7 +167,7 @@ func planMigration(pinDir string, specs []*ebpf.CollectionSpec) (_ []*migrationS
 				steps = append(steps, &migrationStep{name: name, spec: spec, old: old, copy: true})
 				continue
 			}
-		case recorded && widenable(old, spec, shape):
+		case widenable(old, spec, shape, recorded):
 			if why, err = fits(old, spec); err != nil {
 				old.Close()
 				return nil, fmt.Errorf("pinned map %s: %w", name, err)
@@ -428,9 +429,9 @@ func (m *pinMigration) close() {
 }
 
 // widenable: old's values are spec's struct cut short at old's value size,
-// told by old's recorded shape, so each entry can be copied with zeroes
-// after it.
-func widenable(old *ebpf.Map, spec *ebpf.MapSpec, recorded uint64) bool {
+// told by old's recorded shape (or, with none recorded, by its own BTF),
+// so each entry can be copied with zeroes after it.
+func widenable(old *ebpf.Map, spec *ebpf.MapSpec, shape uint64, recorded bool) bool {
 	if old.Type() != spec.Type || old.KeySize() != spec.KeySize || old.ValueSize() >= spec.ValueSize {
 		return false
 	}
@@ -439,8 +440,55 @@ func widenable(old *ebpf.Map, spec *ebpf.MapSpec, recorded uint64) bool {
 	default:
 		return false
 	}
+	if !recorded {
+		if shape, recorded = btfLayout(old, spec); !recorded {
+			return false
+		}
+	}
 	cut, ok := valuePrefix(spec, old.ValueSize())
-	return ok && layoutOf(cut) == recorded
+	return ok && layoutOf(cut) == shape
+}
+
+// btfLayout fingerprints old's shape from the BTF it was created with:
+// its key and value types are found by the names spec gives them, and
+// must have old's sizes. ok is false when old carries no BTF or lacks
+// such types.
+func btfLayout(old *ebpf.Map, spec *ebpf.MapSpec) (_ uint64, ok bool) {
+	info, err := old.Info()
+	if err != nil {
+		return 0, false
+	}
+	id, ok := info.BTFID()
+	if !ok {
+		return 0, false
+	}
+	h, err := btf.NewHandleFromID(id)
+	if err != nil {
+		return 0, false
+	}
+	defer h.Close()
+	types, err := h.Spec(nil)
+	if err != nil {
+		return 0, false
+	}
+	find := func(t btf.Type, size uint32) btf.Type {
+		if t == nil || t.TypeName() == "" {
+			return nil
+		}
+		found, err := types.AnyTypeByName(t.TypeName())
+		if err != nil {
+			return nil
+		}
+		if n, err := btf.Sizeof(found); err != nil || uint32(n) != size {
+			return nil
+		}
+		return found
+	}
+	key, value := find(spec.Key, old.KeySize()), find(spec.Value, old.ValueSize())
+	if key == nil || value == nil {
+		return 0, false
+	}
+	return layoutOf(&ebpf.MapSpec{Type: old.Type(), Key: key, Value: value}), true
 }
 
 // valuePrefix is spec with its struct value cut to its first size bytes:
@@ -451,7 +499,7 @@ func valuePrefix(spec *ebpf.MapSpec, size uint32) (_ *ebpf.MapSpec, ok bool) {
 	if !isStruct {
 		return nil, false
 	}
-	cut := &btf.Struct{Size: size}
+	cut := &btf.Struct{Name: st.Name, Size: size}
 	for _, m := range st.Members {
 		msize, err := btf.Sizeof(m.Type)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/weirnet/weir/internal/datapath/bpffs"
 	"github.com/weirnet/weir/internal/testutil"
@@ -292,8 +293,9 @@ func TestMigrateRefusesChangedShape(t *testing.T) {
 
 // A value that gained members at its end (policy_entry's http) is carried
 // over with its entries, the new members zero, when the earlier layout
-// recorded is this one's cut at the old size; any other earlier layout
-// of that size is refused.
+// recorded (or, by a version that recorded none, the earlier map's own
+// BTF) is this one's cut at the old size; any other earlier layout of
+// that size is refused.
 func TestMigrateWidenedValues(t *testing.T) {
 	specs, err := entrySpecs()
 	if err != nil {
@@ -305,24 +307,32 @@ func TestMigrateWidenedValues(t *testing.T) {
 	if !ok || cur.ValueSize != oldSize+4 {
 		t.Fatalf("weir_policy's value is %d bytes: this test knows the 4 bytes http added to 52", cur.ValueSize)
 	}
+	// Another value of that size under the same name: one byte array.
+	other := &btf.Struct{Name: "policy_entry", Size: oldSize, Members: []btf.Member{
+		{Name: "raw", Type: &btf.Array{Index: &btf.Int{Size: 4}, Type: &btf.Int{Name: "unsigned char", Size: 1}, Nelems: oldSize}}}}
 	for _, c := range []struct {
 		name   string
-		layout uint64 // recorded for the earlier map
+		value  btf.Type // the earlier map's value type, in its BTF
+		layout uint64   // recorded for it; 0: none (a version before records)
 		carry  bool
 	}{
-		{"prefix recorded", layoutOf(earlier), true},
-		{"other layout", layoutOf(earlier) + 1, false},
+		{"prefix recorded", earlier.Value, layoutOf(earlier), true},
+		{"other layout recorded", earlier.Value, layoutOf(earlier) + 1, false},
+		{"nothing recorded, its BTF a prefix", earlier.Value, 0, true},
+		{"nothing recorded, its BTF another layout", other, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir, cfg := migrationPinDir(t)
-			old := pinEarlier(t, dir, "weir_policy", func(s *ebpf.MapSpec) { s.Value, s.ValueSize = earlier.Value, oldSize })
-			layouts, err := ebpf.NewMapWithOptions(layoutsSpec(), ebpf.MapOptions{PinPath: dir})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer layouts.Close()
-			if err := layouts.Put(layoutKeyOf("weir_policy"), c.layout); err != nil {
-				t.Fatal(err)
+			old := pinEarlier(t, dir, "weir_policy", func(s *ebpf.MapSpec) { s.Value, s.ValueSize = c.value, oldSize })
+			if c.layout != 0 {
+				layouts, err := ebpf.NewMapWithOptions(layoutsSpec(), ebpf.MapOptions{PinPath: dir})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer layouts.Close()
+				if err := layouts.Put(layoutKeyOf("weir_policy"), c.layout); err != nil {
+					t.Fatal(err)
+				}
 			}
 			k := lxcPolicyKey{Prefixlen: 128, Ifindex: 12, Identity: 300, Proto: 6, Dport: 80}
 			v := make([]byte, oldSize)

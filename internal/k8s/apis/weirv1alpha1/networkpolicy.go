@@ -54,16 +54,22 @@ type WeirNetworkPolicySpec struct {
 	// +listType=atomic
 	PolicyTypes []networkingv1.PolicyType `json:"policyTypes,omitempty"`
 
-	// Ingress rules: traffic to the selected pods that one allows.
+	// Ingress rules: traffic to the selected pods that one allows. At
+	// most 16: with at most 64 ports each, 64 HTTP rules a port and 16
+	// headers a rule, that bounds what the API server estimates checking
+	// every header costs (a CRD over its budget is refused at install).
 	//
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
 	Ingress []WeirNetworkPolicyIngressRule `json:"ingress,omitempty"`
 
-	// Egress rules: traffic from the selected pods that one allows.
+	// Egress rules: traffic from the selected pods that one allows; at
+	// most 16, as ingress.
 	//
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
 	Egress []WeirNetworkPolicyEgressRule `json:"egress,omitempty"`
 }
 
@@ -75,10 +81,11 @@ type WeirNetworkPolicyIngressRule struct {
 	// +listType=atomic
 	From []networkingv1.NetworkPolicyPeer `json:"from,omitempty"`
 
-	// Ports are the ports allowed; none allows every port.
+	// Ports are the ports allowed; none allows every port. At most 64.
 	//
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
 	Ports []WeirNetworkPolicyPort `json:"ports,omitempty"`
 }
 
@@ -90,10 +97,11 @@ type WeirNetworkPolicyEgressRule struct {
 	// +listType=atomic
 	To []networkingv1.NetworkPolicyPeer `json:"to,omitempty"`
 
-	// Ports are the ports allowed; none allows every port.
+	// Ports are the ports allowed; none allows every port. At most 64.
 	//
 	// +optional
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
 	Ports []WeirNetworkPolicyPort `json:"ports,omitempty"`
 }
 
@@ -127,7 +135,7 @@ type HTTPRule struct {
 	// the whole path).
 	//
 	// +optional
-	Path *gatewayv1.HTTPPathMatch `json:"path,omitempty"`
+	Path *HTTPPathMatch `json:"path,omitempty"`
 
 	// Hostnames, when set, match a request whose host is one of them:
 	// exactly, or for "*.example.com" any name below it.
@@ -144,6 +152,28 @@ type HTTPRule struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	Headers []HTTPHeaderMatch `json:"headers,omitempty"`
+}
+
+// HTTPPathMatch is Gateway API's HTTPPathMatch, the same fields, types
+// and defaults, without its CEL rules: under a policy's nested lists
+// (rules, ports, HTTP rules) their estimated cost is more than an API
+// server admits in a CRD. The agent checks the value instead (a
+// canonical absolute path for Exact and PathPrefix, RE2 for
+// RegularExpression) and reports a rule it refuses as an event on the
+// policy, whose allow then stays closed.
+type HTTPPathMatch struct {
+	// Type is Exact, PathPrefix (the default) or RegularExpression.
+	//
+	// +optional
+	// +kubebuilder:default=PathPrefix
+	Type *gatewayv1.PathMatchType `json:"type,omitempty"`
+
+	// Value is the path, or the expression, to match.
+	//
+	// +optional
+	// +kubebuilder:default="/"
+	// +kubebuilder:validation:MaxLength=1024
+	Value *string `json:"value,omitempty"`
 }
 
 // HTTPHeaderMatchType is how a header's value is compared.
