@@ -108,9 +108,9 @@ func (st *State) installWeirBeforeNodes(ctx context.Context) error {
 	if err := st.InstallWeir(ctx); err != nil {
 		return err
 	}
-	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/securityidentities.weir.io", "crd/clusternetworkpolicies.policy.networking.k8s.io",
-		"crd/weirclusternetworkpolicies.weir.io", "crd/weirnetworkpolicies.weir.io"); err != nil {
+	// Every CRD the cluster has (the lab's are the chart's): a release
+	// installed for an upgrade has fewer kinds than this tree's chart.
+	if _, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"); err != nil {
 		return fmt.Errorf("weir CRDs: %w", err)
 	}
 	return nil
