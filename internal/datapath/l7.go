@@ -54,10 +54,11 @@ type L7Stats struct {
 	NoState  uint64 // skbs of a socket without reader state, dropped
 }
 
-// L7Sockets is the L7 socket path (bpf/l7.c): accepted sockets on the
-// ports given to EnforcePort, in the cgroup it is attached to, have their
-// inbound bytes judged by the verdict programs. Today's verdicts pass
-// everything: this is the path whose cost decides issue 20's design.
+// L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
+// own, for benches and tests: accepted sockets on the ports given to
+// EnforcePort or EnforceHTTP, or recorded in the flows map it was given,
+// in the cgroup it is attached to, have their inbound bytes read by the
+// verdict programs. A node's own path is Node.SetupL7's.
 type L7Sockets struct {
 	objs    l7Objects
 	sockops link.Link
