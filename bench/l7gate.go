@@ -11,11 +11,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weirnet/weir/internal/agent"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/lab"
@@ -37,16 +39,41 @@ const (
 	l7GateSkb     = "skb verdict (pass)"
 	l7GateHTTP1   = "kernel HTTP, 1 rule"
 	l7GateHTTP40  = "kernel HTTP, 40 rules"
-	l7GateConns   = 100
-	l7GatePortOff = 8080
-	l7GatePortStr = 8081
-	l7GatePortSkb = 8082
-	l7GatePortH1  = 8083
-	l7GatePortH40 = 8084
+	// Every request to its own path: none repeats the one before, so
+	// each is a request record of its own, read by the agent's record
+	// path (agent.RequestRecorder) as it comes.
+	l7GatePlainNew = "no policy, new paths"
+	l7GateHTTP1New = "kernel HTTP, 1 rule, new paths"
+	l7GateConns    = 100
+	l7GatePortOff  = 8080
+	l7GatePortStr  = 8081
+	l7GatePortSkb  = 8082
+	l7GatePortH1   = 8083
+	l7GatePortH40  = 8084
+	l7GatePortOffN = 8085
+	l7GatePortH1N  = 8086
 )
 
 // l7GateSetups are the setups in report order.
-var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40}
+var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GatePlainNew, l7GateHTTP1New}
+
+// l7GateBaseline is the setup a setup's ratio is taken to: the plain
+// port with the same requests.
+func l7GateBaseline(setup string) string {
+	if setup == l7GateHTTP1New {
+		return l7GatePlainNew
+	}
+	return l7GatePlain
+}
+
+// l7GateNewPaths is wrk's script for the new-paths setups: GET
+// /item/<n>, n counting up on each of wrk's connections' requests.
+const l7GateNewPaths = `local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/item/" .. n)
+end
+`
 
 // Issue 20's targets for requests/s with HTTP rules, as a share of no
 // policy; here measured on the gate's veth pair, the lab's bench l7 to
@@ -85,10 +112,11 @@ var wrkLatencyPct = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*
 // l7GateSetup is one setup: its name and the port whose sockets take its
 // path.
 type l7GateSetup struct {
-	name  string
-	port  int
-	mode  datapath.L7Mode // 0: plain
-	rules int             // L7HTTP: the set's rule count
+	name     string
+	port     int
+	mode     datapath.L7Mode // 0: plain
+	rules    int             // L7HTTP: the set's rule count
+	newPaths bool            // every request to its own path (l7GateNewPaths)
 }
 
 func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
@@ -112,8 +140,24 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, socks.Close()) }()
-	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0, 0}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser, 0},
-		{l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict, 0}, {l7GateHTTP1, l7GatePortH1, datapath.L7HTTP, 1}, {l7GateHTTP40, l7GatePortH40, datapath.L7HTTP, 40}}
+	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0, 0, false}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser, 0, false},
+		{l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict, 0, false}, {l7GateHTTP1, l7GatePortH1, datapath.L7HTTP, 1, false},
+		{l7GateHTTP40, l7GatePortH40, datapath.L7HTTP, 40, false},
+		{l7GatePlainNew, l7GatePortOffN, 0, 0, true}, {l7GateHTTP1New, l7GatePortH1N, datapath.L7HTTP, 1, true}}
+	script, err := os.CreateTemp("", "weir-l7gate-*.lua")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(script.Name())
+	if _, err := script.WriteString(l7GateNewPaths); err != nil {
+		return err
+	}
+	script.Close()
+	records, err := recordRequests(socks)
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, records.close()) }()
 	var ports []int
 	for i, s := range setups {
 		ports = append(ports, s.port)
@@ -151,7 +195,12 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		if err != nil {
 			return wrkRun{}, err
 		}
-		w, err := wrkKeepAlive(ctx, pair.NSA, fmt.Sprintf("http://%s:%d/", pair.AddrB, s.port), d)
+		recordsBefore := records.count.Load()
+		lua := ""
+		if s.newPaths {
+			lua = script.Name()
+		}
+		w, err := wrkKeepAlive(ctx, pair.NSA, fmt.Sprintf("http://%s:%d/", pair.AddrB, s.port), d, lua)
 		if err != nil {
 			return w, fmt.Errorf("%s: %w", s.name, err)
 		}
@@ -161,6 +210,8 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		}
 		w.joined = float64(after.Sockets - before.Sockets)
 		w.judged = float64(after.Allowed - before.Allowed)
+		w.recordsLost = float64(after.EventsLost - before.EventsLost)
+		w.records = float64(records.count.Load() - recordsBefore)
 		if s.mode == datapath.L7HTTP {
 			// Every request read and allowed, no connection cut short.
 			if n := after.Denied + after.Refused + after.Punted + after.Split + after.Closed - before.Denied - before.Refused - before.Punted - before.Split - before.Closed; n != 0 {
@@ -195,7 +246,8 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 				res.Incomplete = err.Error()
 				break
 			}
-			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined, "requests_judged": w.judged} {
+			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined,
+				"requests_judged": w.judged, "records": w.records, "records_lost": w.recordsLost} {
 				res.Samples = append(res.Samples, sample{Setup: s.name, Path: l7GatePath, Metric: metric, Rep: rep, Value: v})
 			}
 			fmt.Fprintf(out, "rep %d %-20s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, s.name, w.rps, w.p50, w.p99, w.errors)
@@ -212,12 +264,69 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 // wrkRun is one wrk run's figures.
 type wrkRun struct {
 	rps, p50, p99, errors, joined, judged float64
+	records, recordsLost                  float64 // request records read, and lost by a full ring
+}
+
+// requestRecords drains the path's request records through the agent's
+// record path (agent.RequestRecorder) into a flow store of its own, as
+// a node's agent does, counting them.
+type requestRecords struct {
+	rd    *datapath.L7EventReader
+	rec   *agent.RequestRecorder
+	dir   string
+	count atomic.Uint64
+	done  chan struct{}
+}
+
+func recordRequests(socks *datapath.L7Sockets) (_ *requestRecords, retErr error) {
+	dir, err := os.MkdirTemp("", "weir-l7gate-flows-")
+	if err != nil {
+		return nil, err
+	}
+	r := &requestRecords{dir: dir, done: make(chan struct{})}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	if r.rec, err = agent.NewRequestRecorder(dir); err != nil {
+		return nil, err
+	}
+	if r.rd, err = socks.OpenEventReader(); err != nil {
+		r.rec.Close()
+		return nil, err
+	}
+	go func() {
+		defer close(r.done)
+		for {
+			ev, err := r.rd.Read()
+			if errors.Is(err, datapath.ErrEventsClosed) {
+				return
+			}
+			if err == nil {
+				r.rec.Record(ev)
+				r.count.Add(1)
+			}
+		}
+	}()
+	return r, nil
+}
+
+func (r *requestRecords) close() error {
+	err := r.rd.Close()
+	<-r.done
+	return errors.Join(err, r.rec.Close(), os.RemoveAll(r.dir))
 }
 
 // wrkKeepAlive runs wrk for d with l7GateConns keep-alive connections
-// from the client namespace, pinned to the client's CPU.
-func wrkKeepAlive(ctx context.Context, ns, url string, d time.Duration) (wrkRun, error) {
-	args := []string{"wrk", "-t1", "-c" + strconv.Itoa(l7GateConns), "-d" + strconv.Itoa(int(math.Ceil(d.Seconds()))) + "s", "--latency", "--timeout", "5s", url}
+// from the client namespace, pinned to the client's CPU; script, when
+// set, is a Lua script that writes the requests.
+func wrkKeepAlive(ctx context.Context, ns, url string, d time.Duration, script string) (wrkRun, error) {
+	args := []string{"wrk", "-t1", "-c" + strconv.Itoa(l7GateConns), "-d" + strconv.Itoa(int(math.Ceil(d.Seconds()))) + "s", "--latency", "--timeout", "5s"}
+	if script != "" {
+		args = append(args, "-s", script)
+	}
+	args = append(args, url)
 	out, err := inNS(ctx, ns, clientCPU, args...).CombinedOutput()
 	if err != nil {
 		return wrkRun{}, fmt.Errorf("wrk: %w: %s", err, out)
@@ -364,14 +473,16 @@ func (r *result) judgeL7Gate() {
 	for _, t := range []struct {
 		setup string
 		want  float64
-	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules}} {
+	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules},
+		{l7GateHTTP1New, l7WantOneRule}} {
 		if math.IsNaN(r.median(t.setup, l7GatePath, "rps")) {
 			continue // a result from before the setup existed
 		}
+		base := l7GateBaseline(t.setup)
 		r.Targets = append(r.Targets, r.pairedTarget(
-			fmt.Sprintf("requests/s at %d keep-alive connections, %s / no policy", l7GateConns, t.setup),
+			fmt.Sprintf("requests/s at %d keep-alive connections, %s / %s", l7GateConns, t.setup, base),
 			fmt.Sprintf(">= %.2f", t.want), func(v float64) bool { return v >= t.want },
-			t.setup, l7GatePath, l7GatePlain, l7GatePath, "rps"))
+			t.setup, l7GatePath, base, l7GatePath, "rps"))
 	}
 }
 
@@ -383,7 +494,10 @@ func (r *result) l7GateMarkdown() string {
 	fmt.Fprintf(&b, "nginx (one worker, CPU 1, a fixed 3-byte body) in one network namespace, wrk (one thread, %d keep-alive connections, CPU 0) in another, over a veth pair; "+
 		"one nginx listens on a port per setup: one left alone, one whose accepted sockets join bpf/l7.c's strparser socket hash and one its skb-verdict hash, "+
 		"both verdicts passing everything, and two its HTTP hash, whose verdict reads every request in the kernel and judges it against a set of 1 or of 40 HTTP rules "+
-		"(wrk's GET / matches the last; every request judged and allowed is checked). %d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy).\n\n",
+		"(wrk's GET / matches the last; every request judged and allowed is checked). "+
+		"The two new-paths setups send every request to a path of its own (wrk's Lua script GET /item/<n>), so on the HTTP port each request is a record of its own, "+
+		"drained as it comes through the agent's record path (explained and counted into a flow store) by the bench process; on the others, the repeated GET / is one record a second per connection. "+
+		"%d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy with the same requests).\n\n",
 		l7GateConns, r.Reps, r.DurationS, r.warmupNote())
 	var setups []string
 	for _, s := range l7GateSetups {
@@ -396,12 +510,14 @@ func (r *result) l7GateMarkdown() string {
 		{"rps", "requests/s", "%.0f"}, {"p50_ms", "latency p50 (ms)", "%.3f"}, {"p99_ms", "latency p99 (ms)", "%.3f"},
 		{"errors", "errors (socket errors and non-2xx, per run)", "%.0f"}, {"sockets_joined", "sockets that joined a socket hash (per run)", "%.0f"},
 		{"requests_judged", "requests read and allowed in the kernel (per run)", "%.0f"},
+		{"records", "request records read by the agent's record path (per run)", "%.0f"},
+		{"records_lost", "request records lost to a full ring (per run)", "%.0f"},
 	} {
 		fmt.Fprintf(&b, "| %s |", m.title)
 		for _, s := range setups {
 			cell := fmt.Sprintf(" "+m.format, r.median(s, l7GatePath, m.key))
-			if s != l7GatePlain && (m.key == "rps" || strings.HasSuffix(m.key, "_ms")) {
-				cell += fmt.Sprintf(" (%.3f)", r.pairedRatio(s, l7GatePath, l7GatePlain, l7GatePath, m.key))
+			if base := l7GateBaseline(s); s != base && (m.key == "rps" || strings.HasSuffix(m.key, "_ms")) {
+				cell += fmt.Sprintf(" (%.3f)", r.pairedRatio(s, l7GatePath, base, l7GatePath, m.key))
 			}
 			b.WriteString(cell + " |")
 		}

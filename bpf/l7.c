@@ -96,15 +96,25 @@ __always_inline_fn int l7_sock_key_of(struct bpf_sock_ops *ctx, struct l7_sock_k
 	return 0;
 }
 
-/* l7_closed forgets a closing socket's reader state and flow. */
+/* l7_closed records a closing socket's last repeated requests and
+ * forgets its reader state and flow. */
 __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 {
 	struct l7_sock_key key = {};
 	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_conns, &cookie);
+	__u32 none[L7_FLOW_SETS] = {};
+	struct l7_flow *f;
 
+	if (l7_sock_key_of(ctx, &key)) {
+		bpf_map_delete_elem(&weir_l7_conns, &cookie);
+		return;
+	}
+	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
+	if (c)
+		l7_event_repeats(&c->run, &key, cookie, f ? f->sets : none);
 	bpf_map_delete_elem(&weir_l7_conns, &cookie);
-	if (!l7_sock_key_of(ctx, &key))
-		bpf_map_delete_elem(&weir_l7_flows, &key);
+	bpf_map_delete_elem(&weir_l7_flows, &key);
 }
 
 SEC("sockops")
@@ -194,6 +204,37 @@ __always_inline_fn int l7_head_unfinished(struct http_state *s)
 	return s->state >= HS_METHOD && s->state <= HS_HEAD_LF;
 }
 
+/* l7_record_stop records the request a walk stopped at, before the skb
+ * is answered over or dropped: ev_verdict is L7_EV_*, flags L7_EVF_*.
+ * The connection's run ends first, so records keep the requests' order. */
+__always_inline_fn void l7_record_stop(struct l7_walk *w, __u8 ev_verdict, __u8 flags)
+{
+	struct l7_request_event *ev;
+
+	l7_event_repeats(&w->conn->run, &w->key, w->cookie, w->sets);
+	ev = l7_event_reserve(&w->key, w->cookie, w->sets);
+	if (!ev)
+		return;
+	ev->verdict = ev_verdict;
+	ev->error = w->conn->s.error;
+	ev->flags = flags | w->punt_why;
+	if (w->head_pos != L7_NO_HEAD)
+		l7_event_text(ev, w->skb, w->head_pos, &w->conn->s);
+	l7_event_submit(ev);
+}
+
+/* l7_walk_verdict is the record verdict of a walk that stopped. */
+__always_inline_fn __u8 l7_walk_verdict(__u8 outcome)
+{
+	switch (outcome) {
+	case L7_WALK_DENY:
+		return L7_EV_DENIED;
+	case L7_WALK_REFUSE:
+		return L7_EV_REFUSED;
+	}
+	return L7_EV_PUNTED;
+}
+
 SEC("sk_skb/verdict")
 int l7_http_verdict(struct __sk_buff *skb)
 {
@@ -217,6 +258,8 @@ int l7_http_verdict(struct __sk_buff *skb)
 	key.local = skb->local_ip4;
 	key.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
 	key.local_port = skb->local_port;
+	w.key = key;
+	w.cookie = cookie;
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
 	if (!f) {
 		/* Evicted or never written: what to judge against is unknown. */
@@ -236,24 +279,29 @@ int l7_http_verdict(struct __sk_buff *skb)
 			/* Never hand the application a partial head: the bytes
 			 * that end it could make a denied request of it. */
 			l7_count(L7_STAT_SPLIT, 1);
+			l7_record_stop(&w, L7_EV_SPLIT, L7_EVF_CLOSED);
 			return l7_close(c);
 		}
 		return SK_PASS;
 	}
 	/* Answer in place only what begins the skb: anything before it in
 	 * the skb was allowed and would be lost. */
+	r = -1;
 	if (w.outcome == L7_WALK_DENY && w.head_pos == 0)
-		r = l7_answer(skb, 403);
+		r = l7_answer_room(skb, 403);
 	else if (w.outcome == L7_WALK_REFUSE && c->s.unit_start == start)
-		r = l7_answer(skb, 400);
-	else
+		r = l7_answer_room(skb, 400);
+	if (r < 0) {
+		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED);
 		return l7_close(c);
-	if (r < 0)
-		return l7_close(c);
-	l7_count(L7_STAT_ANSWERED, 1);
+	}
 	/* The short answer keeps the connection only when the denied head
 	 * was the whole skb and has no body to drop. */
 	keep = r == 0 && w.outcome == L7_WALK_DENY && w.pos == w.len && c->s.state == HS_IDLE;
+	/* Recorded before the answer writes over the request. */
+	l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_ANSWERED | (keep ? 0 : L7_EVF_CLOSED));
+	l7_answer(skb, w.outcome == L7_WALK_DENY ? 403 : 400);
+	l7_count(L7_STAT_ANSWERED, 1);
 	if (!keep)
 		l7_close(c);
 	return bpf_sk_redirect_hash(skb, &weir_l7_http, &key, 0);

@@ -196,6 +196,9 @@ struct http_state {
 	__u8 host_label_len;
 	__u8 host_long;
 	__u8 override;    /* a method or target override header was sent */
+	/* In what was the struct's padding: where the Host name begins in
+	 * the head, for the request's record (lib/l7events.h). */
+	__u16 host_at;
 };
 
 __always_inline_fn __u64 fnv(__u64 h, __u8 c)
@@ -452,6 +455,8 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 {
 	switch (s->host_part) {
 	case 0: /* a name: [A-Za-z0-9-._], one trailing dot dropped */
+		if (s->host_len == 0)
+			s->host_at = s->unit_len - 1; /* this byte's place in the head */
 		if (s->host_len == 0 && c == '[') {
 			s->host_part = 2;
 			s->label_hash = fnv(FNV_OFFSET, '[');
@@ -492,6 +497,8 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 			s->host_bad = 1;
 		return;
 	case 2: /* inside an IPv6 literal */
+		if (s->host_len < 255)
+			s->host_len++; /* the literal's text is the name a record keeps */
 		if (c == ']') {
 			s->label_hash = fnv(s->label_hash, ']');
 			http_host_label_end(s);

@@ -28,6 +28,7 @@
 
 #include "common.h"
 #include "http.h"
+#include "l7events.h"
 #include "l7match.h"
 #include "l7sock.h"
 
@@ -37,6 +38,7 @@ struct l7_conn {
 	struct http_state s;
 	__u8 closed; /* later skbs are dropped */
 	__u8 pad[7];
+	struct l7_run run; /* its requests repeating one another (l7events.h) */
 };
 
 struct {
@@ -63,30 +65,38 @@ enum {
 struct l7_walk {
 	struct __sk_buff *skb;
 	struct l7_conn *conn;
+	__u64 cookie;
+	struct l7_sock_key key;
 	__u32 sets[L7_FLOW_SETS]; /* the flow's, as l7flow.h */
 	__u32 pos, len;
 	__u32 wstart, wlen;
 	__u32 head_pos; /* skb offset of the head being read, L7_NO_HEAD if none began here */
 	__u8 outcome;
-	__u8 pad[3];
+	__u8 punt_why; /* L7_EVF_UPGRADE or L7_EVF_USER_RULES for a punt the reader did not make */
+	__u8 pad[2];
 	__u8 win[L7_WINDOW];
 };
 
 /* l7_judge_sets decides a head against a flow's sets: allowed when one
  * set allows it, to user space when none does and one leaves it there,
- * else denied. Sets all 0: the flow is not restricted. */
-__always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s)
+ * else denied. Sets all 0: the flow is not restricted. When allowed,
+ * *set and *rule name the rule that allowed it (*set 0: unrestricted). */
+__always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s, __u32 *set, __u8 *rule)
 {
 	int i, v, out = L7_DENY;
 
+	*set = 0;
+	*rule = 0;
 	if (!sets[0] && !sets[1] && !sets[2])
 		return L7_ALLOW;
 	for (i = 0; i < L7_FLOW_SETS; i++) {
 		if (!sets[i])
 			continue;
-		v = l7_judge(sets[i], s);
-		if (v == L7_ALLOW)
+		v = l7_judge(sets[i], s, rule);
+		if (v == L7_ALLOW) {
+			*set = sets[i];
 			return L7_ALLOW;
+		}
 		if (v == L7_USER_SPACE)
 			out = L7_USER_SPACE;
 	}
@@ -112,12 +122,43 @@ __always_inline_fn int l7_byte(struct l7_walk *w, __u8 *c)
 	return 0;
 }
 
+/* l7_record_allowed records an allowed request, or counts it into its
+ * connection's run when it repeats the run's requests (l7events.h). */
+__always_inline_fn void l7_record_allowed(struct l7_walk *w, struct http_state *s, __u32 set, __u8 rule)
+{
+	struct l7_run *run = &w->conn->run;
+	struct l7_request_event *ev;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 key = l7_run_key(s, set, rule);
+
+	if (run->key == key && now - run->first_ns < L7_RUN_NS) {
+		run->repeats++;
+		run->last_ns = now;
+		return;
+	}
+	l7_event_repeats(run, &w->key, w->cookie, w->sets);
+	ev = l7_event_reserve(&w->key, w->cookie, w->sets);
+	if (ev) {
+		ev->ts_ns = now;
+		ev->verdict = L7_EV_ALLOWED;
+		ev->set = set;
+		ev->rule = rule;
+		l7_event_text(ev, w->skb, w->head_pos, s);
+		l7_event_submit(ev);
+	}
+	run->key = key;
+	run->first_ns = run->last_ns = now;
+	run->set = set;
+	run->rule = rule;
+	run->repeats = 0;
+}
+
 static long l7_step(__u32 i, void *data)
 {
 	struct l7_walk *w = data;
 	struct http_state *s = &w->conn->s;
-	__u32 n;
-	__u8 c;
+	__u32 n, set;
+	__u8 c, rule;
 	long r;
 
 	if (w->pos >= w->len)
@@ -143,7 +184,7 @@ static long l7_step(__u32 i, void *data)
 	w->pos++;
 	switch (r) {
 	case HTTP_HEAD_DONE:
-		switch (l7_judge_sets(w->sets, s)) {
+		switch (l7_judge_sets(w->sets, s, &set, &rule)) {
 		case L7_ALLOW:
 			if (s->flags & HTTP_FLAG_UPGRADE) {
 				/* After a 101 the bytes are no longer HTTP, and a
@@ -151,9 +192,11 @@ static long l7_step(__u32 i, void *data)
 				 * only the answer tells which, so user space decides. */
 				l7_count(L7_STAT_PUNTED, 1);
 				w->outcome = L7_WALK_PUNT;
+				w->punt_why = L7_EVF_UPGRADE;
 				return 1;
 			}
 			l7_count(L7_STAT_ALLOWED, 1);
+			l7_record_allowed(w, s, set, rule);
 			w->head_pos = L7_NO_HEAD;
 			return 0;
 		case L7_DENY:
@@ -163,6 +206,7 @@ static long l7_step(__u32 i, void *data)
 		}
 		l7_count(L7_STAT_PUNTED, 1);
 		w->outcome = L7_WALK_PUNT;
+		w->punt_why = L7_EVF_USER_RULES;
 		return 1;
 	case HTTP_ERROR:
 		l7_count(L7_STAT_REFUSED, 1);
@@ -230,9 +274,23 @@ __always_inline_fn void l7_fill(struct __sk_buff *skb, __u32 from, __u32 to)
 	bpf_loop(L7_MAX_ANSWER, l7_pad_step, &f, 0);
 }
 
+/* l7_answer_room says what answer the skb has room for: 1 one that
+ * closes the connection, 0 one that leaves it open, -1 none. */
+__always_inline_fn int l7_answer_room(struct __sk_buff *skb, int status)
+{
+	__u32 len = skb->len;
+
+	if (len >= (status == 403 ? L7_LONG_403 : L7_LONG_400) && len <= L7_MAX_ANSWER)
+		return 1;
+	if (len < L7_SHORT_MIN || len > 512)
+		return -1;
+	return len >= L7_CLOSE_MIN ? 1 : 0;
+}
+
 /* l7_answer rewrites the whole skb into a response of its length:
  * status 403 or 400. It returns 1 when the answer closes the connection,
- * 0 when it leaves it open, -1 when the skb cannot hold an answer. */
+ * 0 when it leaves it open, -1 when the skb cannot hold an answer
+ * (as l7_answer_room). */
 __always_inline_fn int l7_answer(struct __sk_buff *skb, int status)
 {
 	__u32 len = skb->len, head, body, i;

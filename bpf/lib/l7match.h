@@ -90,8 +90,32 @@ __always_inline_fn __u64 l7_method_hash(struct http_state *s)
 	return h;
 }
 
-/* l7_judge decides the head the reader just finished against a set. */
-__always_inline_fn int l7_judge(__u32 set_id, struct http_state *s)
+/* l7_lowest_rule is the index of the lowest bit of a non-zero mask:
+ * the rule a request's record names (rules are numbered in the order
+ * the set lists them, so it is the first that allowed). */
+__always_inline_fn __u8 l7_lowest_rule(__u64 mask)
+{
+	__u8 i = 0;
+
+	mask &= -mask;
+	if (mask & 0xffffffff00000000ULL)
+		i += 32;
+	if (mask & 0xffff0000ffff0000ULL)
+		i += 16;
+	if (mask & 0xff00ff00ff00ff00ULL)
+		i += 8;
+	if (mask & 0xf0f0f0f0f0f0f0f0ULL)
+		i += 4;
+	if (mask & 0xccccccccccccccccULL)
+		i += 2;
+	if (mask & 0xaaaaaaaaaaaaaaaaULL)
+		i += 1;
+	return i;
+}
+
+/* l7_judge decides the head the reader just finished against a set;
+ * when it allows, *rule is the allowing rule's index in the set. */
+__always_inline_fn int l7_judge(__u32 set_id, struct http_state *s, __u8 *rule)
 {
 	struct l7_set *set = bpf_map_lookup_elem(&weir_l7_sets, &set_id);
 	__u64 method, path, host, candidates, h;
@@ -122,8 +146,10 @@ __always_inline_fn int l7_judge(__u32 set_id, struct http_state *s)
 		host |= l7_lookup(set_id, i ? L7_KEY_HOST_SUFFIX : L7_KEY_HOST_EXACT, h);
 	}
 	candidates = method & path & host;
-	if (candidates & ~set->user_space)
+	if (candidates & ~set->user_space) {
+		*rule = l7_lowest_rule(candidates & ~set->user_space);
 		return L7_ALLOW;
+	}
 	if (candidates)
 		return L7_USER_SPACE;
 	return L7_DENY;

@@ -82,6 +82,7 @@ enum {
 	L7_STAT_ANSWERED,   /* answers written back in place */
 	L7_STAT_CLOSED,     /* connections whose later bytes are all dropped */
 	L7_STAT_NO_STATE,   /* skbs of a socket with no reader state: dropped */
+	L7_STAT_EVENTS_LOST, /* request records a full ring lost (l7events.h) */
 	L7_STAT_MAX,
 };
 

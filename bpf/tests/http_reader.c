@@ -40,7 +40,10 @@ struct http_test_record {
 	__u8 prefixes;
 	__u8 labels;
 	__u8 verdict; /* l7_judge's against TEST_SET, when set */
-	__u8 pad[5];
+	__u8 rule;    /* and the rule that allowed */
+	__u16 host_at; /* where the Host name begins in the head */
+	__u8 host_len;
+	__u8 pad;
 };
 
 /* The weir_l7_sets row the test judges each head against; 0 for none. */
@@ -112,8 +115,10 @@ static void record(struct http_state *s, __u8 kind)
 		__builtin_memcpy(r->method, s->method, sizeof(r->method));
 		__builtin_memcpy(r->prefix, s->prefix, sizeof(r->prefix));
 		__builtin_memcpy(r->label, s->label, sizeof(r->label));
+		r->host_at = s->host_at;
+		r->host_len = s->host_len;
 		if (TEST_SET)
-			r->verdict = l7_judge(TEST_SET, s);
+			r->verdict = l7_judge(TEST_SET, s, &r->rule);
 	} else {
 		r->start = s->unit_start;
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/flowstore"
 	"github.com/weirnet/weir/internal/k8s"
+	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
 
@@ -151,11 +152,14 @@ type flowNames struct {
 	nodeOf map[netip.Addr]string            // cluster pods' addresses -> their node
 	labels map[policy.Identity][]string     // identity -> its labels
 	rules  map[policy.RuleID]policy.RuleRef // from the compiled result
+	// httpSets and httpRules name the HTTP rules request records cite.
+	httpSets  map[policy.HTTPSetID][]policy.HTTPRuleRef
+	httpRules map[policy.HTTPRuleRef]l7.Rule
 }
 
 func newFlowNames(s k8s.Snapshot, eps map[string]datapath.PolicyEndpoint, res *policy.Result) *flowNames {
 	n := &flowNames{pods: map[int]string{}, byIP: map[netip.Addr]string{}, nodeOf: map[netip.Addr]string{},
-		labels: map[policy.Identity][]string{}, rules: res.Rules}
+		labels: map[policy.Identity][]string{}, rules: res.Rules, httpSets: res.HTTPSets, httpRules: res.HTTPRules}
 	for pod, ep := range eps {
 		n.pods[ep.Ifindex] = pod
 	}
@@ -324,6 +328,10 @@ func (a *Agent) readFlows(ctx context.Context, node *datapath.Node) error {
 		<-ctx.Done()
 		rd.Close()
 	}()
+	if err := a.readHTTPFlows(ctx, node); err != nil {
+		rd.Close()
+		return err
+	}
 	a.flows.mu.Lock()
 	a.flows.recordBatch = a.recordEventBatch
 	a.flows.mu.Unlock()

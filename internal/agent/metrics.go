@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,9 @@ const (
 	metricMapCapacity = "weir_map_capacity"
 	metricMapFill     = "weir_map_fill_ratio"
 
+	metricHTTPRequests = "weir_http_requests_total"
+	metricL7           = "weir_l7_total"
+
 	metricFlowBytes         = "weir_flowstore_bytes"
 	metricFlowSegments      = "weir_flowstore_segments"
 	metricFlowWritten       = "weir_flowstore_records_written_total"
@@ -85,6 +89,7 @@ type metrics struct {
 	reconcile       prometheus.Histogram
 	reconcileErrors prometheus.Counter
 	maps            *mapFill
+	httpRequests    *prometheus.CounterVec
 }
 
 func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
@@ -97,9 +102,13 @@ func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
 		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: metricReconcileErrors,
 			Help: "Policy loads that failed; the endpoints concerned fail closed."}),
 		maps: newMapFill(dp, log),
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricHTTPRequests,
+			Help: "Requests L7 policy judged, from their records, by verdict, the answer Weir wrote in the server's place (403, 400; empty when the request went on) and the policy that allowed or restricted them."},
+			[]string{"verdict", "status", "kind", "namespace", "policy"}),
 	}
 	m.verdicts.src, _ = dp.(verdictCounter)
-	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors,
+	l7src, _ := dp.(l7Counter)
+	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors, m.httpRequests, l7Collector{l7src},
 		datapathCollector{dp}, flowStoreCollector{flows}, m.maps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -184,6 +193,25 @@ func (c *verdictCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// countHTTP counts the requests of a request record.
+func (m *metrics) countHTTP(f api.Flow) {
+	if m == nil || f.HTTP == nil {
+		return
+	}
+	status, kind, ns, name := "", "", "", ""
+	if f.HTTP.Status != 0 {
+		status = strconv.Itoa(f.HTTP.Status)
+	}
+	if d := f.Decider; d != nil {
+		kind, ns, name = d.Kind, d.Namespace, d.Name
+	}
+	n := f.Count
+	if n == 0 {
+		n = 1
+	}
+	m.httpRequests.WithLabelValues(f.Verdict, status, kind, ns, name).Add(float64(n))
+}
+
 // dropCause is the kind, namespace, policy and action labels of a drop.
 func dropCause(f api.Flow) (kind, namespace, name, action string) {
 	action = "Deny"
@@ -252,6 +280,38 @@ func (c datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(v), name)
+	}
+}
+
+// l7Counter is what the L7 metrics need from the datapath; a node whose
+// L7 path is not set up answers with an error and has none.
+type l7Counter interface {
+	L7Stats() (datapath.L7Stats, error)
+}
+
+// l7Collector serves the L7 socket path's counters when scraped.
+type l7Collector struct{ src l7Counter }
+
+var l7Desc = prometheus.NewDesc(metricL7,
+	"Counters of the in-kernel HTTP reader (bpf/lib/l7sock.h), summed over CPUs.", []string{"counter"}, nil)
+
+func (c l7Collector) Describe(ch chan<- *prometheus.Desc) { ch <- l7Desc }
+
+func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.src == nil {
+		return
+	}
+	st, err := c.src.L7Stats()
+	if err != nil {
+		return // no L7 path on this node
+	}
+	for name, v := range map[string]uint64{
+		"sockets": st.Sockets, "join_failed": st.JoinFail, "skbs": st.Messages, "bytes": st.Bytes,
+		"requests_allowed": st.Allowed, "requests_denied": st.Denied, "streams_refused": st.Refused,
+		"heads_punted": st.Punted, "heads_split": st.Split, "answered": st.Answered,
+		"connections_closed": st.Closed, "skbs_without_state": st.NoState, "records_lost": st.EventsLost,
+	} {
+		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}
 }
 

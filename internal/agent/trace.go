@@ -35,6 +35,9 @@ func (a *Agent) serveTrace(w http.ResponseWriter, r *http.Request) {
 		}
 		q.Port = uint16(n)
 	}
+	if v.Has("method") || v.Has("path") || v.Has("host") {
+		q.HTTP = &api.TraceRequest{Method: v.Get("method"), Path: v.Get("path"), Host: v.Get("host")}
+	}
 	t, err := a.Trace(q)
 	if err != nil {
 		var e *api.Error
@@ -87,6 +90,14 @@ func (a *Agent) Trace(q api.TraceQuery) (*api.Trace, error) {
 	if err != nil {
 		return nil, api.Errorf(api.CodeDecodeFailure, "invalid trace query", err)
 	}
+	if q.HTTP != nil {
+		if proto != 6 {
+			return nil, api.Errorf(api.CodeDecodeFailure, "invalid trace query", fmt.Errorf("an HTTP request needs tcp, not %s: %w", q.Proto, errTraceRequest))
+		}
+		if _, err := traceRequestHead(q.HTTP); err != nil {
+			return nil, api.Errorf(api.CodeDecodeFailure, "invalid trace query", err)
+		}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	res := a.policy.loaded
@@ -127,6 +138,13 @@ func (a *Agent) Trace(q api.TraceQuery) (*api.Trace, error) {
 		}
 	}
 	t.Verdict = decisive.Verdict.String()
+	if q.HTTP != nil {
+		if dst.ifindex == 0 {
+			t.HTTP = &api.TraceHTTP{Note: "HTTP rules are judged at the server: ask " + nodeOf(dst.peer)}
+		} else if t.HTTP, err = traceHTTP(res, dst.peer.Pod, src.addr, q.Port, q.HTTP); err != nil {
+			return nil, api.Errorf(api.CodeDecodeFailure, "invalid trace query", err)
+		}
+	}
 
 	tr, ok := a.dp.(tracer)
 	if !ok {

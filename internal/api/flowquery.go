@@ -41,8 +41,14 @@ type FlowFilter struct {
 	Port      int    // to this destination port
 	Selector  string // the peer's labels match this label selector
 	Service   string // through this Service: name or namespace/name
-	Since     time.Time
-	Before    time.Time // last seen before it (paging)
+	// HTTP keeps only records of requests; Method, Path (a prefix of the
+	// target's path) and Status keep those of such requests, and imply it.
+	HTTP   bool
+	Method string
+	Path   string
+	Status int
+	Since  time.Time
+	Before time.Time // last seen before it (paging)
 }
 
 // Values encodes q as URL query parameters.
@@ -65,6 +71,14 @@ func (q FlowsQuery) Values() url.Values {
 	if q.Port != 0 {
 		v.Set("port", strconv.Itoa(q.Port))
 	}
+	if q.HTTP {
+		v.Set("http", "1")
+	}
+	set("method", q.Method)
+	set("path", q.Path)
+	if q.Status != 0 {
+		v.Set("status", strconv.Itoa(q.Status))
+	}
 	if !q.Since.IsZero() {
 		v.Set("since", q.Since.UTC().Format(time.RFC3339Nano))
 	}
@@ -82,11 +96,14 @@ func ParseFlowsQuery(v url.Values) (FlowsQuery, error) {
 	q := FlowsQuery{Follow: v.Get("follow") != "", FlowFilter: FlowFilter{
 		Namespace: v.Get("namespace"), Pod: v.Get("pod"), Verdict: v.Get("verdict"),
 		Policy: v.Get("policy"), Selector: v.Get("selector"), Service: v.Get("service"),
+		HTTP: v.Get("http") != "", Method: v.Get("method"), Path: v.Get("path"),
 	}}
 	var err error
-	if s := v.Get("port"); s != "" {
-		if q.Port, err = strconv.Atoi(s); err != nil {
-			return q, fmt.Errorf("port %q: %w", s, ErrInvalidFlowsQuery)
+	for name, n := range map[string]*int{"port": &q.Port, "status": &q.Status} {
+		if s := v.Get(name); s != "" {
+			if *n, err = strconv.Atoi(s); err != nil {
+				return q, fmt.Errorf("%s %q: %w", name, s, ErrInvalidFlowsQuery)
+			}
 		}
 	}
 	for name, t := range map[string]*time.Time{"since": &q.Since, "before": &q.Before} {
@@ -107,9 +124,15 @@ func ParseFlowsQuery(v url.Values) (FlowsQuery, error) {
 // Validate says what is wrong with q, if anything.
 func (q FlowsQuery) Validate() error {
 	switch q.Verdict {
-	case "", "allowed", "denied", "rejected", "forwarded":
+	case "", "allowed", "denied", "rejected", "forwarded", "refused", "unjudged":
 	default:
-		return fmt.Errorf("verdict %q: want allowed, denied, rejected or forwarded: %w", q.Verdict, ErrInvalidFlowsQuery)
+		return fmt.Errorf("verdict %q: want allowed, denied, rejected, forwarded, refused or unjudged: %w", q.Verdict, ErrInvalidFlowsQuery)
+	}
+	if q.Status != 0 && (q.Status < 100 || q.Status > 599) {
+		return fmt.Errorf("status %d: want an HTTP status from 100 to 599: %w", q.Status, ErrInvalidFlowsQuery)
+	}
+	if q.Path != "" && !strings.HasPrefix(q.Path, "/") {
+		return fmt.Errorf("path %q: want a path starting with /: %w", q.Path, ErrInvalidFlowsQuery)
 	}
 	if q.Port < 0 || q.Port > 65535 {
 		return fmt.Errorf("port %d: want 1 to 65535: %w", q.Port, ErrInvalidFlowsQuery)
@@ -140,6 +163,9 @@ func (f FlowFilter) Matcher() func(Flow) bool {
 	port := strconv.Itoa(f.Port)
 	return func(fl Flow) bool {
 		if f.Verdict != "" && fl.Verdict != f.Verdict {
+			return false
+		}
+		if !f.matchesHTTP(fl.HTTP) {
 			return false
 		}
 		if f.Port != 0 {
@@ -174,6 +200,26 @@ func (f FlowFilter) Matcher() func(Flow) bool {
 		}
 		return true
 	}
+}
+
+// matchesHTTP holds a record's request to the HTTP filters.
+func (f FlowFilter) matchesHTTP(h *FlowHTTP) bool {
+	if !f.HTTP && f.Method == "" && f.Path == "" && f.Status == 0 {
+		return true
+	}
+	if h == nil {
+		return false
+	}
+	path, _, _ := strings.Cut(h.Target, "?")
+	switch {
+	case f.Method != "" && h.Method != f.Method:
+		return false
+	case f.Path != "" && path != f.Path && !strings.HasPrefix(path, strings.TrimSuffix(f.Path, "/")+"/"):
+		return false
+	case f.Status != 0 && h.Status != f.Status:
+		return false
+	}
+	return true
 }
 
 // LastSeen is when an aggregate last saw its flow, or a flow's time.

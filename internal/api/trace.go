@@ -19,6 +19,17 @@ type TraceQuery struct {
 	Dst   string `json:"dst"`
 	Proto string `json:"proto"` // tcp, udp or icmp
 	Port  uint16 `json:"port,omitempty"`
+	// HTTP, when set, asks for the L7 verdict on this request of the
+	// connection too (TCP only).
+	HTTP *TraceRequest `json:"http,omitempty"`
+}
+
+// TraceRequest is the request an HTTP trace judges: Method and Path
+// (with any query) are required, Host optional.
+type TraceRequest struct {
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	Host   string `json:"host,omitempty"`
 }
 
 // Values encodes the query for GET PathTrace.
@@ -27,7 +38,35 @@ func (q TraceQuery) Values() url.Values {
 	if q.Port != 0 {
 		v.Set("port", strconv.Itoa(int(q.Port)))
 	}
+	if q.HTTP != nil {
+		v.Set("method", q.HTTP.Method)
+		v.Set("path", q.HTTP.Path)
+		if q.HTTP.Host != "" {
+			v.Set("host", q.HTTP.Host)
+		}
+	}
 	return v
+}
+
+// TraceHTTP is the L7 verdict on a traced request, at the destination's
+// node (where HTTP rules are judged).
+type TraceHTTP struct {
+	// Verdict: allowed, denied (answered 403), refused (400: the request
+	// cannot be read safely), or empty when the connection itself is not
+	// allowed or its server is on another node (Note says which).
+	Verdict string `json:"verdict,omitempty"`
+	// Restricted: L7 policy restricts the connection to HTTP rules.
+	Restricted bool `json:"restricted"`
+	// Rule is the HTTP rule that allowed it, or why none applies.
+	Rule string `json:"rule,omitempty"`
+	// Rules are the HTTP rules the connection is judged against, in the
+	// order they are tried.
+	Rules []string `json:"rules,omitempty"`
+	// Kernel says where the datapath judges this request: in the kernel,
+	// or left to user space (rules with headers or regular expressions,
+	// heads the in-kernel reader cannot hold).
+	Kernel string `json:"kernel,omitempty"`
+	Note   string `json:"note,omitempty"`
 }
 
 // Trace is an agent's explanation of a flow at the ends local to its
@@ -50,6 +89,8 @@ type Trace struct {
 	// Agree: every end's datapath decision and the program's return match
 	// the compiled ones.
 	Agree bool `json:"agree"`
+	// HTTP is the request's L7 verdict, when the query asked for one.
+	HTTP *TraceHTTP `json:"http,omitempty"`
 }
 
 // TracePeer is one end of a traced flow as the agent resolved it.

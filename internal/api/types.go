@@ -333,6 +333,40 @@ type Flow struct {
 	// empty).
 	PortsFolded int `json:"portsFolded,omitempty"`
 	PeersFolded int `json:"peersFolded,omitempty"`
+	// HTTP makes this the record of requests L7 policy judged on a
+	// connection into Pod (Stage "http"): Verdict is allowed, denied (no
+	// HTTP rule allows it), refused (the stream could not be read
+	// safely) or unjudged (the kernel could not judge it; the connection
+	// is closed). Nil for a connection's record.
+	HTTP *FlowHTTP `json:"http,omitempty"`
+}
+
+// FlowHTTP is the request an HTTP record is about.
+type FlowHTTP struct {
+	Method string `json:"method,omitempty"`
+	Host   string `json:"host,omitempty"`
+	// Target is the request target as sent (path and query); TargetCut
+	// says the record kept only its start.
+	Target    string `json:"target,omitempty"`
+	TargetCut bool   `json:"targetCut,omitempty"`
+	// Status is the answer Weir wrote in the server's place (403, 400);
+	// 0 when the request went on to the server or the connection was
+	// closed without an answer.
+	Status int `json:"status,omitempty"`
+	// Rule is the HTTP rule that allowed it (Decider is its policy rule).
+	Rule *FlowHTTPRule `json:"rule,omitempty"`
+	// Reason says why a refused or unjudged request was.
+	Reason string `json:"reason,omitempty"`
+	// Closed: the connection carried no more bytes after it.
+	Closed bool `json:"closed,omitempty"`
+}
+
+// FlowHTTPRule names an HTTP rule within its policy rule:
+// ports[Port].http[Index], and what it matches.
+type FlowHTTPRule struct {
+	Port  int    `json:"port"`
+	Index int    `json:"index"`
+	Match string `json:"match"`
 }
 
 // FlowRule names one rule of a policy.

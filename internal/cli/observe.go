@@ -32,6 +32,10 @@ type observeFlags struct {
 	service   string
 	limit     int
 	before    string
+	http      bool
+	method    string
+	path      string
+	status    int
 
 	// query is the flags as the agents run them, set by validate.
 	query api.FlowsQuery
@@ -46,7 +50,8 @@ func NewObserveCommand() *cobra.Command {
 		Example: "  weir observe --lab weir-lab --verdict denied\n" +
 			"  weir observe --lab weir-lab -n demo -f -o json\n" +
 			"  weir observe --lab weir-lab --policy deny-db --port 5432 --since 10m\n" +
-			"  weir observe --lab weir-lab -l app=frontend -o yaml",
+			"  weir observe --lab weir-lab -l app=frontend -o yaml\n" +
+			"  weir observe --lab weir-lab --http --status 403 -n empire",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.validate(); err != nil {
@@ -72,6 +77,10 @@ func NewObserveCommand() *cobra.Command {
 	cmd.Flags().StringVarP(&f.selector, "selector", "l", "", "only flows whose peer has these labels (label selector, e.g. app=db)")
 	cmd.Flags().IntVar(&f.limit, "limit", api.DefaultFlowLimit, fmt.Sprintf("newest matching records per node (at most %d); the agents search their whole store", api.MaxFlowLimit))
 	cmd.Flags().StringVar(&f.before, "before", "", "only records last seen before this RFC 3339 time: the next older page")
+	cmd.Flags().BoolVar(&f.http, "http", false, "only requests L7 policy judged, in a table of requests")
+	cmd.Flags().StringVar(&f.method, "method", "", "only requests with this method (implies --http)")
+	cmd.Flags().StringVar(&f.path, "path", "", "only requests whose path is this or under it, e.g. /v1 (implies --http)")
+	cmd.Flags().IntVar(&f.status, "status", 0, "only requests Weir answered with this status: 403 (denied) or 400 (refused) (implies --http)")
 	return cmd
 }
 
@@ -87,8 +96,10 @@ func (f *observeFlags) validate() error {
 	if f.limit < 1 {
 		return fmt.Errorf("--limit %d: want 1 to %d", f.limit, api.MaxFlowLimit)
 	}
+	f.http = f.http || f.method != "" || f.path != "" || f.status != 0
 	q := api.FlowsQuery{Follow: f.follow, Limit: f.limit, FlowFilter: api.FlowFilter{
-		Namespace: f.namespace, Pod: f.pod, Verdict: f.verdict, Policy: f.policy, Port: f.port, Selector: f.selector, Service: f.service}}
+		Namespace: f.namespace, Pod: f.pod, Verdict: f.verdict, Policy: f.policy, Port: f.port, Selector: f.selector, Service: f.service,
+		HTTP: f.http, Method: f.method, Path: f.path, Status: f.status}}
 	if f.since > 0 {
 		q.Since = time.Now().Add(-f.since)
 	}
@@ -100,10 +111,19 @@ func (f *observeFlags) validate() error {
 		q.Before = t
 	}
 	if err := q.Validate(); err != nil {
-		return fmt.Errorf("%w (check --verdict, --port, --limit, --selector)", err)
+		return fmt.Errorf("%w (check --verdict, --port, --limit, --selector, --status, --path)", err)
 	}
 	f.query = q
 	return nil
+}
+
+// tableFormat is the output format, with the requests' own table for
+// --http when no other format was asked for.
+func (f *observeFlags) tableFormat() string {
+	if f.http && f.output == "" {
+		return "http"
+	}
+	return f.output
 }
 
 // lastSeen is when an aggregate last saw its flow, or a flow's time.
@@ -147,10 +167,10 @@ func runObserve(ctx context.Context, f *observeFlags, agents []agentConn, out io
 			return nil
 		}
 		if !header {
-			printFlowHeader(tw, f.output)
+			printFlowHeader(tw, f.tableFormat())
 			header = true
 		}
-		printFlow(tw, out, fl, f.output)
+		printFlow(tw, out, fl, f.tableFormat())
 		return tw.Flush()
 	}
 	var (
@@ -177,10 +197,10 @@ func runObserve(ctx context.Context, f *observeFlags, agents []agentConn, out io
 	if !f.follow {
 		sort.SliceStable(flows, func(i, j int) bool { return flows[i].Time.Before(flows[j].Time) })
 		if len(flows) > 0 {
-			printFlowHeader(tw, f.output)
+			printFlowHeader(tw, f.tableFormat())
 		}
 		for _, fl := range flows {
-			printFlow(tw, out, fl, f.output)
+			printFlow(tw, out, fl, f.tableFormat())
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -201,6 +221,8 @@ func runObserve(ctx context.Context, f *observeFlags, agents []agentConn, out io
 func printFlowHeader(tw io.Writer, output string) {
 	switch output {
 	case "json", "yaml":
+	case "http":
+		fmt.Fprintln(tw, "TIME\tCOUNT\tVERDICT\tSTATUS\tPOD\tPEER\tREQUEST\tRULE")
 	case "wide":
 		fmt.Fprintln(tw, "TIME\tLAST\tCOUNT\tNODE\tVERDICT\tSTAGE\tDIR\tPOD\tPEER\tPROTO\tSRC\tDST\tSERVICE\tPEER-ID\tPEER-LABELS\tRULE\tLOGGED-BY")
 	default:
@@ -228,13 +250,39 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", ts, lastSeen(fl).Format("15:04:05.000"),
 			max(fl.Count, 1), fl.Node, fl.Verdict, fl.Stage, fl.Direction, fl.Pod, fl.Peer,
 			fl.Proto, fl.Src, fl.Dst, flowService(fl), fl.PeerIdentity, strings.Join(fl.PeerLabels, ","), fl.Rule, logged)
+	case "http":
+		status := "-"
+		if fl.HTTP != nil && fl.HTTP.Status != 0 {
+			status = fmt.Sprint(fl.HTTP.Status)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, status, fl.Pod, fl.Peer, requestText(fl.HTTP), fl.Rule)
 	default:
 		dst := fl.Dst + "/" + fl.Proto
 		if fl.ServiceAddr != "" {
 			dst += " via " + flowService(fl)
 		}
+		if fl.HTTP != nil {
+			dst += " " + requestText(fl.HTTP)
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, fl.Direction, fl.Pod, fl.Peer, dst, fl.Rule)
 	}
+}
+
+// requestText writes a record's request as "METHOD host target",
+// with "..." when the record kept only the target's start.
+func requestText(h *api.FlowHTTP) string {
+	if h == nil {
+		return "-"
+	}
+	t := h.Method
+	if h.Host != "" {
+		t += " " + h.Host
+	}
+	t += " " + h.Target
+	if h.TargetCut {
+		t += "..."
+	}
+	return strings.TrimSpace(t)
 }
 
 // flowService names the Service a flow went through: its name and the

@@ -19,6 +19,9 @@ func observeFlows() []api.Flow {
 			PeerLabels: []string{"k8s:app=cache"}, Decider: &api.FlowRule{Kind: "WeirClusterNetworkPolicy", Name: "guard", Action: "Reject"},
 			LoggedBy: &api.FlowRule{Kind: "ClusterNetworkPolicy", Name: "audit", Action: "Log"}},
 		{Time: now.Add(-2 * time.Hour), LastTime: now.Add(-10 * time.Second), Count: 7, Verdict: "denied", Pod: "other/x", Peer: "10.1.1.1", Dst: "10.1.1.1:53"},
+		{Time: now.Add(-30 * time.Second), Verdict: "denied", Stage: "http", Pod: "demo/deathstar", Peer: "demo/web", Dst: "10.0.0.9:80", Proto: "TCP",
+			Rule: "no HTTP rule allows it: weirnetworkpolicy demo/deathstar ingress[0]",
+			HTTP: &api.FlowHTTP{Method: "PUT", Host: "deathstar.demo", Target: "/v1/exhaust-port", Status: 403, Closed: true}},
 	}
 }
 
@@ -28,15 +31,21 @@ func TestObserveFilters(t *testing.T) {
 		f    observeFlags
 		want []int // indexes into observeFlows()
 	}{
-		{"no filter", observeFlags{}, []int{0, 1, 2}},
+		{"no filter", observeFlags{}, []int{0, 1, 2, 3}},
 		{"verdict rejected", observeFlags{verdict: "rejected"}, []int{1}},
+		{"requests only", observeFlags{http: true}, []int{3}},
+		{"requests by method", observeFlags{method: "PUT"}, []int{3}},
+		{"requests by another method", observeFlags{method: "GET"}, nil},
+		{"requests under a path", observeFlags{path: "/v1"}, []int{3}},
+		{"requests by status", observeFlags{status: 403}, []int{3}},
 		{"port", observeFlags{port: 5432}, []int{0}},
 		{"policy by name (decider)", observeFlags{policy: "guard"}, []int{1}},
 		{"policy by kind/name (log rule)", observeFlags{policy: "clusternetworkpolicy/audit"}, []int{1}},
 		{"policy by namespace/name", observeFlags{policy: "demo/allow-db"}, []int{0}},
-		{"since: an aggregate counts by its last flow", observeFlags{since: 5 * time.Minute}, []int{1, 2}},
+		{"since: an aggregate counts by its last flow", observeFlags{since: 5 * time.Minute}, []int{1, 2, 3}},
 		{"label selector on the peer", observeFlags{selector: "app in (db,cache)"}, []int{0, 1}},
 		{"namespace", observeFlags{namespace: "other"}, []int{2}},
+		{"namespace of a request's pods", observeFlags{namespace: "demo", http: true}, []int{3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,7 +74,7 @@ func TestObserveFilters(t *testing.T) {
 
 func TestObserveRejectsBadFlags(t *testing.T) {
 	for _, f := range []observeFlags{{output: "xml"}, {verdict: "dropped"}, {port: 70000}, {since: -time.Second}, {selector: "app in ("},
-		{limit: -1}, {limit: api.MaxFlowLimit + 1}, {before: "yesterday"}} {
+		{limit: -1}, {limit: api.MaxFlowLimit + 1}, {before: "yesterday"}, {status: 999}, {path: "v1/x"}} {
 		if f.limit == 0 {
 			f.limit = api.DefaultFlowLimit
 		}
@@ -81,6 +90,24 @@ func TestObserveTableShowsCounts(t *testing.T) {
 	printFlow(&b, &b, observeFlows()[2], "")
 	if !strings.Contains(b.String(), "COUNT") || !strings.Contains(b.String(), "\t7\t") {
 		t.Fatalf("table without the aggregate's count:\n%s", b.String())
+	}
+}
+
+func TestObserveHTTPTableShowsRequests(t *testing.T) {
+	var b bytes.Buffer
+	f := observeFlags{http: true}
+	printFlowHeader(&b, f.tableFormat())
+	printFlow(&b, &b, observeFlows()[3], f.tableFormat())
+	for _, want := range []string{"STATUS", "REQUEST", "\t403\t", "PUT deathstar.demo /v1/exhaust-port", "no HTTP rule allows it"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("requests table lacks %q:\n%s", want, b.String())
+		}
+	}
+	// In the connections' table a request shows after its destination.
+	b.Reset()
+	printFlow(&b, &b, observeFlows()[3], "")
+	if !strings.Contains(b.String(), "10.0.0.9:80/TCP PUT deathstar.demo /v1/exhaust-port") {
+		t.Fatalf("table row without the request: %s", b.String())
 	}
 }
 

@@ -32,6 +32,8 @@ type traceFlags struct {
 	target    agentTarget
 	namespace string
 	output    string
+	// method, path and host name an HTTP request to judge too.
+	method, path, host string
 }
 
 // traceClient is the part of the agent API a trace needs.
@@ -50,11 +52,15 @@ func newPolicyTraceCommand() *cobra.Command {
 			"programs with BPF_PROG_RUN (no connection, event or counter of the live datapath changes).\n" +
 			"The command fails when the two disagree.",
 		Example: "  weir policy trace --lab weir-lab -n demo frontend db 5432/tcp\n" +
-			"  weir policy trace demo/frontend 10.96.0.10 53/udp -o json",
+			"  weir policy trace demo/frontend 10.96.0.10 53/udp -o json\n" +
+			"  weir policy trace --lab weir-lab -n empire tiefighter deathstar-0 80/tcp --method PUT --path /v1/exhaust-port",
 		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			q, err := parseTraceArgs(args, f.namespace)
 			if err != nil {
+				return err
+			}
+			if q.HTTP, err = f.request(q.Proto); err != nil {
 				return err
 			}
 			if err := validateOutput(f.output); err != nil {
@@ -77,7 +83,26 @@ func newPolicyTraceCommand() *cobra.Command {
 	f.target.register(cmd.Flags(), "ask the agents of this lab's nodes that hold SRC and DST")
 	cmd.Flags().StringVarP(&f.namespace, "namespace", "n", "default", "namespace of pod names given without one")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "", "output format: json, yaml, wide, or empty for text")
+	cmd.Flags().StringVar(&f.method, "method", "", "also judge an HTTP request of the connection with this method (needs --path)")
+	cmd.Flags().StringVar(&f.path, "path", "", "the HTTP request's path, with any query (e.g. /v1/status?x=1)")
+	cmd.Flags().StringVar(&f.host, "host", "", "the HTTP request's Host (default: one no hostname rule matches)")
 	return cmd
+}
+
+// request is the HTTP request the flags name, nil for none.
+func (f *traceFlags) request(proto string) (*api.TraceRequest, error) {
+	if f.method == "" && f.path == "" && f.host == "" {
+		return nil, nil
+	}
+	switch {
+	case f.method == "" || f.path == "":
+		return nil, errors.New("an HTTP trace needs both --method and --path (e.g. --method GET --path /v1/status)")
+	case !strings.HasPrefix(f.path, "/"):
+		return nil, fmt.Errorf("--path %q: want a path starting with /", f.path)
+	case proto != "tcp":
+		return nil, fmt.Errorf("an HTTP request needs a TCP port (80/tcp), not %s", proto)
+	}
+	return &api.TraceRequest{Method: f.method, Path: f.path, Host: f.host}, nil
 }
 
 func validateOutput(o string) error {
@@ -227,6 +252,30 @@ func printTrace(out io.Writer, t *api.Trace, wide bool) {
 		agree = "compiled policy and datapath DISAGREE"
 	}
 	fmt.Fprintf(out, "\nflow %s; %s returned %s - %s\n", t.Verdict, t.Program, t.TCVerdict, agree)
+	printTraceHTTP(out, t.HTTP)
+}
+
+// printTraceHTTP is the text form of a trace's HTTP verdict.
+func printTraceHTTP(out io.Writer, h *api.TraceHTTP) {
+	if h == nil {
+		return
+	}
+	fmt.Fprintln(out, "\nHTTP request:")
+	if h.Verdict != "" {
+		fmt.Fprintf(out, "  %s: %s\n", strings.ToUpper(h.Verdict), h.Rule)
+	}
+	if h.Note != "" {
+		fmt.Fprintf(out, "  %s\n", h.Note)
+	}
+	if len(h.Rules) > 0 {
+		fmt.Fprintln(out, "  judged against:")
+		for _, r := range h.Rules {
+			fmt.Fprintf(out, "    %s\n", r)
+		}
+	}
+	if h.Kernel != "" {
+		fmt.Fprintf(out, "  where: %s\n", h.Kernel)
+	}
 }
 
 func peerText(p api.TracePeer) string {

@@ -8,7 +8,7 @@ package datapath
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type lb4_tuple -type lb4_nat -type lb4_frag_key host ../../bpf/host.c
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type lb4_key -type lb4_service -type lb4_backend_key -type lb4_backend -type lb4_revnat_key -type lb4_revnat -type lb4_affinity_key -type lb4_affinity -type lb4_member_key -type lb4_flow_key -type lb4_flow sock ../../bpf/sock.c
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel sockiter ../../bpf/sock_iter.c
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type l7_sock_key -type l7_port -type l7_match_key -type l7_set l7 ../../bpf/l7.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type l7_sock_key -type l7_port -type l7_match_key -type l7_set -type l7_request_event l7 ../../bpf/l7.c
 // The HTTP reader of bpf/lib/http.h, alone in a tc program its tests run with
 // BPF_PROG_RUN; only tests load it.
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang-19 -strip llvm-strip-19 -cflags "-O2 -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu" -target bpfel -type http_test_record httpreader ../../bpf/tests/http_reader.c

@@ -76,7 +76,9 @@ type httpreaderHttpState struct {
 	HostLabelLen  uint8
 	HostLong      uint8
 	Override      uint8
-	_             [5]byte
+	_             [1]byte
+	HostAt        uint16
+	_             [2]byte
 }
 
 type httpreaderHttpTestRecord struct {
@@ -95,7 +97,10 @@ type httpreaderHttpTestRecord struct {
 	Prefixes      uint8
 	Labels        uint8
 	Verdict       uint8
-	Pad           [5]uint8
+	Rule          uint8
+	HostAt        uint16
+	HostLen       uint8
+	Pad           uint8
 }
 
 type httpreaderL7MatchKey struct {

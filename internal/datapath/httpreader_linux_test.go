@@ -126,6 +126,9 @@ func compareReaders(stream []byte, recs []httpreaderHttpTestRecord) error {
 			if err := sameHead(reqs[i], rec); err != nil {
 				return fmt.Errorf("head %d: %w", i, err)
 			}
+			if ok, why := l7.KernelReads(reqs[i]); !ok {
+				return fmt.Errorf("head %d: the kernel read it; l7.KernelReads says it punts %s", i, why)
+			}
 		case recError:
 			switch {
 			case goFramed >= 0 && int64(rec.Start) == goFramed && i == len(reqs):
@@ -138,7 +141,13 @@ func compareReaders(stream []byte, recs []httpreaderHttpTestRecord) error {
 			}
 			return fmt.Errorf("kernel refused at %d (error %d) after %d heads; the parser read %d heads, error %v", rec.Start, rec.Error, i, len(reqs), perr)
 		case recPunt:
-			if (i < len(reqs) && reqs[i].Start == int64(rec.Start)) || (i == len(reqs) && (goFramed == int64(rec.Start) || goFramed < 0)) {
+			if i < len(reqs) && reqs[i].Start == int64(rec.Start) {
+				if ok, _ := l7.KernelReads(reqs[i]); ok {
+					return fmt.Errorf("kernel punted head %d (reason %d); l7.KernelReads says it reads it", i, rec.Error)
+				}
+				return nil
+			}
+			if i == len(reqs) && (goFramed == int64(rec.Start) || goFramed < 0) {
 				return nil
 			}
 			return fmt.Errorf("kernel punted at %d (reason %d) after %d heads; the parser read %d heads, error %v", rec.Start, rec.Error, i, len(reqs), perr)
@@ -403,9 +412,17 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 			if len(recs) != 1 || recs[0].Kind != recHead {
 				t.Fatalf("%q: records %+v", head, recs)
 			}
-			want := k.Judge(reqs[0])
+			want, rule := k.JudgeRule(reqs[0])
 			if got := l7.KernelVerdict(recs[0].Verdict); got != want {
 				t.Fatalf("rules %+v, %q: kernel %d, KernelRules.Judge %d", rules, head, got, want)
+			}
+			if want == l7.KernelAllow && int(recs[0].Rule) != rule {
+				t.Fatalf("rules %+v, %q: kernel names rule %d, KernelRules.JudgeRule %d", rules, head, recs[0].Rule, rule)
+			}
+			// The record's Host text is where the reader says it is.
+			at, n := int(recs[0].HostAt), int(recs[0].HostLen)
+			if host := strings.TrimSuffix(head[at:at+n], "."); !strings.EqualFold(host, reqs[0].Host) {
+				t.Fatalf("%q: host at %d+%d is %q, the parser's %q", head, at, n, host, reqs[0].Host)
 			}
 			counts[want]++
 		}

@@ -52,6 +52,9 @@ type L7Stats struct {
 	Answered uint64 // answers written back in place
 	Closed   uint64 // connections whose later bytes are all dropped
 	NoState  uint64 // skbs of a socket without reader state, dropped
+	// EventsLost are request records a full ring lost (the requests
+	// were judged all the same).
+	EventsLost uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -182,7 +185,7 @@ func (s *L7Sockets) Stats() (L7Stats, error) {
 func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
-		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState}
+		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

@@ -78,10 +78,22 @@ type l7L7Conn struct {
 		HostLabelLen  uint8
 		HostLong      uint8
 		Override      uint8
-		_             [5]byte
+		_             [1]byte
+		HostAt        uint16
+		_             [2]byte
 	}
 	Closed uint8
 	Pad    [7]uint8
+	Run    struct {
+		_       structs.HostLayout
+		Key     uint64
+		FirstNs uint64
+		LastNs  uint64
+		Set     uint32
+		Repeats uint32
+		Rule    uint8
+		Pad     [7]uint8
+	}
 }
 
 type l7L7Flow struct {
@@ -106,6 +118,28 @@ type l7L7Port struct {
 	Set  uint32
 }
 
+type l7L7RequestEvent struct {
+	_          structs.HostLayout
+	TsNs       uint64
+	Cookie     uint64
+	Client     uint32
+	Server     uint32
+	ClientPort uint16
+	ServerPort uint16
+	Sets       [3]uint32
+	Set        uint32
+	Count      uint32
+	Verdict    uint8
+	Rule       uint8
+	Error      uint8
+	Flags      uint8
+	LineLen    uint16
+	HostLen    uint8
+	Pad        uint8
+	Line       [128]uint8
+	Host       [64]uint8
+}
+
 type l7L7Set struct {
 	_         structs.HostLayout
 	AnyMethod uint64
@@ -128,6 +162,7 @@ type l7L7SockKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	l7MapWeirL7Conns             = "weir_l7_conns"
+	l7MapWeirL7Events            = "weir_l7_events"
 	l7MapWeirL7Flows             = "weir_l7_flows"
 	l7MapWeirL7Http              = "weir_l7_http"
 	l7MapWeirL7Match             = "weir_l7_match"
@@ -153,6 +188,7 @@ const (
 	l7VarSEND_IDENTITY_OPTION    = "SEND_IDENTITY_OPTION"
 	l7VarSERVE_EXTERNAL_SERVICES = "SERVE_EXTERNAL_SERVICES"
 	l7VarTUNNEL_MODE             = "TUNNEL_MODE"
+	l7VarUnusedL7RequestEvent    = "unused_l7_request_event"
 )
 
 // loadL7 returns the embedded CollectionSpec for l7.
@@ -209,6 +245,7 @@ type l7ProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
 	WeirL7Conns   *ebpf.MapSpec `ebpf:"weir_l7_conns"`
+	WeirL7Events  *ebpf.MapSpec `ebpf:"weir_l7_events"`
 	WeirL7Flows   *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirL7Http    *ebpf.MapSpec `ebpf:"weir_l7_http"`
 	WeirL7Match   *ebpf.MapSpec `ebpf:"weir_l7_match"`
@@ -235,6 +272,7 @@ type l7VariableSpecs struct {
 	SEND_IDENTITY_OPTION    *ebpf.VariableSpec `ebpf:"SEND_IDENTITY_OPTION"`
 	SERVE_EXTERNAL_SERVICES *ebpf.VariableSpec `ebpf:"SERVE_EXTERNAL_SERVICES"`
 	TUNNEL_MODE             *ebpf.VariableSpec `ebpf:"TUNNEL_MODE"`
+	UnusedL7RequestEvent    *ebpf.VariableSpec `ebpf:"unused_l7_request_event"`
 }
 
 // l7Objects contains all objects after they have been loaded into the kernel.
@@ -258,6 +296,7 @@ func (o *l7Objects) Close() error {
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
 	WeirL7Conns   *ebpf.Map `ebpf:"weir_l7_conns"`
+	WeirL7Events  *ebpf.Map `ebpf:"weir_l7_events"`
 	WeirL7Flows   *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirL7Http    *ebpf.Map `ebpf:"weir_l7_http"`
 	WeirL7Match   *ebpf.Map `ebpf:"weir_l7_match"`
@@ -272,6 +311,7 @@ type l7Maps struct {
 func (m *l7Maps) Close() error {
 	return _L7Close(
 		m.WeirL7Conns,
+		m.WeirL7Events,
 		m.WeirL7Flows,
 		m.WeirL7Http,
 		m.WeirL7Match,
@@ -299,6 +339,7 @@ type l7Variables struct {
 	SEND_IDENTITY_OPTION    *ebpf.Variable `ebpf:"SEND_IDENTITY_OPTION"`
 	SERVE_EXTERNAL_SERVICES *ebpf.Variable `ebpf:"SERVE_EXTERNAL_SERVICES"`
 	TUNNEL_MODE             *ebpf.Variable `ebpf:"TUNNEL_MODE"`
+	UnusedL7RequestEvent    *ebpf.Variable `ebpf:"unused_l7_request_event"`
 }
 
 // l7Programs contains all programs after they have been loaded into the kernel.

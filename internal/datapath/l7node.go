@@ -68,3 +68,6 @@ func (n *Node) L7Stats() (L7Stats, error) {
 	}
 	return readL7Stats(n.l7objs.WeirL7Stats)
 }
+
+// L7Ready says whether SetupL7 set the node's L7 path up.
+func (n *Node) L7Ready() bool { return n.l7objs != nil }

@@ -78,6 +78,8 @@ var mapsToReset = map[string]string{
 	"weir_events":         "undelivered flow events",
 	"weir_metrics":        "packet counters (a counter reset)",
 	"weir_verdicts":       "verdict counters (a counter reset)",
+	"weir_l7_events":      "undelivered request records",
+	"weir_l7_stats":       "L7 counters (a counter reset)",
 	"weir_lb4_flow_socks": "the flow notes of sockets opened before the upgrade are left to their map's LRU",
 }
 

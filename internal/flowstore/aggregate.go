@@ -19,6 +19,16 @@ type key struct {
 	decider, loggedBy, passedBy          api.FlowRule // zero: none
 	service, serviceAddr                 string
 	serviceByClient                      bool
+	http                                 httpKey // zero: a connection's record
+}
+
+// httpKey is what makes requests the same record: everything of
+// api.FlowHTTP.
+type httpKey struct {
+	method, host, target, reason string
+	status                       int
+	targetCut, closed, set       bool
+	rule                         api.FlowHTTPRule
 }
 
 func keyOf(f api.Flow) key {
@@ -28,7 +38,20 @@ func keyOf(f api.Flow) key {
 		peerIdentity: f.PeerIdentity,
 		decider:      ruleOf(f.Decider), loggedBy: ruleOf(f.LoggedBy), passedBy: ruleOf(f.PassedBy),
 		service: f.Service, serviceAddr: f.ServiceAddr, serviceByClient: f.ServiceByClient,
+		http: httpKeyOf(f.HTTP),
 	}
+}
+
+func httpKeyOf(h *api.FlowHTTP) httpKey {
+	if h == nil {
+		return httpKey{}
+	}
+	k := httpKey{method: h.Method, host: h.Host, target: h.Target, reason: h.Reason, status: h.Status,
+		targetCut: h.TargetCut, closed: h.Closed, set: true}
+	if h.Rule != nil {
+		k.rule = *h.Rule
+	}
+	return k
 }
 
 func ruleOf(r *api.FlowRule) api.FlowRule {

@@ -3,6 +3,7 @@ package l7
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 )
 
@@ -126,8 +127,15 @@ const (
 )
 
 // Judge is the kernel's algorithm (bpf/lib/l7match.h) in Go, over the
-// hashes the in-kernel reader keeps of r. lookup finds an entry.
+// hashes the in-kernel reader keeps of r.
 func (k *KernelRules) Judge(r *Request) KernelVerdict {
+	v, _ := k.JudgeRule(r)
+	return v
+}
+
+// JudgeRule is Judge, and for KernelAllow the index of the rule the
+// kernel names as allowing: the first rule it judges whole that matches.
+func (k *KernelRules) JudgeRule(r *Request) (KernelVerdict, int) {
 	lookup := func(kind KernelKeyKind, h uint64) uint64 { return k.Entries[KernelKey{kind, h}] }
 	method := k.AnyMethod | lookup(KeyMethod, MethodHash(r.Method))
 	path := k.AnyPath &^ k.NeedsPath
@@ -148,9 +156,46 @@ func (k *KernelRules) Judge(r *Request) KernelVerdict {
 	candidates := method & path & host
 	switch {
 	case candidates&^k.UserSpace != 0:
-		return KernelAllow
+		return KernelAllow, bits.TrailingZeros64(candidates &^ k.UserSpace)
 	case candidates != 0:
-		return KernelUserSpace
+		return KernelUserSpace, -1
 	}
-	return KernelDeny
+	return KernelDeny, -1
+}
+
+// The in-kernel reader's bounds (bpf/lib/http.h): a head past them is
+// punted, never judged there.
+const (
+	kernelMaxMethod   = 16
+	kernelMaxPrefixes = 16
+	kernelMaxLabels   = 8
+	kernelMaxLabel    = 255
+)
+
+// KernelReads says whether the in-kernel reader judges r itself, and if
+// not why: it punts an absolute-form or authority-form target,
+// a method over 16 bytes, a path of more than 16 elements and a host of
+// more than 8 labels or with one over 255 bytes
+// (TestHTTPReaderMatchesParser holds this to the kernel's punts).
+func KernelReads(r *Request) (bool, string) {
+	switch {
+	case len(r.Method) > kernelMaxMethod:
+		return false, "a method over 16 bytes"
+	case !strings.HasPrefix(r.Target, "/") && r.Target != "*":
+		return false, "a target in absolute or authority form"
+	case len(PathPrefixHashes(r.Path)) > kernelMaxPrefixes:
+		return false, "a path of more than 16 elements"
+	}
+	if !strings.HasPrefix(r.Host, "[") {
+		labels := strings.Split(r.Host, ".")
+		if len(labels) > kernelMaxLabels {
+			return false, "a host of more than 8 labels"
+		}
+		for _, l := range labels {
+			if len(l) > kernelMaxLabel {
+				return false, "a host label over 255 bytes"
+			}
+		}
+	}
+	return true, ""
 }

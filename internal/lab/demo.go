@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -204,7 +205,80 @@ func (st *State) demoHTTPPolicy(ctx context.Context, f corev1.Pod, out io.Writer
 		return fmt.Errorf("demo: POST /v1/request-landing from %s: %s %q (%v), want 200 \"Ship landed\"", f.Name, status, body, err)
 	}
 	fmt.Fprintf(out, "  %s: POST /v1/request-landing -> %s %q (answered by the deathstar)\n", f.Name, status, body)
+	fmt.Fprintf(out, "requests, as `weir observe --lab %s -n %s --http` shows them:\n", st.Config.Name, DemoNamespace)
+	if err := st.printHTTPFlows(ctx, f, out); err != nil {
+		return err
+	}
+	return st.printHTTPTrace(ctx, f, out)
+}
+
+// printHTTPFlows waits for the records of the frontend's two requests to
+// the deathstar (the records reach the agent within a poll) and prints
+// them with the rule that decided each.
+func (st *State) printHTTPFlows(ctx context.Context, f corev1.Pod, out io.Writer) error {
+	want := map[string]string{"PUT": "denied", "POST": "allowed"}
+	var found map[string]api.Flow
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		found = map[string]api.Flow{}
+		for _, n := range st.Nodes {
+			q := api.FlowsQuery{FlowFilter: api.FlowFilter{Namespace: DemoNamespace, Pod: f.Name, HTTP: true}}
+			err := n.Client().Flows(ctx, q, func(fl api.Flow) error {
+				if want[fl.HTTP.Method] == fl.Verdict && fl.Time.After(found[fl.HTTP.Method].Time) {
+					found[fl.HTTP.Method] = fl
+				}
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("read flows of %s: %w", n.Name, err)
+			}
+		}
+		if len(found) == len(want) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, m := range []string{"PUT", "POST"} {
+		fl, ok := found[m]
+		if !ok {
+			return fmt.Errorf("demo: no %s record of the frontend's %s to the deathstar within 10 s", want[m], m)
+		}
+		status := "-"
+		if fl.HTTP.Status != 0 {
+			status = fmt.Sprint(fl.HTTP.Status)
+		}
+		fmt.Fprintf(out, "  %-7s %-3s %s %s%s <- %s\n          by %s\n", fl.Verdict, status, fl.HTTP.Method, fl.HTTP.Host, fl.HTTP.Target, fl.Peer, fl.Rule)
+	}
 	return nil
+}
+
+// printHTTPTrace asks the deathstar's node to trace the denied request.
+func (st *State) printHTTPTrace(ctx context.Context, f corev1.Pod, out io.Writer) error {
+	b, err := st.Kubectl(ctx, nil, "get", "pods", "-n", DemoNamespace, "-l", "app=deathstar", "-o", "jsonpath={.items[0].metadata.name}")
+	if err != nil {
+		return fmt.Errorf("demo: find the deathstar pod: %w", err)
+	}
+	q := api.TraceQuery{Src: f.Namespace + "/" + f.Name, Dst: DemoNamespace + "/" + strings.TrimSpace(string(b)), Proto: "TCP", Port: 80,
+		HTTP: &api.TraceRequest{Method: "PUT", Path: "/v1/exhaust-port"}}
+	fmt.Fprintf(out, "  weir policy trace %s %s 80/tcp --method PUT --path /v1/exhaust-port --lab %s:\n", q.Src, q.Dst, st.Config.Name)
+	for _, n := range st.Nodes {
+		t, err := n.Client().Trace(ctx, q)
+		if api.CodeOf(err) == api.CodeTraceNotLocal {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("trace on %s: %w", n.Name, err)
+		}
+		if t.HTTP == nil || t.HTTP.Verdict == "" {
+			continue // the frontend's node: HTTP rules are judged at the server
+		}
+		fmt.Fprintf(out, "    %s: HTTP %s: %s; where: %s\n", n.Name, t.HTTP.Verdict, t.HTTP.Rule, t.HTTP.Kernel)
+		if t.HTTP.Verdict != "denied" {
+			return fmt.Errorf("demo: trace says PUT /v1/exhaust-port is %s, want denied", t.HTTP.Verdict)
+		}
+		return nil
+	}
+	return errors.New("demo: no node traced the HTTP request at the deathstar")
 }
 
 // httpFrom makes one HTTP request with curl from inside pod f and
@@ -285,7 +359,7 @@ func (st *State) printDemoFlows(ctx context.Context, out io.Writer) error {
 	for _, n := range st.Nodes {
 		q := api.FlowsQuery{FlowFilter: api.FlowFilter{Namespace: DemoNamespace}} // searched on the agent, whole store
 		err := n.Client().Flows(ctx, q, func(fl api.Flow) error {
-			if strings.HasPrefix(fl.Pod, DemoNamespace+"/") && strings.HasPrefix(fl.Peer, DemoNamespace+"/") && fl.Direction == "ingress" && fl.Time.After(latest[fl.Verdict].Time) {
+			if fl.HTTP == nil && strings.HasPrefix(fl.Pod, DemoNamespace+"/") && strings.HasPrefix(fl.Peer, DemoNamespace+"/") && fl.Direction == "ingress" && fl.Time.After(latest[fl.Verdict].Time) {
 				latest[fl.Verdict] = fl
 			}
 			return nil

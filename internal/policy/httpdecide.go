@@ -45,16 +45,10 @@ func (r *Result) LookupHTTP(pod string, d Direction, peer netip.Addr, port uint1
 		out.Allowed = out.Conn.Allowed()
 		return out, nil
 	}
-	var sets []HTTPSetID
-	for _, e := range found {
-		if e == nil || e.Allow == 0 {
-			continue
-		}
-		if e.HTTP == 0 {
-			out.Allowed = true
-			return out, nil
-		}
-		sets = append(sets, e.HTTP)
+	sets := r.HTTPSetsOf(pod, d, peer, port)
+	if sets == nil {
+		out.Allowed = true
+		return out, nil
 	}
 	out.Restricted = true
 	var refs []HTTPRuleRef
@@ -77,6 +71,30 @@ func (r *Result) LookupHTTP(pod string, d Direction, peer netip.Addr, port uint1
 	}
 	out.Allowed, out.Rule = true, refs[i]
 	return out, nil
+}
+
+// HTTPSetsOf are the HTTP sets a TCP connection from peer to pod's port
+// is judged against: those of the entries the datapath's three lookups
+// find allowing it, when each names one; nil when one allows it with no
+// HTTP set (unrestricted) or none allows it.
+func (r *Result) HTTPSetsOf(pod string, d Direction, peer netip.Addr, port uint16) []HTTPSetID {
+	ep, ok := r.Endpoints[pod]
+	if !ok {
+		return nil
+	}
+	label, cidr := r.PeerIdentities(peer)
+	var sets []HTTPSetID
+	for _, id := range []Identity{label, cidr, IdentityAny} {
+		e, ok := ep.match(d, id, ProtoTCP, port)
+		if !ok || e.Allow == 0 {
+			continue
+		}
+		if e.HTTP == 0 {
+			return nil
+		}
+		sets = append(sets, e.HTTP)
+	}
+	return sets
 }
 
 // HTTPOutcome is EvaluateHTTP's answer.

@@ -391,6 +391,68 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("HTTP policy: method, path and host allowed and denied in the kernel, a keep-alive connection's second request denied, every request on record", func(t *testing.T) {
+		pods := webPods(t, c)
+		client := onNode(t, pods, "n1")
+		server := onNode(t, pods, "n2")
+		curl := func(args ...string) []string { t.Helper(); return curlFrom(ctx, st, client, args...) }
+		base := "http://" + server.Status.PodIP + ":8080"
+		del := applyWebHTTPPolicy(t, ctx, st, client, base)
+		defer del()
+		for _, tc := range []struct {
+			name string
+			args []string
+			want []string // status, connections opened; per URL
+		}{
+			{"allowed method and path", []string{base + "/hostname"}, []string{"200", "1"}},
+			{"another method", []string{"-X", "DELETE", base + "/hostname"}, []string{"403", "1"}},
+			{"another path", []string{base + "/shell?cmd=id"}, []string{"403", "1"}},
+			{"the prefix itself, with the rule's host", []string{"-H", "Host: web.allowed", base + "/echo?msg=hi"}, []string{"200", "1"}},
+			{"the same path with another host", []string{"-H", "Host: web.other", base + "/echo?msg=hi"}, []string{"403", "1"}},
+			{"a path servers read differently", []string{"--path-as-is", base + "/echo/../shell?cmd=id"}, []string{"400", "1"}},
+			// One connection: the first request served, the second
+			// answered 403 on the same connection.
+			{"keep-alive: allowed, then denied", []string{base + "/hostname", base + "/shell?cmd=id"}, []string{"200", "1", "403", "0"}},
+		} {
+			if got := curl(tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
+			}
+		}
+		// Every request is on record at the server's node, naming the
+		// rule that allowed it or the policy whose rules it failed.
+		waitFor(t, 5*time.Second, func() error {
+			var sock string
+			for _, n := range st.Nodes {
+				if n.Name == server.Spec.NodeName {
+					sock = n.Socket
+				}
+			}
+			seen := map[string]bool{}
+			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "default/" + server.Name, HTTP: true}}, func(f api.Flow) error {
+				switch {
+				case f.Verdict == "allowed" && f.HTTP.Method == "GET" && f.HTTP.Target == "/hostname" &&
+					strings.Contains(f.Rule, "weirnetworkpolicy default/web-http ingress[0] ports[0].http[0] (GET Exact /hostname)"):
+					seen["allowed"] = true
+				case f.Verdict == "denied" && f.HTTP.Method == "DELETE" && f.HTTP.Status == 403 &&
+					f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/web-http ingress[0]":
+					seen["denied"] = true
+				case f.Verdict == "denied" && f.HTTP.Host == "web.other" && f.HTTP.Target == "/echo?msg=hi":
+					seen["host"] = true
+				case f.Verdict == "refused" && f.HTTP.Status == 400:
+					seen["refused"] = true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if len(seen) != 4 {
+				return fmt.Errorf("records of %s: %v, want allowed, denied, host and refused", server.Name, seen)
+			}
+			return nil
+		})
+	})
+
 	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, trace agrees with the datapath, and a WeirNetworkPolicy's HTTP rule lands the ship and answers the exhaust port 403", func(t *testing.T) {
 		t.Cleanup(func() {
 			for _, args := range [][]string{
@@ -409,7 +471,10 @@ func TestKubernetes(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, want := range []string{"rejected", "Programmed=True ProgrammedOnAllNodes", "agrees=true", "logged by",
-			"PUT  /v1/exhaust-port     -> 403", `POST /v1/request-landing -> 200 "Ship landed"`} {
+			"PUT  /v1/exhaust-port     -> 403", `POST /v1/request-landing -> 200 "Ship landed"`,
+			"by no HTTP rule allows it: weirnetworkpolicy demo/deathstar ingress[0]",
+			"by weirnetworkpolicy demo/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing)",
+			"HTTP denied: answered 403"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("demo output lacks %q", want)
 			}
@@ -551,6 +616,45 @@ spec:
 		}
 		t.Logf("through the Service across the crashes: %d requests on one established connection, %d of %d new connections answered by %d backends",
 			res.Kept, res.Fresh, res.Fresh+res.FreshFailed, len(res.FreshFrom))
+	})
+
+	t.Run("HTTP policy holds while agents crash: allowed requests keep flowing on a kept connection and new ones, denied ones stay 403", func(t *testing.T) {
+		pods := webPods(t, c)
+		client, server := onNode(t, pods, "n1"), onNode(t, pods, "n2")
+		addr := server.Status.PodIP + ":8080"
+		del := applyWebHTTPPolicy(t, ctx, st, client, "http://"+addr)
+		defer del()
+		// GET /hostname, allowed: one kept keep-alive connection and a
+		// new connection every 50 ms; POST /hostname, denied: a new
+		// connection every 50 ms.
+		allowed, err := startServiceLoad(podNS(t, st, client), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer allowed.stop()
+		denied := startDeniedLoad(podNS(t, st, client), addr)
+		defer denied.stop()
+		for _, n := range []string{"n1", "n2"} {
+			if err := st.KillAgent(n); err != nil {
+				t.Fatal(err)
+			}
+			waitAgents(t, st)
+		}
+		a, d := allowed.stop(), denied.stop()
+		if a.KeptErr != nil {
+			t.Errorf("the kept connection broke: %v", a.KeptErr)
+		}
+		if a.FreshFailed > 0 {
+			t.Errorf("%d of %d new connections' allowed requests failed, first: %v", a.FreshFailed, a.Fresh+a.FreshFailed, a.FreshErr)
+		}
+		if d.Passed > 0 || d.Failed > 0 {
+			t.Errorf("denied requests: %d answered 403, %d reached the server, %d failed otherwise (first: %v)", d.Denied, d.Passed, d.Failed, d.Err)
+		}
+		if a.Kept < 50 || a.Fresh < 20 || d.Denied < 20 {
+			t.Errorf("too little load to tell: %d requests kept, %d new allowed, %d denied", a.Kept, a.Fresh, d.Denied)
+		}
+		t.Logf("across two agent crashes: %d requests on a kept connection, %d new connections allowed, %d denied requests answered 403, none passed",
+			a.Kept, a.Fresh, d.Denied)
 	})
 
 	t.Run("rolling restart of the agent DaemonSet drops nothing", func(t *testing.T) {

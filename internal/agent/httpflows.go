@@ -1,0 +1,298 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// StageHTTP is the Stage of a request's record: L7 policy judged it.
+const StageHTTP = "http"
+
+// maxRequestTexts bounds the requests remembered for the records that
+// repeat them (one per open connection that is being read).
+const maxRequestTexts = 65536
+
+// httpFlows turns the kernel's request records (bpf/lib/l7events.h)
+// into flow records. It remembers each connection's last recorded
+// request, which the records of its repeats name by the connection's
+// socket cookie alone. Used by one goroutine.
+type httpFlows struct {
+	node  string
+	set   func(kernel uint32) (policy.HTTPSetID, bool)
+	texts map[uint64]api.FlowHTTP
+}
+
+func newHTTPFlows(node string, set func(uint32) (policy.HTTPSetID, bool)) *httpFlows {
+	return &httpFlows{node: node, set: set, texts: map[uint64]api.FlowHTTP{}}
+}
+
+// explain names a request record.
+func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
+	f := api.Flow{
+		Time: ev.Time, Node: h.node, Direction: policy.Ingress.String(), Stage: StageHTTP,
+		Src: ev.Client.String(), Dst: ev.Server.String(), Proto: "TCP",
+		Pod: ev.Server.Addr().String(), Peer: ev.Client.Addr().String(),
+	}
+	if ev.Count > 1 {
+		f.Count = uint64(ev.Count)
+		f.LastTime = ev.Time
+	}
+	if names != nil {
+		if name, ok := names.byIP[ev.Server.Addr()]; ok {
+			f.Pod = name
+		}
+		if name, ok := names.byIP[ev.Client.Addr()]; ok {
+			f.Peer = name
+		}
+	}
+	req := h.request(ev)
+	f.HTTP = &req
+	switch ev.Verdict {
+	case datapath.L7Allowed:
+		f.Verdict = "allowed"
+		f.Rule, f.Decider, req.Rule = h.allowedBy(names, ev)
+	case datapath.L7Denied:
+		f.Verdict = "denied"
+		f.Rule, f.Decider = h.restrictedBy(names, ev)
+		f.Rule = "no HTTP rule allows it: " + f.Rule
+		if ev.Answered {
+			req.Status = 403
+		} else {
+			f.Rule += " (the request was too short to answer in place: closed without an answer)"
+		}
+	case datapath.L7Refused:
+		f.Verdict = "refused"
+		req.Reason = ev.Reason()
+		f.Rule = "refused before any rule: " + req.Reason
+		if ev.Answered {
+			req.Status = 400
+		}
+	default: // punted, split
+		f.Verdict = "unjudged"
+		req.Reason = ev.Reason()
+		f.Rule = "the kernel cannot judge it (" + req.Reason + "): the connection is closed"
+		_, f.Decider = h.restrictedBy(names, ev)
+	}
+	req.Closed = ev.Closed
+	return f
+}
+
+// request is the request a record is about: its text, or for a repeat
+// the connection's last recorded request's.
+func (h *httpFlows) request(ev datapath.L7Event) api.FlowHTTP {
+	if ev.Repeat {
+		if last, ok := h.texts[ev.Cookie]; ok {
+			return api.FlowHTTP{Method: last.Method, Host: last.Host, Target: last.Target, TargetCut: last.TargetCut}
+		}
+		return api.FlowHTTP{Reason: "repeats a request recorded before this agent started"}
+	}
+	// The Host's bytes are copied as they came: a refused head's may be
+	// anything, so they are escaped like the line's.
+	req := api.FlowHTTP{Host: printable([]byte(ev.Host))}
+	req.Method, req.Target, req.TargetCut = requestLine(ev.Line, ev.LineCut)
+	if ev.Verdict == datapath.L7Allowed && !ev.Closed {
+		if len(h.texts) >= maxRequestTexts {
+			h.forgetOne()
+		}
+		h.texts[ev.Cookie] = req
+	} else {
+		delete(h.texts, ev.Cookie)
+	}
+	return req
+}
+
+// forgetOne drops a remembered request at random: a connection that
+// went quiet is as likely as any to be the one.
+func (h *httpFlows) forgetOne() {
+	skip := rand.IntN(len(h.texts))
+	for k := range h.texts {
+		if skip == 0 {
+			delete(h.texts, k)
+			return
+		}
+		skip--
+	}
+}
+
+// requestLine reads the method and target from the first bytes of a
+// head; cut says the head was longer than them, so a target that does
+// not end in its space before the line's end was cut too.
+func requestLine(line []byte, cut bool) (method, target string, targetCut bool) {
+	end := bytes.Index(line, []byte("\r\n"))
+	lineCut := end < 0 && cut
+	if end < 0 {
+		end = len(line)
+	}
+	m, rest, ok := bytes.Cut(line[:end], []byte(" "))
+	if !ok {
+		return printable(m), "", false
+	}
+	t, _, ended := bytes.Cut(rest, []byte(" "))
+	return printable(m), printable(t), !ended && lineCut
+}
+
+// printable keeps a record's text to what a terminal shows as written:
+// other bytes become their %XX escapes.
+func printable(b []byte) string {
+	var s strings.Builder
+	for _, c := range b {
+		if c > ' ' && c < 0x7f {
+			s.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&s, "%%%02X", c)
+	}
+	return s.String()
+}
+
+// allowedBy names the rule that allowed a request.
+func (h *httpFlows) allowedBy(names *flowNames, ev datapath.L7Event) (string, *api.FlowRule, *api.FlowHTTPRule) {
+	if ev.Set == 0 {
+		return "allowed: no policy restricts this connection to HTTP rules any more", nil, nil
+	}
+	ref, ok := h.ruleRef(names, ev.Set, ev.Rule)
+	if !ok {
+		return fmt.Sprintf("allowed by HTTP rule %d of set %d (no longer loaded)", ev.Rule, ev.Set), nil, nil
+	}
+	match := describeHTTPRule(names.httpRules[ref])
+	return fmt.Sprintf("%s ports[%d].http[%d] (%s)", ruleName(names, ref.Rule), ref.Port, ref.Index, match),
+		names.flowRule(ref.Rule), &api.FlowHTTPRule{Port: ref.Port, Index: ref.Index, Match: match}
+}
+
+// ruleRef finds rule i of a kernel set.
+func (h *httpFlows) ruleRef(names *flowNames, kernel uint32, i int) (policy.HTTPRuleRef, bool) {
+	id, ok := h.set(kernel)
+	if !ok || names == nil {
+		return policy.HTTPRuleRef{}, false
+	}
+	refs := names.httpSets[id]
+	if i < 0 || i >= len(refs) {
+		return policy.HTTPRuleRef{}, false
+	}
+	return refs[i], true
+}
+
+// restrictedBy names the policy rules whose HTTP rules a connection was
+// judged against, and the first of them as the decider.
+func (h *httpFlows) restrictedBy(names *flowNames, ev datapath.L7Event) (string, *api.FlowRule) {
+	var (
+		seen    = map[policy.RuleID]bool{}
+		words   []string
+		decider *api.FlowRule
+	)
+	for _, kernel := range ev.Sets {
+		if kernel == 0 {
+			continue
+		}
+		id, ok := h.set(kernel)
+		if !ok || names == nil || names.httpSets[id] == nil {
+			words = append(words, fmt.Sprintf("HTTP set %d (no longer loaded)", kernel))
+			continue
+		}
+		for _, ref := range names.httpSets[id] {
+			if seen[ref.Rule] {
+				continue
+			}
+			seen[ref.Rule] = true
+			words = append(words, ruleName(names, ref.Rule))
+			if decider == nil {
+				decider = names.flowRule(ref.Rule)
+			}
+		}
+	}
+	if len(words) == 0 {
+		return "the connection is restricted to HTTP rules", nil
+	}
+	return strings.Join(words, ", "), decider
+}
+
+// describeHTTPRule writes a rule as a reader of the policy would.
+func describeHTTPRule(r l7.Rule) string {
+	var parts []string
+	if r.Method != "" {
+		parts = append(parts, r.Method)
+	}
+	if r.Path != nil {
+		parts = append(parts, fmt.Sprintf("%s %s", r.Path.Type, r.Path.Value))
+	}
+	if len(r.Hostnames) > 0 {
+		parts = append(parts, "host "+strings.Join(r.Hostnames, "|"))
+	}
+	for _, h := range r.Headers {
+		parts = append(parts, fmt.Sprintf("header %s %s %q", h.Name, h.Type, h.Value))
+	}
+	if len(parts) == 0 {
+		return "any request"
+	}
+	return strings.Join(parts, " ")
+}
+
+// readHTTPFlows turns the node's request records into flow records until
+// ctx ends; a node without the L7 path has none.
+func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
+	if !node.L7Ready() {
+		return nil
+	}
+	rd, err := node.OpenL7EventReader()
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		rd.Close()
+	}()
+	h := newHTTPFlows(a.cfg.NodeName, node.PolicyHTTPSet)
+	go func() {
+		for {
+			ev, err := rd.Read()
+			if errors.Is(err, datapath.ErrEventsClosed) {
+				return
+			}
+			if err != nil {
+				a.log.Warn("request record", "err", err)
+				continue
+			}
+			f := h.explain(a.flowNames.Load(), ev)
+			a.metrics.countHTTP(f)
+			a.flows.record(f)
+			if a.flows.following.Load() > 0 {
+				a.flows.send(f)
+			}
+		}
+	}()
+	return nil
+}
+
+// RequestRecorder is the agent's path for request records on its own:
+// each record explained and counted into a flow store, as readHTTPFlows
+// does (without policy names, which only add map lookups). For benches
+// that price what recording every request costs.
+type RequestRecorder struct {
+	h   *httpFlows
+	log *flowLog
+}
+
+// NewRequestRecorder records into a flow store in dir.
+func NewRequestRecorder(dir string) (*RequestRecorder, error) {
+	log, err := openFlowLog(Config{FlowDir: dir}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	return &RequestRecorder{h: newHTTPFlows("bench", func(uint32) (policy.HTTPSetID, bool) { return 0, false }), log: log}, nil
+}
+
+// Record explains one record and counts it into the store.
+func (r *RequestRecorder) Record(ev datapath.L7Event) { r.log.record(r.h.explain(nil, ev)) }
+
+// Close writes what the store holds in memory and closes it.
+func (r *RequestRecorder) Close() error { return r.log.close() }

@@ -1,0 +1,165 @@
+package agent
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// deathstarNames are the names of a node whose deathstar pod a
+// WeirNetworkPolicy restricts to two HTTP rules (compiled as set 3,
+// written by the node as kernel set 103).
+func deathstarNames() (*flowNames, func(uint32) (policy.HTTPSetID, bool)) {
+	const rule policy.RuleID = 5
+	landing := policy.HTTPRuleRef{Rule: rule, Port: 0, Index: 0}
+	status := policy.HTTPRuleRef{Rule: rule, Port: 0, Index: 1}
+	n := &flowNames{
+		byIP: map[netip.Addr]string{
+			netip.MustParseAddr("10.244.1.7"): "empire/deathstar-0",
+			netip.MustParseAddr("10.244.2.9"): "empire/tiefighter",
+		},
+		rules: map[policy.RuleID]policy.RuleRef{rule: {Kind: policy.KindWeirNetworkPolicy, Namespace: "empire",
+			Name: "deathstar", Direction: policy.Ingress, Index: 0}},
+		httpSets: map[policy.HTTPSetID][]policy.HTTPRuleRef{3: {landing, status}},
+		httpRules: map[policy.HTTPRuleRef]l7.Rule{
+			landing: {Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
+			status:  {Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/v1/status"}},
+		},
+	}
+	set := func(kernel uint32) (policy.HTTPSetID, bool) {
+		if kernel <= 100 {
+			return 0, false
+		}
+		return policy.HTTPSetID(kernel - 100), true
+	}
+	return n, set
+}
+
+func requestRecord(verdict datapath.L7Verdict, line string) datapath.L7Event {
+	return datapath.L7Event{
+		Time: time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC), Cookie: 42,
+		Client: netip.MustParseAddrPort("10.244.2.9:40000"), Server: netip.MustParseAddrPort("10.244.1.7:80"),
+		Sets: [3]uint32{103}, Count: 1, Verdict: verdict, Line: []byte(line), Host: "deathstar.empire",
+	}
+}
+
+func TestHTTPRecordsNameTheRule(t *testing.T) {
+	names, set := deathstarNames()
+	h := newHTTPFlows("n1", set)
+
+	ev := requestRecord(datapath.L7Allowed, "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	ev.Set, ev.Rule = 103, 0
+	f := h.explain(names, ev)
+	if f.Verdict != "allowed" || f.Stage != StageHTTP || f.Pod != "empire/deathstar-0" || f.Peer != "empire/tiefighter" ||
+		f.HTTP.Method != "POST" || f.HTTP.Target != "/v1/request-landing" || f.HTTP.Host != "deathstar.empire" || f.HTTP.Status != 0 {
+		t.Fatalf("allowed record %+v %+v", f, f.HTTP)
+	}
+	if f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Rule == nil || f.HTTP.Rule.Index != 0 ||
+		f.HTTP.Rule.Match != "POST Exact /v1/request-landing" ||
+		f.Rule != "weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing)" {
+		t.Fatalf("allowed record names %q, %+v, %+v", f.Rule, f.Decider, f.HTTP.Rule)
+	}
+
+	// Its repeats carry no text: the connection's last request names them.
+	rep := datapath.L7Event{Time: ev.Time.Add(time.Second), Cookie: 42, Client: ev.Client, Server: ev.Server, Sets: ev.Sets,
+		Set: 103, Rule: 0, Count: 9, Verdict: datapath.L7Allowed, Repeat: true}
+	f = h.explain(names, rep)
+	if f.Count != 9 || f.HTTP.Method != "POST" || f.HTTP.Target != "/v1/request-landing" || f.HTTP.Rule == nil {
+		t.Fatalf("repeat record %+v %+v", f, f.HTTP)
+	}
+	// Of a connection this agent never saw: said so.
+	rep.Cookie = 7
+	if f = h.explain(names, rep); f.HTTP.Method != "" || !strings.Contains(f.HTTP.Reason, "before this agent started") {
+		t.Fatalf("repeat of an unknown connection %+v", f.HTTP)
+	}
+
+	ev = requestRecord(datapath.L7Denied, "PUT /v1/exhaust-port HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	ev.Answered, ev.Closed = true, true
+	f = h.explain(names, ev)
+	if f.Verdict != "denied" || f.HTTP.Status != 403 || !f.HTTP.Closed || f.Decider == nil || f.Decider.Name != "deathstar" ||
+		f.Rule != "no HTTP rule allows it: weirnetworkpolicy empire/deathstar ingress[0]" {
+		t.Fatalf("denied record %q %+v %+v", f.Rule, f, f.HTTP)
+	}
+	if _, ok := h.texts[42]; ok {
+		t.Fatal("a closed connection's request is still remembered")
+	}
+
+	ev = requestRecord(datapath.L7Refused, "GET /a/../b HTTP/1.1\r\n")
+	ev.Answered, ev.Error = true, 5 // HTTP_ERR_PATH
+	if f = h.explain(names, ev); f.Verdict != "refused" || f.HTTP.Status != 400 || !strings.Contains(f.HTTP.Reason, "dot segment") {
+		t.Fatalf("refused record %q %+v", f.Rule, f.HTTP)
+	}
+	// A refused head's Host may hold anything: escaped, never a
+	// terminal's control sequence.
+	ev.Host = "a\x1b[2Jb"
+	if f = h.explain(names, ev); f.HTTP.Host != "a%1B[2Jb" {
+		t.Fatalf("host %q, want its control byte escaped", f.HTTP.Host)
+	}
+
+	// A set an earlier agent wrote, or one gone since: named as such.
+	ev = requestRecord(datapath.L7Allowed, "GET /v1/status HTTP/1.1\r\n")
+	ev.Set, ev.Sets = 99, [3]uint32{99}
+	if f = h.explain(names, ev); f.Decider != nil || !strings.Contains(f.Rule, "no longer loaded") {
+		t.Fatalf("record of an old set: %q %+v", f.Rule, f.Decider)
+	}
+	// No restriction any more.
+	ev.Set = 0
+	if f = h.explain(names, ev); !strings.Contains(f.Rule, "no policy restricts") {
+		t.Fatalf("unrestricted record: %q", f.Rule)
+	}
+}
+
+func TestRequestLine(t *testing.T) {
+	for _, c := range []struct {
+		line           string
+		cut            bool
+		method, target string
+		targetCut      bool
+	}{
+		{"GET /a?b=c HTTP/1.1\r\nHost: x\r\n", false, "GET", "/a?b=c", false},
+		{"GET /" + strings.Repeat("a", 200), true, "GET", "/" + strings.Repeat("a", 200), true},
+		{"GET /a HTTP/1.1", true, "GET", "/a", false},
+		{"G\x01T /\xff HTTP/1.1\r\n", false, "G%01T", "/%FF", false},
+		{"", false, "", "", false},
+	} {
+		m, tg, cut := requestLine([]byte(c.line), c.cut)
+		if m != c.method || tg != c.target || cut != c.targetCut {
+			t.Errorf("requestLine(%q, %v) = %q, %q, %v; want %q, %q, %v", c.line, c.cut, m, tg, cut, c.method, c.target, c.targetCut)
+		}
+	}
+}
+
+func TestHTTPFiltersSelectRequests(t *testing.T) {
+	conn := api.Flow{Verdict: "allowed"}
+	req := func(method, target string, status int) api.Flow {
+		return api.Flow{Verdict: "denied", HTTP: &api.FlowHTTP{Method: method, Target: target, Status: status}}
+	}
+	for _, c := range []struct {
+		filter api.FlowFilter
+		flow   api.Flow
+		want   bool
+	}{
+		{api.FlowFilter{}, conn, true},
+		{api.FlowFilter{HTTP: true}, conn, false},
+		{api.FlowFilter{HTTP: true}, req("GET", "/", 0), true},
+		{api.FlowFilter{Method: "PUT"}, req("PUT", "/x", 403), true},
+		{api.FlowFilter{Method: "PUT"}, req("GET", "/x", 403), false},
+		{api.FlowFilter{Path: "/v1"}, req("GET", "/v1/status?x=1", 0), true},
+		{api.FlowFilter{Path: "/v1"}, req("GET", "/v1", 0), true},
+		{api.FlowFilter{Path: "/v1"}, req("GET", "/v10", 0), false},
+		{api.FlowFilter{Path: "/"}, req("GET", "/anything", 0), true},
+		{api.FlowFilter{Status: 403}, req("PUT", "/x", 403), true},
+		{api.FlowFilter{Status: 403}, req("PUT", "/x", 0), false},
+		{api.FlowFilter{Status: 403}, conn, false},
+	} {
+		if got := c.filter.Matcher()(c.flow); got != c.want {
+			t.Errorf("filter %+v on %+v: %v, want %v", c.filter, c.flow.HTTP, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// errTraceRequest marks an HTTP trace query that names no request the
+// trace can send.
+var errTraceRequest = errors.New("invalid HTTP trace request")
+
+// traceRequestHead writes the request an HTTP trace judges as a client
+// would send it, or says what is wrong with it.
+func traceRequestHead(q *api.TraceRequest) ([]byte, error) {
+	switch {
+	case q.Method == "":
+		return nil, fmt.Errorf("no method: give one, e.g. GET: %w", errTraceRequest)
+	case q.Path == "":
+		return nil, fmt.Errorf("no path: give one starting with /, e.g. /v1/status: %w", errTraceRequest)
+	case strings.ContainsAny(q.Method+q.Path+q.Host, " \t\r\n"):
+		return nil, fmt.Errorf("method %q, path %q, host %q: no whitespace allowed (escape it in the path as %%20): %w", q.Method, q.Path, q.Host, errTraceRequest)
+	}
+	host := q.Host
+	if host == "" {
+		host = "trace.invalid" // HTTP/1.1 needs one; rules with hostnames will not match it
+	}
+	return []byte(q.Method + " " + q.Path + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n"), nil
+}
+
+// traceHTTP judges the traced request as the destination pod's node
+// does: the connection's decision, then its HTTP rules, and where the
+// datapath judges it (in the kernel, or left to user space).
+func traceHTTP(res *policy.Result, pod string, peer netip.Addr, port uint16, q *api.TraceRequest) (*api.TraceHTTP, error) {
+	head, err := traceRequestHead(q)
+	if err != nil {
+		return nil, err
+	}
+	out := &api.TraceHTTP{}
+	reqs, perr := l7.NewParser(l7.Limits{}).Feed(head)
+	var req *l7.Request
+	probe := &l7.Request{Method: q.Method, Target: "/", Path: "/", Proto: "HTTP/1.1"}
+	if len(reqs) == 1 {
+		req, probe = reqs[0], reqs[0]
+	}
+	// A request the reader refuses is refused whatever the rules; the
+	// connection's decision (from a probe) says whether it gets that far.
+	d, err := res.LookupHTTP(pod, policy.Ingress, peer, port, probe)
+	out.Restricted = d.Restricted
+	out.Rules = httpRulesOf(res, pod, peer, port)
+	switch {
+	case !d.Conn.Allowed():
+		out.Note = "the connection is " + d.Conn.Verdict.String() + " before any request is read"
+		return out, nil
+	case req == nil:
+		out.Verdict = "refused"
+		out.Rule = fmt.Sprintf("answered 400 before any rule: %v", perr)
+		if !d.Restricted {
+			out.Verdict, out.Rule = "allowed", "no HTTP rules restrict this connection: its requests are not read"
+		}
+		return out, nil
+	case errors.Is(err, l7.ErrAmbiguousHeader):
+		out.Verdict, out.Rule = "refused", "answered 400: a header a rule names appears twice"
+		return out, nil
+	case err != nil:
+		return nil, err
+	case !d.Restricted:
+		out.Verdict, out.Rule = "allowed", "no HTTP rules restrict this connection: its requests are not read"
+		return out, nil
+	case d.Allowed:
+		out.Verdict = "allowed"
+		out.Rule = fmt.Sprintf("%s ports[%d].http[%d] (%s)", traceRuleName(res, d.Rule.Rule), d.Rule.Port, d.Rule.Index,
+			describeHTTPRule(res.HTTPRules[d.Rule]))
+	default:
+		out.Verdict, out.Rule = "denied", "answered 403: no HTTP rule of the connection matches"
+	}
+	out.Kernel = kernelPath(res, pod, peer, port, req)
+	return out, nil
+}
+
+// kernelPath says where the datapath judges a request of a restricted
+// connection: in the kernel, or (rules with headers or regular
+// expressions, heads the in-kernel reader does not hold) in user space.
+func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, req *l7.Request) string {
+	if ok, why := l7.KernelReads(req); !ok {
+		return "user space: the in-kernel reader does not hold " + why + " (the user-space path is not built yet: the connection is closed)"
+	}
+	verdict := l7.KernelDeny
+	for _, set := range res.HTTPSetsOf(pod, policy.Ingress, peer, port) {
+		rules := make([]l7.Rule, len(res.HTTPSets[set]))
+		for i, ref := range res.HTTPSets[set] {
+			rules[i] = res.HTTPRules[ref]
+		}
+		k, err := l7.CompileKernel(rules)
+		if err != nil {
+			return "closed: " + err.Error()
+		}
+		switch k.Judge(req) {
+		case l7.KernelAllow:
+			return "kernel: allowed there"
+		case l7.KernelUserSpace:
+			verdict = l7.KernelUserSpace
+		}
+	}
+	if verdict == l7.KernelUserSpace {
+		return "user space: only rules with conditions the kernel does not judge (headers, regular expressions) may match (the user-space path is not built yet: the connection is closed)"
+	}
+	return "kernel: denied there"
+}
+
+// httpRulesOf lists the HTTP rules a connection is judged against.
+func httpRulesOf(res *policy.Result, pod string, peer netip.Addr, port uint16) []string {
+	var out []string
+	seen := map[policy.HTTPRuleRef]bool{}
+	for _, set := range res.HTTPSetsOf(pod, policy.Ingress, peer, port) {
+		for _, ref := range res.HTTPSets[set] {
+			if seen[ref] {
+				continue
+			}
+			seen[ref] = true
+			out = append(out, fmt.Sprintf("%s ports[%d].http[%d]: %s", traceRuleName(res, ref.Rule), ref.Port, ref.Index,
+				describeHTTPRule(res.HTTPRules[ref])))
+		}
+	}
+	return out
+}

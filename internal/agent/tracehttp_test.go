@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+var (
+	traceFighter = netip.MustParseAddr("10.244.2.9")
+	traceXWing   = netip.MustParseAddr("10.244.2.10")
+)
+
+// deathstarPolicy compiles the demo's WeirNetworkPolicy: the empire's
+// ships may POST /v1/request-landing on port 80, and GET /v1/status with
+// an X-Fleet header (a rule the kernel leaves to user space).
+func deathstarPolicy(t *testing.T) *policy.Result {
+	t.Helper()
+	port := intstr.FromInt32(80)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "empire", Name: "deathstar"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"class": "deathstar"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"org": "empire"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
+			}},
+		},
+	}
+	rules := []l7.Rule{
+		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
+		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/v1/status"},
+			Headers: []l7.HeaderMatch{{Type: l7.HeaderPresent, Name: "X-Fleet"}}},
+	}
+	s := &policy.Snapshot{
+		Namespaces: map[string]policy.Namespace{"empire": {Name: "empire"}},
+		Pods: []policy.Pod{
+			{Namespace: "empire", Name: "deathstar-0", Labels: map[string]string{"class": "deathstar"}, IPs: []netip.Addr{netip.MustParseAddr("10.244.1.7")}, Local: true},
+			{Namespace: "empire", Name: "tiefighter", Labels: map[string]string{"org": "empire"}, IPs: []netip.Addr{traceFighter}},
+			{Namespace: "empire", Name: "xwing", Labels: map[string]string{"org": "alliance"}, IPs: []netip.Addr{traceXWing}},
+		},
+		Identities: map[string]policy.Identity{},
+		Policies:   []*networkingv1.NetworkPolicy{np},
+		HTTP:       map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{np: {Ingress: [][][]l7.Rule{{rules}}}},
+	}
+	for i, p := range s.Pods {
+		s.Identities[policy.IdentityLabels(s.Namespaces[p.Namespace], p.Labels).Key()] = policy.MinClusterIdentity + policy.Identity(i)
+	}
+	res := policy.NewCompiler().Compile(s)
+	if len(res.Errors) > 0 {
+		t.Fatal(res.Errors)
+	}
+	return res
+}
+
+func TestTraceHTTPExplainsTheRules(t *testing.T) {
+	res := deathstarPolicy(t)
+	trace := func(peer netip.Addr, method, path string) *api.TraceHTTP {
+		t.Helper()
+		h, err := traceHTTP(res, "empire/deathstar-0", peer, 80, &api.TraceRequest{Method: method, Path: path, Host: "deathstar.empire"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	h := trace(traceFighter, "POST", "/v1/request-landing")
+	if h.Verdict != "allowed" || !h.Restricted || len(h.Rules) != 2 || h.Kernel != "kernel: allowed there" ||
+		h.Rule != "weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing)" {
+		t.Fatalf("landing: %+v", h)
+	}
+	h = trace(traceFighter, "PUT", "/v1/exhaust-port")
+	if h.Verdict != "denied" || !strings.Contains(h.Rule, "403") || h.Kernel != "kernel: denied there" {
+		t.Fatalf("exhaust port: %+v", h)
+	}
+	// Only the header rule may match: left to user space.
+	h = trace(traceFighter, "GET", "/v1/status/ok")
+	if h.Verdict != "denied" || !strings.HasPrefix(h.Kernel, "user space: only rules with conditions") {
+		t.Fatalf("status without the header: %+v", h)
+	}
+	// A path servers read differently is refused before any rule.
+	h = trace(traceFighter, "GET", "/v1/../admin")
+	if h.Verdict != "refused" || !strings.Contains(h.Rule, "400") {
+		t.Fatalf("dot segment: %+v", h)
+	}
+	// A peer no rule names: the connection never opens.
+	h = trace(traceXWing, "POST", "/v1/request-landing")
+	if h.Verdict != "" || h.Restricted || !strings.Contains(h.Note, "denied before any request") {
+		t.Fatalf("x-wing: %+v", h)
+	}
+	if _, err := traceHTTP(res, "empire/deathstar-0", traceFighter, 80, &api.TraceRequest{Method: "GET", Path: "/a b"}); err == nil {
+		t.Fatal("a path with a space was traced")
+	}
+	if _, err := traceHTTP(res, "empire/deathstar-0", traceFighter, 80, &api.TraceRequest{Method: "GET"}); err == nil {
+		t.Fatal("a request without a path was traced")
+	}
+}

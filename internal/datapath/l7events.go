@@ -1,0 +1,234 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// L7Verdict is what a request record says of its requests
+// (bpf/lib/l7events.h, L7_EV_*).
+type L7Verdict uint8
+
+// The verdicts of request records.
+const (
+	L7Allowed L7Verdict = 1 + iota
+	L7Denied            // no rule allows it
+	L7Refused           // the stream cannot be read safely (400)
+	L7Punted            // the kernel cannot judge it
+	L7Split             // its head did not end in the skb it began in
+)
+
+func (v L7Verdict) String() string {
+	switch v {
+	case L7Allowed:
+		return "allowed"
+	case L7Denied:
+		return "denied"
+	case L7Refused:
+		return "refused"
+	case L7Punted:
+		return "punted"
+	case L7Split:
+		return "split"
+	}
+	return fmt.Sprintf("L7Verdict(%d)", uint8(v))
+}
+
+// L7Event is one record of the HTTP verdict: a request it judged, or
+// (Repeat) the requests that repeated the connection's last record.
+type L7Event struct {
+	Time   time.Time // of the request, or of the last repeat
+	Cookie uint64    // the server socket's: names the connection
+	// Client is the connection's remote end, Server the local pod's.
+	Client, Server netip.AddrPort
+	// Sets are the flow's kernel HTTP sets it was judged against (0:
+	// none); Set the one whose rule Rule allowed it, 0 when the flow was
+	// no longer restricted (Node.PolicyHTTPSet names them).
+	Sets    [3]uint32
+	Set     uint32
+	Rule    int
+	Count   uint32 // requests the record stands for
+	Verdict L7Verdict
+	// Error is the reader's code for a refused or punted stream
+	// (bpf/lib/http.h HTTP_ERR_*, HTTP_PUNT_*).
+	Error uint8
+	// Repeat: Count requests the rules saw as the connection's last
+	// recorded one, allowed by the same rule; Line and Host are empty.
+	Repeat bool
+	// Answered: the kernel answered in the server's place (403, 400).
+	Answered bool
+	// Closed: the connection carries no more bytes after it.
+	Closed bool
+	// Upgrade and UserRules say why the verdict punted a head the reader
+	// read whole: an allowed request to upgrade the connection, or one
+	// only rules the kernel does not judge (headers, regular
+	// expressions) may match.
+	Upgrade, UserRules bool
+	// Line is the head's first bytes as they arrived (the request line
+	// and what follows it); LineCut says the head was longer.
+	Line    []byte
+	LineCut bool
+	Host    string // the Host name as it arrived
+}
+
+// L7EventReader reads request records. Only one reader per ring.
+type L7EventReader struct {
+	rd         *ringbuf.Reader
+	bootOffset time.Duration
+}
+
+// OpenL7EventReader starts reading the node's request records
+// (SetupL7).
+func (n *Node) OpenL7EventReader() (*L7EventReader, error) {
+	if n.l7objs == nil {
+		return nil, errors.New("L7 is not set up on this node")
+	}
+	return openL7EventReader(n.l7objs.WeirL7Events)
+}
+
+// OpenEventReader starts reading the standalone path's request records.
+func (s *L7Sockets) OpenEventReader() (*L7EventReader, error) {
+	return openL7EventReader(s.objs.WeirL7Events)
+}
+
+func openL7EventReader(ring *ebpf.Map) (*L7EventReader, error) {
+	rd, err := ringbuf.NewReader(ring)
+	if err != nil {
+		return nil, fmt.Errorf("open request records: %w", err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		rd.Close()
+		return nil, fmt.Errorf("read monotonic clock: %w", err)
+	}
+	return &L7EventReader{rd: rd, bootOffset: time.Duration(time.Now().UnixNano() - ts.Nano())}, nil
+}
+
+// Read blocks for the next record; after Close it returns
+// ErrEventsClosed.
+func (r *L7EventReader) Read() (L7Event, error) {
+	for {
+		// Written without waking the reader (l7events.h), as verdict
+		// events are: one wakeup per burst.
+		r.rd.SetDeadline(time.Now().Add(eventPollInterval))
+		rec, err := r.rd.Read()
+		switch {
+		case err == nil:
+			return decodeL7Event(rec.RawSample, r.bootOffset)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			continue
+		case errors.Is(err, ringbuf.ErrClosed):
+			return L7Event{}, ErrEventsClosed
+		}
+		return L7Event{}, fmt.Errorf("read request record: %w", err)
+	}
+}
+
+// Close stops the reader; a blocked Read returns ErrEventsClosed.
+func (r *L7EventReader) Close() error { return r.rd.Close() }
+
+// The flags of struct l7_request_event (L7_EVF_*).
+const (
+	l7evRepeat   = 0x01
+	l7evAnswered = 0x02
+	l7evClosed   = 0x04
+	l7evLineCut  = 0x08
+	l7evUpgrade  = 0x10
+	l7evUserRule = 0x20
+)
+
+// l7EventSize is sizeof(struct l7_request_event).
+var l7EventSize = binary.Size(l7L7RequestEvent{})
+
+// decodeL7Event decodes struct l7_request_event by its offsets, as
+// rawVerdictEvent does (TestDecodeL7EventMatchesLayout holds them to the
+// generated type).
+func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
+	if len(b) != l7EventSize {
+		return L7Event{}, fmt.Errorf("decode request record: %d bytes, want %d", len(b), l7EventSize)
+	}
+	e := binary.NativeEndian
+	ev := L7Event{
+		Time:    time.Unix(0, int64(e.Uint64(b[0:]))+int64(bootOffset)),
+		Cookie:  e.Uint64(b[8:]),
+		Client:  netip.AddrPortFrom(addrOfBE32(e.Uint32(b[16:])), e.Uint16(b[24:])),
+		Server:  netip.AddrPortFrom(addrOfBE32(e.Uint32(b[20:])), e.Uint16(b[26:])),
+		Sets:    [3]uint32{e.Uint32(b[28:]), e.Uint32(b[32:]), e.Uint32(b[36:])},
+		Set:     e.Uint32(b[40:]),
+		Count:   e.Uint32(b[44:]),
+		Verdict: L7Verdict(b[48]),
+		Rule:    int(b[49]),
+		Error:   b[50],
+	}
+	flags := b[51]
+	ev.Repeat, ev.Answered = flags&l7evRepeat != 0, flags&l7evAnswered != 0
+	ev.Closed, ev.LineCut = flags&l7evClosed != 0, flags&l7evLineCut != 0
+	ev.Upgrade, ev.UserRules = flags&l7evUpgrade != 0, flags&l7evUserRule != 0
+	lineLen, hostLen := int(e.Uint16(b[52:])), int(b[54])
+	const lineAt, hostAt = 56, 56 + 128
+	if lineLen > 128 || hostLen > 64 {
+		return L7Event{}, fmt.Errorf("decode request record: text of %d and %d bytes", lineLen, hostLen)
+	}
+	if lineLen > 0 {
+		ev.Line = append([]byte(nil), b[lineAt:lineAt+lineLen]...)
+	}
+	ev.Host = string(b[hostAt : hostAt+hostLen])
+	return ev, nil
+}
+
+// PolicyHTTPSet is the compiler's HTTP set a kernel set number names on
+// this node (L7Event.Set, Sets), false for 0, a number an earlier agent
+// wrote, or a node without L7.
+func (n *Node) PolicyHTTPSet(kernel uint32) (policy.HTTPSetID, bool) {
+	if n.l7 == nil || kernel <= n.l7.base {
+		return 0, false
+	}
+	return policy.HTTPSetID(kernel - n.l7.base), true
+}
+
+// l7Reasons say why the reader refused or punted a stream, by its code
+// (bpf/lib/http.h HTTP_ERR_*, HTTP_PUNT_*).
+var l7Reasons = [...]string{
+	"",
+	"a bare LF",
+	"a bare CR",
+	"a malformed request line",
+	"a request target it will not read (not origin-form, or malformed)",
+	"a path servers read differently (dot segment, encoded slash, empty segment, ...)",
+	"an HTTP version other than 1.0 or 1.1",
+	"a malformed or forbidden header field (obs-fold, whitespace before the colon, an override header, ...)",
+	"ambiguous framing (Content-Length with Transfer-Encoding, two lengths, a body where none may be, ...)",
+	"a missing, repeated or malformed Host",
+	"a head over 16 KiB or 100 fields",
+	"a malformed chunk",
+	"a target the kernel does not judge (absolute form, CONNECT, OPTIONS *)",
+	"a method over 16 bytes",
+	"a path of more than 16 elements",
+	"a host of more than 8 labels",
+}
+
+// Reason says why a refused or punted stream was, "" for other records.
+func (e L7Event) Reason() string {
+	switch {
+	case e.Upgrade:
+		return "an allowed request to upgrade the connection (after a 101 the bytes are no longer HTTP; only the server's answer tells)"
+	case e.UserRules:
+		return "only rules with conditions the kernel does not judge (headers, regular expressions) may match it"
+	case e.Verdict == L7Split:
+		return "its head did not arrive in one piece"
+	}
+	if int(e.Error) < len(l7Reasons) {
+		return l7Reasons[e.Error]
+	}
+	return fmt.Sprintf("reader error %d", e.Error)
+}

@@ -1,0 +1,53 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+)
+
+// TestDecodeL7EventMatchesLayout holds decodeL7Event's offsets to the
+// type bpf2go generated from struct l7_request_event.
+func TestDecodeL7EventMatchesLayout(t *testing.T) {
+	raw := l7L7RequestEvent{
+		TsNs: 1000, Cookie: 0x1122334455667788,
+		Client: binary.NativeEndian.Uint32([]byte{10, 244, 2, 9}), Server: binary.NativeEndian.Uint32([]byte{10, 244, 1, 7}),
+		ClientPort: 40000, ServerPort: 80, Sets: [3]uint32{101, 102, 103}, Set: 102, Count: 9,
+		Verdict: uint8(L7Denied), Rule: 63, Error: 5, Flags: l7evAnswered | l7evClosed | l7evLineCut,
+		LineLen: 128, HostLen: 64,
+	}
+	for i := range raw.Line {
+		raw.Line[i] = 'a' + byte(i%26)
+	}
+	for i := range raw.Host {
+		raw.Host[i] = 'A' + byte(i%26)
+	}
+	var b bytes.Buffer
+	if err := binary.Write(&b, binary.NativeEndian, raw); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := decodeL7Event(b.Bytes(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Time.UnixNano() != 1000 || ev.Cookie != raw.Cookie ||
+		ev.Client != netip.MustParseAddrPort("10.244.2.9:40000") || ev.Server != netip.MustParseAddrPort("10.244.1.7:80") ||
+		ev.Sets != raw.Sets || ev.Set != 102 || ev.Count != 9 || ev.Verdict != L7Denied || ev.Rule != 63 || ev.Error != 5 ||
+		ev.Repeat || !ev.Answered || !ev.Closed || !ev.LineCut ||
+		!bytes.Equal(ev.Line, raw.Line[:]) || ev.Host != string(raw.Host[:]) {
+		t.Fatalf("decoded %+v", ev)
+	}
+	if ev.Reason() == "" {
+		t.Fatal("error 5 has no reason")
+	}
+	if _, err := decodeL7Event(b.Bytes()[:100], 0); err == nil {
+		t.Fatal("a short record decoded")
+	}
+	raw.LineLen = 129
+	b.Reset()
+	binary.Write(&b, binary.NativeEndian, raw)
+	if _, err := decodeL7Event(b.Bytes(), 0); err == nil {
+		t.Fatal("a record claiming more text than it holds decoded")
+	}
+}

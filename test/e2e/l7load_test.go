@@ -1,0 +1,150 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/weirnet/weir/internal/lab"
+)
+
+// webHTTPPolicy restricts the web pods' http port, for their own tier,
+// to GET /hostname and GET /echo... with Host web.allowed.
+const webHTTPPolicy = `apiVersion: weir.io/v1alpha1
+kind: WeirNetworkPolicy
+metadata: {name: web-http, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {tier: backend}}}]
+    ports:
+    - port: http
+      http:
+      - {method: GET, path: {type: Exact, value: /hostname}}
+      - {method: GET, path: {type: PathPrefix, value: /echo}, hostnames: [web.allowed]}
+`
+
+// applyWebHTTPPolicy applies webHTTPPolicy and waits until client's
+// POST to base's /hostname is answered 403; the returned func deletes it
+// and waits until the POST is served again.
+func applyWebHTTPPolicy(t *testing.T, ctx context.Context, st *lab.State, client corev1.Pod, base string) func() {
+	t.Helper()
+	if out, err := st.Kubectl(ctx, strings.NewReader(webHTTPPolicy), "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply web-http: %v %s", err, out)
+	}
+	waitFor(t, 15*time.Second, func() error {
+		if got := curlFrom(ctx, st, client, "-X", "POST", base+"/hostname"); len(got) < 1 || got[0] != "403" {
+			return fmt.Errorf("POST /hostname: %v, want 403 once the policy is loaded", got)
+		}
+		return nil
+	})
+	return func() {
+		if out, err := st.Kubectl(ctx, nil, "delete", "weirnetworkpolicies.weir.io", "web-http", "--ignore-not-found"); err != nil {
+			t.Errorf("delete web-http: %v %s", err, out)
+		}
+		waitFor(t, 15*time.Second, func() error {
+			if got := curlFrom(ctx, st, client, "-X", "POST", base+"/hostname"); len(got) < 1 || got[0] != "200" {
+				return fmt.Errorf("POST /hostname after the policy's deletion: %v, want 200", got)
+			}
+			return nil
+		})
+	}
+}
+
+// curlFrom runs curl in pod p and returns "<status> <connections
+// opened>" for each URL, flattened: curl reuses its connection for the
+// next URL when it can.
+func curlFrom(ctx context.Context, st *lab.State, p corev1.Pod, args ...string) []string {
+	cmd := append([]string{"exec", p.Name, "--", "curl", "-sS", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{num_connects}\n"}, args...)
+	out, _ := st.Kubectl(ctx, nil, cmd...)
+	return strings.Fields(string(out))
+}
+
+// deniedLoad sends a request the policy denies (POST /hostname) on a new
+// connection every 50 ms from a pod's network namespace, and counts how
+// each was answered.
+type deniedLoad struct {
+	nsPath, addr string
+	done         chan struct{}
+	stopOnce     sync.Once
+	wg           sync.WaitGroup
+
+	mu  sync.Mutex
+	res deniedLoadResult
+}
+
+// deniedLoadResult: Denied were answered 403, Passed reached the server
+// (any other status from it), Failed got no answer (Err the first).
+type deniedLoadResult struct {
+	Denied, Passed, Failed int
+	Err                    error
+}
+
+func startDeniedLoad(nsPath, addr string) *deniedLoad {
+	l := &deniedLoad{nsPath: nsPath, addr: addr, done: make(chan struct{})}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for {
+			select {
+			case <-l.done:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			status, err := l.post()
+			l.mu.Lock()
+			switch {
+			case err != nil:
+				l.res.Failed++
+				if l.res.Err == nil {
+					l.res.Err = err
+				}
+			case status == http.StatusForbidden:
+				l.res.Denied++
+			default:
+				l.res.Passed++
+			}
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+func (l *deniedLoad) post() (int, error) {
+	var c net.Conn
+	err := lab.InNS(l.nsPath, func() (err error) {
+		c, err = net.DialTimeout("tcp4", l.addr, 2*time.Second)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprint(c, "POST /hostname HTTP/1.1\r\nHost: web\r\nContent-Length: 0\r\n\r\n"); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// stop ends the loop and returns what it saw; it may be called again.
+func (l *deniedLoad) stop() deniedLoadResult {
+	l.stopOnce.Do(func() { close(l.done) })
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.res
+}
