@@ -32,13 +32,13 @@ import (
 // against 1 or 40 HTTP rules. One nginx serves every port, so the setups
 // differ in the socket path alone.
 const (
-	l7GateLab     = "wb-l7"
-	l7GatePath    = "keepalive"
-	l7GatePlain   = "no policy"
-	l7GateStrp    = "strparser (pass)"
-	l7GateSkb     = "skb verdict (pass)"
-	l7GateHTTP1   = "kernel HTTP, 1 rule"
-	l7GateHTTP40  = "kernel HTTP, 40 rules"
+	l7GateLab    = "wb-l7"
+	l7GatePath   = "keepalive"
+	l7GatePlain  = "no policy"
+	l7GateStrp   = "strparser (pass)"
+	l7GateSkb    = "skb verdict (pass)"
+	l7GateHTTP1  = "kernel HTTP, 1 rule"
+	l7GateHTTP40 = "kernel HTTP, 40 rules"
 	// Every request to its own path: none repeats the one before, so
 	// each is a request record of its own, read by the agent's record
 	// path (agent.RequestRecorder) as it comes.
@@ -165,7 +165,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		case 0:
 			continue
 		case datapath.L7HTTP:
-			k, err := l7.CompileKernel(l7GateRules(s.rules))
+			k, err := l7.CompileKernel(l7GateRules(s.rules), socks.HashKey())
 			if err != nil {
 				return err
 			}

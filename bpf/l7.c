@@ -24,6 +24,22 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* The hash key the programs were loaded with (HTTP_HASH_KEY0/1,
+ * lib/http.h), pinned so a restarted agent loads its programs and writes
+ * its rules under the same key: sockets already in weir_l7_http keep the
+ * programs they joined with. Written by the agent, read by nothing here. */
+struct l7_hash_key {
+	__u64 k0, k1;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct l7_hash_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_key SEC(".maps");
+
 /* Per-CPU room to build a socket's reader state in: it is too large for
  * the stack. */
 struct {

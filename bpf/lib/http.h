@@ -9,9 +9,11 @@
  * Go parser refuses, it refuses, with the same Framed offset (the first
  * byte that belongs to no accepted request). Of each head it keeps what
  * rules match on, as hashes, never the bytes: the method, the canonical
- * path's FNV-1a hash and the hashes of its prefixes at element
- * boundaries (for PathPrefix), and the host's label hashes (for exact and
- * "*." hostnames).
+ * path's hash and the hashes of its prefixes at element boundaries (for
+ * PathPrefix), and the host's label hashes (for exact and "*."
+ * hostnames). The hashes are SipHash-2-4 under the node's secret
+ * (HTTP_HASH_KEY0/1, set at load; lib/siphash.h), so a path that hashes
+ * as an allowed one cannot be computed by whoever sends requests.
  *
  * What it cannot keep in its fixed state it punts (HTTP_PUNT): a target
  * that is not "/path" or "*" (absolute form, CONNECT), a method over
@@ -26,6 +28,11 @@
 #define WEIR_LIB_HTTP_H
 
 #include "common.h"
+#include "siphash.h"
+
+/* The node's hash key (internal/l7's HashKey), set at load. */
+volatile const __u64 HTTP_HASH_KEY0 = 0;
+volatile const __u64 HTTP_HASH_KEY1 = 0;
 
 #define HTTP_MAX_HEAD 16384
 #define HTTP_MAX_FIELDS 100
@@ -139,10 +146,11 @@ struct http_state {
 	__u64 unit_start; /* first byte of the head, chunk line or trailer line being read */
 	__u64 remaining;  /* body or chunk bytes left */
 	__u64 content_length;
-	__u64 path_hash;  /* FNV-1a of the canonical path read so far */
-	__u64 prefix[HTTP_MAX_PREFIXES]; /* path_hash before each '/' after the first */
+	__u64 path_hash;  /* the canonical path's hash, set when its head ends */
+	__u64 prefix[HTTP_MAX_PREFIXES]; /* the path's hash before each '/' after the first */
 	__u64 label[HTTP_MAX_LABELS];    /* the host's label hashes, left to right */
-	__u64 label_hash; /* the host label being read */
+	struct sip path;  /* the canonical path read so far */
+	struct sip lab;   /* the host label being read */
 	__u64 head_start; /* the last finished head's first byte */
 	__u32 unit_len;   /* bytes of the current unit */
 	__u32 head_len;   /* the last finished head's length */
@@ -301,8 +309,8 @@ __always_inline_fn void http_begin_head(struct http_state *s)
 	s->method_len = 0;
 	s->prefixes = 0;
 	s->labels = 0;
-	s->label_hash = FNV_OFFSET;
-	s->path_hash = FNV_OFFSET;
+	sip_init(&s->lab, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
+	sip_init(&s->path, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
 	s->content_length = 0;
 	s->vpos = 0;
 	s->seg_raw = s->seg_canon = s->seg_dots = s->in_params = s->pct = 0;
@@ -321,7 +329,7 @@ __always_inline_fn void http_begin_head(struct http_state *s)
 /* http_path_emit appends one canonical byte to the path's hash. */
 __always_inline_fn void http_path_emit(struct http_state *s, __u8 c)
 {
-	s->path_hash = fnv(s->path_hash, c);
+	sip_byte(&s->path, c);
 	if (s->seg_canon < 3)
 		s->seg_canon++;
 	if (c == '.')
@@ -392,9 +400,9 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 		/* The path before this '/' is a prefix a PathPrefix may name. */
 		if (s->prefixes >= HTTP_MAX_PREFIXES)
 			return http_punt(s, HTTP_PUNT_PATH);
-		s->prefix[s->prefixes & (HTTP_MAX_PREFIXES - 1)] = s->path_hash;
+		s->prefix[s->prefixes & (HTTP_MAX_PREFIXES - 1)] = sip_final(&s->path);
 		s->prefixes++;
-		s->path_hash = fnv(s->path_hash, '/');
+		sip_byte(&s->path, '/');
 		s->seg_raw = s->seg_canon = s->seg_dots = s->in_params = 0;
 		return HTTP_MORE;
 	}
@@ -444,10 +452,10 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 __always_inline_fn void http_host_label_end(struct http_state *s)
 {
 	if (s->labels < HTTP_MAX_LABELS)
-		s->label[s->labels & (HTTP_MAX_LABELS - 1)] = s->label_hash;
+		s->label[s->labels & (HTTP_MAX_LABELS - 1)] = sip_final(&s->lab);
 	if (s->labels < 255)
 		s->labels++; /* past HTTP_MAX_LABELS the head is punted */
-	s->label_hash = FNV_OFFSET;
+	sip_init(&s->lab, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
 	s->host_label_len = 0;
 }
 
@@ -459,7 +467,8 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 			s->host_at = s->unit_len - 1; /* this byte's place in the head */
 		if (s->host_len == 0 && c == '[') {
 			s->host_part = 2;
-			s->label_hash = fnv(FNV_OFFSET, '[');
+			sip_init(&s->lab, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
+			sip_byte(&s->lab, '[');
 			s->host_len = 1;
 			return;
 		}
@@ -486,7 +495,7 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 			http_host_label_end(s);
 			s->host_dot = 0;
 		}
-		s->label_hash = fnv(s->label_hash, lower_ascii(c));
+		sip_byte(&s->lab, lower_ascii(c));
 		if (s->host_label_len == 255)
 			s->host_long = 1; /* a label the counter cannot hold: punted */
 		else
@@ -500,7 +509,7 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 		if (s->host_len < 255)
 			s->host_len++; /* the literal's text is the name a record keeps */
 		if (c == ']') {
-			s->label_hash = fnv(s->label_hash, ']');
+			sip_byte(&s->lab, ']');
 			http_host_label_end(s);
 			s->host_part = 3;
 			return;
@@ -509,7 +518,7 @@ __always_inline_fn void http_host_byte(struct http_state *s, __u8 c)
 			s->host_bad = 1;
 			return;
 		}
-		s->label_hash = fnv(s->label_hash, lower_ascii(c));
+		sip_byte(&s->lab, lower_ascii(c));
 		return;
 	default: /* after the literal: ":port" or nothing */
 		if (c == ':')
@@ -628,7 +637,7 @@ __always_inline_fn void http_value_start(struct http_state *s)
 		s->host_dot = 0;
 		s->host_label_len = 0;
 		s->labels = 0;
-		s->label_hash = FNV_OFFSET;
+		sip_init(&s->lab, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
 		break;
 	case HF_CONTENT_LENGTH:
 		s->cl_count++;
@@ -772,6 +781,7 @@ __always_inline_fn long http_head_end(struct http_state *s)
 		s->flags |= HTTP_FLAG_CLOSE;
 	if (s->opt_upgrade && s->upgrade_count)
 		s->flags |= HTTP_FLAG_UPGRADE;
+	s->path_hash = sip_final(&s->path);
 	s->head_start = s->unit_start;
 	s->head_len = s->unit_len;
 	if (s->flags & HTTP_FLAG_CHUNKED) {
@@ -894,7 +904,8 @@ static __always_inline long http_byte(struct http_state *s, __u8 c)
 				    s->method[5] == 'C' && s->method[6] == 'T')
 					return http_punt(s, HTTP_PUNT_TARGET);
 				s->state = HS_PATH;
-				s->path_hash = fnv(FNV_OFFSET, '/');
+				sip_init(&s->path, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
+				sip_byte(&s->path, '/');
 				break;
 			}
 			if (c == '*') {

@@ -76,18 +76,19 @@ __always_inline_fn __u64 l7_lookup(__u32 set, __u8 kind, __u64 hash)
 	return mask ? *mask : 0;
 }
 
-/* l7_method_hash hashes the method the reader kept. */
+/* l7_method_hash hashes the method the reader kept, under its key. */
 __always_inline_fn __u64 l7_method_hash(struct http_state *s)
 {
-	__u64 h = FNV_OFFSET;
+	struct sip h;
 	int i;
 
+	sip_init(&h, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
 	for (i = 0; i < HTTP_MAX_METHOD; i++) {
 		if (i >= s->method_len)
 			break;
-		h = fnv(h, s->method[i]);
+		sip_byte(&h, s->method[i]);
 	}
-	return h;
+	return sip_final(&h);
 }
 
 /* l7_lowest_rule is the index of the lowest bit of a non-zero mask:

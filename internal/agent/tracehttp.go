@@ -96,7 +96,7 @@ func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, re
 		for i, ref := range res.HTTPSets[set] {
 			rules[i] = res.HTTPRules[ref]
 		}
-		k, err := l7.CompileKernel(rules)
+		k, err := l7.CompileKernel(rules, l7.HashKey{}) // the verdict, not the hashes, matters here
 		if err != nil {
 			return "closed: " + err.Error()
 		}

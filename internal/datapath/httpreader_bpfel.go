@@ -22,7 +22,26 @@ type httpreaderHttpState struct {
 	PathHash      uint64
 	Prefix        [16]uint64
 	Label         [8]uint64
-	LabelHash     uint64
+	Path          struct {
+		_   structs.HostLayout
+		V0  uint64
+		V1  uint64
+		V2  uint64
+		V3  uint64
+		M   uint64
+		N   uint8
+		Pad [7]uint8
+	}
+	Lab struct {
+		_   structs.HostLayout
+		V0  uint64
+		V1  uint64
+		V2  uint64
+		V3  uint64
+		M   uint64
+		N   uint8
+		Pad [7]uint8
+	}
 	HeadStart     uint64
 	UnitLen       uint32
 	HeadLen       uint32
@@ -140,6 +159,8 @@ const (
 	httpreaderVarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
 	httpreaderVarHASH_SEED_HI            = "HASH_SEED_HI"
 	httpreaderVarHASH_SEED_LO            = "HASH_SEED_LO"
+	httpreaderVarHTTP_HASH_KEY0          = "HTTP_HASH_KEY0"
+	httpreaderVarHTTP_HASH_KEY1          = "HTTP_HASH_KEY1"
 	httpreaderVarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	httpreaderVarPOD_CIDR_V4             = "POD_CIDR_V4"
 	httpreaderVarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -215,6 +236,8 @@ type httpreaderVariableSpecs struct {
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
 	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
 	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
+	HTTP_HASH_KEY0          *ebpf.VariableSpec `ebpf:"HTTP_HASH_KEY0"`
+	HTTP_HASH_KEY1          *ebpf.VariableSpec `ebpf:"HTTP_HASH_KEY1"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -272,6 +295,8 @@ type httpreaderVariables struct {
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
 	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
 	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
+	HTTP_HASH_KEY0          *ebpf.Variable `ebpf:"HTTP_HASH_KEY0"`
+	HTTP_HASH_KEY1          *ebpf.Variable `ebpf:"HTTP_HASH_KEY1"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`

@@ -38,8 +38,12 @@ type httpReader struct {
 	stateSize uint32
 }
 
+// testHTTPKey is the hash key the test reader is loaded with, as a
+// node's would be (SipHash-2-4's test vector key).
+var testHTTPKey = l7.HashKey{0x0706050403020100, 0x0f0e0d0c0b0a0908}
+
 // unpinnedHTTPReaderSpec is the test object's spec with maps of its own
-// (lib/l7match.h pins the node's).
+// (lib/l7match.h pins the node's), hashing under testHTTPKey.
 func unpinnedHTTPReaderSpec() (*ebpf.CollectionSpec, error) {
 	spec, err := loadHttpreader()
 	if err != nil {
@@ -48,7 +52,7 @@ func unpinnedHTTPReaderSpec() (*ebpf.CollectionSpec, error) {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
-	return spec, nil
+	return spec, setHTTPHashKey(spec, testHTTPKey)
 }
 
 func loadHTTPReader(t testing.TB) *httpReader {
@@ -172,10 +176,10 @@ func sameHead(r *l7.Request, rec httpreaderHttpTestRecord) error {
 		return fmt.Errorf("kernel no-path flag %v, parser path %q", rec.Flags&httpFlagNoPath != 0, r.Path)
 	}
 	if r.Path != "" {
-		if rec.PathHash != l7.PathHash(r.Path) {
-			return fmt.Errorf("kernel path hash %x, parser path %q hashes to %x", rec.PathHash, r.Path, l7.PathHash(r.Path))
+		if rec.PathHash != l7.PathHash(testHTTPKey, r.Path) {
+			return fmt.Errorf("kernel path hash %x, parser path %q hashes to %x", rec.PathHash, r.Path, l7.PathHash(testHTTPKey, r.Path))
 		}
-		want := l7.PathPrefixHashes(r.Path)
+		want := l7.PathPrefixHashes(testHTTPKey, r.Path)
 		if int(rec.Prefixes) != len(want) {
 			return fmt.Errorf("kernel %d path prefixes, parser path %q has %d", rec.Prefixes, r.Path, len(want))
 		}
@@ -185,7 +189,7 @@ func sameHead(r *l7.Request, rec httpreaderHttpTestRecord) error {
 			}
 		}
 	}
-	labels := l7.HostLabelHashes(r.Host)
+	labels := l7.HostLabelHashes(testHTTPKey, r.Host)
 	if int(rec.Labels) != len(labels) {
 		return fmt.Errorf("kernel %d host labels, parser host %q has %d", rec.Labels, r.Host, len(labels))
 	}
@@ -391,7 +395,7 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 				rules[i].Headers = []l7.HeaderMatch{{Type: l7.HeaderPresent, Name: "X-K"}}
 			}
 		}
-		k, err := l7.CompileKernel(rules)
+		k, err := l7.CompileKernel(rules, testHTTPKey)
 		if err != nil {
 			t.Fatal(err)
 		}

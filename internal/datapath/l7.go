@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -65,6 +67,9 @@ type L7Stats struct {
 type L7Sockets struct {
 	objs    l7Objects
 	sockops link.Link
+	// key is the reader's hash key, random for each L7Sockets: rule
+	// sets must be compiled under it (HashKey).
+	key l7.HashKey
 }
 
 // AttachL7Sockets loads bpf/l7.c, attaches its parser and verdicts to its
@@ -84,6 +89,12 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 	// Maps of their own, none pinned: the node's are SetupL7's.
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
+	}
+	if s.key, err = newHTTPHashKey(); err != nil {
+		return nil, err
+	}
+	if err := setHTTPHashKey(spec, s.key); err != nil {
+		return nil, err
 	}
 	opts := &ebpf.CollectionOptions{}
 	if flows != nil {
@@ -147,7 +158,41 @@ func (s *L7Sockets) EnforceHTTP(port uint16, set uint32) error {
 
 // WriteHTTPSet writes HTTP set id for EnforceHTTP's ports.
 func (s *L7Sockets) WriteHTTPSet(id uint32, k *l7.KernelRules) error {
+	if k.Key != s.key {
+		return fmt.Errorf("HTTP set %d: %w", id, errHashKey)
+	}
 	return l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}.writeSet(id, k)
+}
+
+// HashKey is the key the path's reader hashes under: compile the sets
+// written to it with l7.CompileKernel(rules, s.HashKey()).
+func (s *L7Sockets) HashKey() l7.HashKey { return s.key }
+
+// errHashKey is a rule set compiled under another key than the reader's:
+// no request would ever match it.
+var errHashKey = errors.New("compiled under another hash key than the reader's (use HashKey)")
+
+// newHTTPHashKey is a fresh random key.
+func newHTTPHashKey() (l7.HashKey, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return l7.HashKey{}, fmt.Errorf("make the HTTP hash key: %w", err)
+	}
+	return l7.HashKey{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}, nil
+}
+
+// setHTTPHashKey sets the reader's key (lib/http.h) in spec before load.
+func setHTTPHashKey(spec *ebpf.CollectionSpec, key l7.HashKey) error {
+	for i, name := range []string{"HTTP_HASH_KEY0", "HTTP_HASH_KEY1"} {
+		v, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("the L7 programs have no %s", name)
+		}
+		if err := v.Set(key[i]); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // DeleteHTTPSet removes set id: requests judged against it are denied.

@@ -24,7 +24,26 @@ type l7L7Conn struct {
 		PathHash      uint64
 		Prefix        [16]uint64
 		Label         [8]uint64
-		LabelHash     uint64
+		Path          struct {
+			_   structs.HostLayout
+			V0  uint64
+			V1  uint64
+			V2  uint64
+			V3  uint64
+			M   uint64
+			N   uint8
+			Pad [7]uint8
+		}
+		Lab struct {
+			_   structs.HostLayout
+			V0  uint64
+			V1  uint64
+			V2  uint64
+			V3  uint64
+			M   uint64
+			N   uint8
+			Pad [7]uint8
+		}
 		HeadStart     uint64
 		UnitLen       uint32
 		HeadLen       uint32
@@ -103,6 +122,12 @@ type l7L7Flow struct {
 	Pad    [3]uint8
 }
 
+type l7L7HashKey struct {
+	_  structs.HostLayout
+	K0 uint64
+	K1 uint64
+}
+
 type l7L7MatchKey struct {
 	_    structs.HostLayout
 	Set  uint32
@@ -165,6 +190,7 @@ const (
 	l7MapWeirL7Events            = "weir_l7_events"
 	l7MapWeirL7Flows             = "weir_l7_flows"
 	l7MapWeirL7Http              = "weir_l7_http"
+	l7MapWeirL7Key               = "weir_l7_key"
 	l7MapWeirL7Match             = "weir_l7_match"
 	l7MapWeirL7Ports             = "weir_l7_ports"
 	l7MapWeirL7Scratch           = "weir_l7_scratch"
@@ -181,6 +207,8 @@ const (
 	l7VarCLUSTER_CIDR_V4MASK     = "CLUSTER_CIDR_V4_MASK"
 	l7VarHASH_SEED_HI            = "HASH_SEED_HI"
 	l7VarHASH_SEED_LO            = "HASH_SEED_LO"
+	l7VarHTTP_HASH_KEY0          = "HTTP_HASH_KEY0"
+	l7VarHTTP_HASH_KEY1          = "HTTP_HASH_KEY1"
 	l7VarOVERLAY_IFINDEX         = "OVERLAY_IFINDEX"
 	l7VarPOD_CIDR_V4             = "POD_CIDR_V4"
 	l7VarPOD_CIDR_V4MASK         = "POD_CIDR_V4_MASK"
@@ -248,6 +276,7 @@ type l7MapSpecs struct {
 	WeirL7Events  *ebpf.MapSpec `ebpf:"weir_l7_events"`
 	WeirL7Flows   *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirL7Http    *ebpf.MapSpec `ebpf:"weir_l7_http"`
+	WeirL7Key     *ebpf.MapSpec `ebpf:"weir_l7_key"`
 	WeirL7Match   *ebpf.MapSpec `ebpf:"weir_l7_match"`
 	WeirL7Ports   *ebpf.MapSpec `ebpf:"weir_l7_ports"`
 	WeirL7Scratch *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
@@ -265,6 +294,8 @@ type l7VariableSpecs struct {
 	CLUSTER_CIDR_V4MASK     *ebpf.VariableSpec `ebpf:"CLUSTER_CIDR_V4_MASK"`
 	HASH_SEED_HI            *ebpf.VariableSpec `ebpf:"HASH_SEED_HI"`
 	HASH_SEED_LO            *ebpf.VariableSpec `ebpf:"HASH_SEED_LO"`
+	HTTP_HASH_KEY0          *ebpf.VariableSpec `ebpf:"HTTP_HASH_KEY0"`
+	HTTP_HASH_KEY1          *ebpf.VariableSpec `ebpf:"HTTP_HASH_KEY1"`
 	OVERLAY_IFINDEX         *ebpf.VariableSpec `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.VariableSpec `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.VariableSpec `ebpf:"POD_CIDR_V4_MASK"`
@@ -299,6 +330,7 @@ type l7Maps struct {
 	WeirL7Events  *ebpf.Map `ebpf:"weir_l7_events"`
 	WeirL7Flows   *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirL7Http    *ebpf.Map `ebpf:"weir_l7_http"`
+	WeirL7Key     *ebpf.Map `ebpf:"weir_l7_key"`
 	WeirL7Match   *ebpf.Map `ebpf:"weir_l7_match"`
 	WeirL7Ports   *ebpf.Map `ebpf:"weir_l7_ports"`
 	WeirL7Scratch *ebpf.Map `ebpf:"weir_l7_scratch"`
@@ -314,6 +346,7 @@ func (m *l7Maps) Close() error {
 		m.WeirL7Events,
 		m.WeirL7Flows,
 		m.WeirL7Http,
+		m.WeirL7Key,
 		m.WeirL7Match,
 		m.WeirL7Ports,
 		m.WeirL7Scratch,
@@ -332,6 +365,8 @@ type l7Variables struct {
 	CLUSTER_CIDR_V4MASK     *ebpf.Variable `ebpf:"CLUSTER_CIDR_V4_MASK"`
 	HASH_SEED_HI            *ebpf.Variable `ebpf:"HASH_SEED_HI"`
 	HASH_SEED_LO            *ebpf.Variable `ebpf:"HASH_SEED_LO"`
+	HTTP_HASH_KEY0          *ebpf.Variable `ebpf:"HTTP_HASH_KEY0"`
+	HTTP_HASH_KEY1          *ebpf.Variable `ebpf:"HTTP_HASH_KEY1"`
 	OVERLAY_IFINDEX         *ebpf.Variable `ebpf:"OVERLAY_IFINDEX"`
 	POD_CIDR_V4             *ebpf.Variable `ebpf:"POD_CIDR_V4"`
 	POD_CIDR_V4MASK         *ebpf.Variable `ebpf:"POD_CIDR_V4_MASK"`

@@ -82,7 +82,7 @@ func TestL7RequestRecords(t *testing.T) {
 		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
 		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
 	}
-	k, err := l7.CompileKernel(rules)
+	k, err := l7.CompileKernel(rules, s.HashKey())
 	if err != nil {
 		t.Fatal(err)
 	}

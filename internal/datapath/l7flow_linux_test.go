@@ -198,7 +198,7 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 		1: {{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}},
 		2: {{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}}},
 	} {
-		k, err := l7.CompileKernel(rules)
+		k, err := l7.CompileKernel(rules, s.HashKey())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,7 +480,7 @@ func TestL7SurvivesRestart(t *testing.T) {
 		return n
 	}
 	n := start()
-	k, err := l7.CompileKernel([]l7.Rule{{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}})
+	k, err := l7.CompileKernel([]l7.Rule{{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}}, n.l7.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,6 +521,7 @@ func TestL7SurvivesRestart(t *testing.T) {
 	ask(landing, "POST /v1/request-landing")
 
 	// The agent goes: every handle closes, the pins stay.
+	firstKey := n.l7.key
 	n.Close()
 	ask(landing, "POST /v1/request-landing")
 
@@ -528,6 +529,37 @@ func TestL7SurvivesRestart(t *testing.T) {
 	defer n.Close()
 	if n.l7.base < set || !n.l7.stale {
 		t.Fatalf("the new agent numbers sets from %d (stale %v), want above %d", n.l7.base, n.l7.stale, set)
+	}
+	ask(landing, "POST /v1/request-landing")
+	// The new agent hashes under the key the kept socket's programs were
+	// loaded with: a set it writes, given to the open connection as tc
+	// gives a policy change, still allows the landing there.
+	if n.l7.key != firstKey {
+		t.Fatal("the new agent's hash key is not the pinned one")
+	}
+	k2, err := l7.CompileKernel([]l7.Rule{{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}}}, n.l7.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set2 := n.l7.base + 1
+	if err := n.l7.tables.writeSet(set2, k2); err != nil {
+		t.Fatal(err)
+	}
+	var fk l7L7SockKey
+	var fv l7L7Flow
+	var keys []l7L7SockKey
+	for it := n.l7objs.WeirL7Flows.Iterate(); it.Next(&fk, &fv); {
+		if fv.Sets[0] == set {
+			keys = append(keys, fk)
+		}
+	}
+	for _, fk := range keys {
+		if err := n.l7objs.WeirL7Flows.Update(fk, l7L7Flow{Sets: [3]uint32{set2}, Joined: 1}, ebpf.UpdateExist); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("no flow of the kept connection")
 	}
 	ask(landing, "POST /v1/request-landing")
 	// weir_l7_ports is no node state (tests and benches give a port its

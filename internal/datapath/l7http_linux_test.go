@@ -108,7 +108,7 @@ func TestL7HTTPEnforced(t *testing.T) {
 		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
 		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
 	}
-	k, err := l7.CompileKernel(rules)
+	k, err := l7.CompileKernel(rules, s.HashKey())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,13 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/weirnet/weir/internal/l7"
 )
 
 // l7SockopsPin is the pin, under <pin>/cgroup, of l7_sockops's link.
@@ -38,6 +41,13 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("parse the L7 socket programs: %w", err)
 	}
+	key, err := nodeHTTPHashKey(n.cfg.PinDir)
+	if err != nil {
+		return err
+	}
+	if err := setHTTPHashKey(spec, key); err != nil {
+		return err
+	}
 	objs := &l7Objects{}
 	if err := spec.LoadAndAssign(objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: n.cfg.PinDir}}); err != nil {
 		return fmt.Errorf("load the L7 socket programs: %w", err)
@@ -54,7 +64,10 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 	if err := attachCgroupPinned(objs.L7Sockops, cgroup, ebpf.AttachCGroupSockOps, filepath.Join(n.cfg.PinDir, "cgroup", l7SockopsPin)); err != nil {
 		return err
 	}
-	if err := n.enableL7(l7Tables{match: objs.WeirL7Match, sets: objs.WeirL7Sets}, objs.WeirL7Flows); err != nil {
+	if err := objs.WeirL7Key.Put(uint32(0), l7L7HashKey{K0: key[0], K1: key[1]}); err != nil {
+		return fmt.Errorf("record the HTTP hash key: %w", err)
+	}
+	if err := n.enableL7(l7Tables{match: objs.WeirL7Match, sets: objs.WeirL7Sets}, objs.WeirL7Flows, key); err != nil {
 		return err
 	}
 	n.l7objs = objs
@@ -71,3 +84,26 @@ func (n *Node) L7Stats() (L7Stats, error) {
 
 // L7Ready says whether SetupL7 set the node's L7 path up.
 func (n *Node) L7Ready() bool { return n.l7objs != nil }
+
+// nodeHTTPHashKey is the key an earlier agent's programs hash under, from
+// its pinned weir_l7_key, or a new random one on a node that has none:
+// the sockets in weir_l7_http keep the programs they joined with, so the
+// key must outlive the agent (and goes with the pins).
+func nodeHTTPHashKey(pinDir string) (l7.HashKey, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "weir_l7_key"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return newHTTPHashKey()
+	}
+	if err != nil {
+		return l7.HashKey{}, fmt.Errorf("read the pinned HTTP hash key: %w", err)
+	}
+	defer m.Close()
+	var k l7L7HashKey
+	if err := m.Lookup(uint32(0), &k); err != nil {
+		return l7.HashKey{}, fmt.Errorf("read the pinned HTTP hash key: %w", err)
+	}
+	if k.K0 == 0 && k.K1 == 0 {
+		return newHTTPHashKey() // pinned by a load that failed before writing it
+	}
+	return l7.HashKey{k.K0, k.K1}, nil
+}

@@ -20,6 +20,8 @@ type nodeL7 struct {
 	tables  l7Tables
 	written map[policy.HTTPSetID]*l7.KernelRules
 	base    uint32
+	// key is the reader's hash key: sets are compiled under it.
+	key l7.HashKey
 	// stale: sets an earlier agent wrote (numbers up to base) may still
 	// be in the tables, until the first full load replaced every entry
 	// naming them (pruneHTTPSets).
@@ -33,15 +35,15 @@ type nodeL7 struct {
 // first ApplyPolicy: entries written closed before stay closed until they
 // change.
 func (n *Node) EnableL7(s *L7Sockets) error {
-	return n.enableL7(l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}, s.objs.WeirL7Flows)
+	return n.enableL7(l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}, s.objs.WeirL7Flows, s.key)
 }
 
-func (n *Node) enableL7(t l7Tables, flows *ebpf.Map) error {
+func (n *Node) enableL7(t l7Tables, flows *ebpf.Map, key l7.HashKey) error {
 	base, err := highestHTTPSet(t, flows)
 	if err != nil {
 		return err
 	}
-	n.l7 = &nodeL7{tables: t, written: map[policy.HTTPSetID]*l7.KernelRules{}, base: base, stale: base > 0}
+	n.l7 = &nodeL7{tables: t, written: map[policy.HTTPSetID]*l7.KernelRules{}, base: base, stale: base > 0, key: key}
 	return nil
 }
 
@@ -94,7 +96,7 @@ func (n *Node) writeHTTPSets(d policy.Diff) error {
 		if n.l7.written[id] != nil {
 			continue
 		}
-		k, err := l7.CompileKernel(rules)
+		k, err := l7.CompileKernel(rules, n.l7.key)
 		if err == nil {
 			err = n.l7.tables.writeSet(n.l7.base+uint32(id), k)
 		}

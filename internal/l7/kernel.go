@@ -49,14 +49,16 @@ type KernelRules struct {
 	UserSpace uint64
 	// Entries maps each lookup to the rules it satisfies.
 	Entries map[KernelKey]uint64
+	// Key is the hash key the entries were computed under: the reader's.
+	Key HashKey
 }
 
 // MethodHash is a method's lookup hash.
-func MethodHash(method string) uint64 { return fnv(fnvOffset, method) }
+func MethodHash(k HashKey, method string) uint64 { return sipString(k, method) }
 
 // HostHash folds host label hashes (HostLabelHashes) into one lookup
 // hash, from the right, so the labels after any dot fold alike whatever
-// comes before them.
+// comes before them. The labels' hashes are keyed; the fold need not be.
 func HostHash(labels []uint64) uint64 {
 	h := uint64(fnvOffset)
 	for i := len(labels) - 1; i >= 0; i-- {
@@ -65,19 +67,20 @@ func HostHash(labels []uint64) uint64 {
 	return h
 }
 
-// CompileKernel puts rules in the kernel's form. Their validity is
-// Compile's to check; this takes rules Compile accepted.
-func CompileKernel(rules []Rule) (*KernelRules, error) {
+// CompileKernel puts rules in the kernel's form, hashed under key (the
+// reader's). Their validity is Compile's to check; this takes rules
+// Compile accepted.
+func CompileKernel(rules []Rule, key HashKey) (*KernelRules, error) {
 	if len(rules) > MaxKernelRules {
 		return nil, fmt.Errorf("%w: %d rules, at most %d", ErrTooManyRules, len(rules), MaxKernelRules)
 	}
-	k := &KernelRules{Entries: map[KernelKey]uint64{}}
+	k := &KernelRules{Entries: map[KernelKey]uint64{}, Key: key}
 	for i, r := range rules {
 		bit := uint64(1) << i
 		if r.Method == "" {
 			k.AnyMethod |= bit
 		} else {
-			k.Entries[KernelKey{KeyMethod, MethodHash(r.Method)}] |= bit
+			k.Entries[KernelKey{KeyMethod, MethodHash(key, r.Method)}] |= bit
 		}
 		if r.Path != nil {
 			k.NeedsPath |= bit
@@ -86,13 +89,13 @@ func CompileKernel(rules []Rule) (*KernelRules, error) {
 		case r.Path == nil:
 			k.AnyPath |= bit
 		case r.Path.Type == PathExact:
-			k.Entries[KernelKey{KeyPathExact, PathHash(r.Path.Value)}] |= bit
+			k.Entries[KernelKey{KeyPathExact, PathHash(key, r.Path.Value)}] |= bit
 		case r.Path.Type == PathPrefix:
 			prefix := strings.TrimSuffix(r.Path.Value, "/")
 			if prefix == "" {
 				k.AnyPath |= bit // "/" is every path
 			} else {
-				k.Entries[KernelKey{KeyPathPrefix, PathHash(prefix)}] |= bit
+				k.Entries[KernelKey{KeyPathPrefix, PathHash(key, prefix)}] |= bit
 			}
 		default:
 			k.AnyPath |= bit
@@ -103,11 +106,11 @@ func CompileKernel(rules []Rule) (*KernelRules, error) {
 		}
 		for _, h := range r.Hostnames {
 			name, wild := strings.CutPrefix(lower(h), "*.")
-			key := KernelKey{KeyHostExact, HostHash(HostLabelHashes(name))}
+			hk := KernelKey{KeyHostExact, HostHash(HostLabelHashes(key, name))}
 			if wild {
-				key.Kind = KeyHostSuffix
+				hk.Kind = KeyHostSuffix
 			}
-			k.Entries[key] |= bit
+			k.Entries[hk] |= bit
 		}
 		if len(r.Headers) > 0 {
 			k.UserSpace |= bit
@@ -137,16 +140,16 @@ func (k *KernelRules) Judge(r *Request) KernelVerdict {
 // kernel names as allowing: the first rule it judges whole that matches.
 func (k *KernelRules) JudgeRule(r *Request) (KernelVerdict, int) {
 	lookup := func(kind KernelKeyKind, h uint64) uint64 { return k.Entries[KernelKey{kind, h}] }
-	method := k.AnyMethod | lookup(KeyMethod, MethodHash(r.Method))
+	method := k.AnyMethod | lookup(KeyMethod, MethodHash(k.Key, r.Method))
 	path := k.AnyPath &^ k.NeedsPath
 	if r.Path != "" {
-		path = k.AnyPath | lookup(KeyPathExact, PathHash(r.Path)) | lookup(KeyPathPrefix, PathHash(r.Path))
-		for _, h := range PathPrefixHashes(r.Path) {
+		path = k.AnyPath | lookup(KeyPathExact, PathHash(k.Key, r.Path)) | lookup(KeyPathPrefix, PathHash(k.Key, r.Path))
+		for _, h := range PathPrefixHashes(k.Key, r.Path) {
 			path |= lookup(KeyPathPrefix, h)
 		}
 	}
 	host := k.AnyHost
-	labels := HostLabelHashes(r.Host)
+	labels := HostLabelHashes(k.Key, r.Host)
 	if len(labels) > 0 {
 		host |= lookup(KeyHostExact, HostHash(labels))
 		for i := 1; i < len(labels); i++ {
@@ -183,7 +186,7 @@ func KernelReads(r *Request) (bool, string) {
 		return false, "a method over 16 bytes"
 	case !strings.HasPrefix(r.Target, "/") && r.Target != "*":
 		return false, "a target in absolute or authority form"
-	case len(PathPrefixHashes(r.Path)) > kernelMaxPrefixes:
+	case strings.Count(r.Path[min(1, len(r.Path)):], "/") > kernelMaxPrefixes:
 		return false, "a path of more than 16 elements"
 	}
 	if !strings.HasPrefix(r.Host, "[") {

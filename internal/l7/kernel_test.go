@@ -47,7 +47,7 @@ func TestKernelJudgeAgreesWithMatcher(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k, err := CompileKernel(rules)
+		k, err := CompileKernel(rules, HashKey{rng.Uint64(), rng.Uint64()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +82,7 @@ func TestKernelJudgeAgreesWithMatcher(t *testing.T) {
 }
 
 func TestCompileKernelRefusesTooManyRules(t *testing.T) {
-	if _, err := CompileKernel(make([]Rule, MaxKernelRules+1)); !errors.Is(err, ErrTooManyRules) || !strings.Contains(err.Error(), "65 rules") {
+	if _, err := CompileKernel(make([]Rule, MaxKernelRules+1), HashKey{}); !errors.Is(err, ErrTooManyRules) || !strings.Contains(err.Error(), "65 rules") {
 		t.Fatalf("CompileKernel(65 rules) = %v, want ErrTooManyRules naming the count", err)
 	}
 }
