@@ -307,6 +307,11 @@ int l7_http_verdict(struct __sk_buff *skb)
 		r = l7_answer_room(skb, 403);
 	else if (w.outcome == L7_WALK_REFUSE && c->s.unit_start == start)
 		r = l7_answer_room(skb, 400);
+	if (r >= 0 && !l7_answer_safe(skb, c)) {
+		l7_count(L7_STAT_PIPELINED, 1);
+		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED | L7_EVF_PIPELINED);
+		return l7_close(c);
+	}
 	if (r < 0) {
 		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED);
 		return l7_close(c);

@@ -36,10 +36,67 @@
  * is its flow's entry (lib/l7flow.h), read on every skb. */
 struct l7_conn {
 	struct http_state s;
-	__u8 closed; /* later skbs are dropped */
-	__u8 pad[7];
+	__u8 closed;      /* later skbs are dropped */
+	__u8 outstanding; /* an allowed request went on (l7_answer_safe) */
+	__u8 pad[2];
+	__u32 seq_at_allow; /* the server's write_seq when it went */
 	struct l7_run run; /* its requests repeating one another (l7events.h) */
 };
+
+/* The kernel's tcp_sock, only the field read, relocated by CO-RE. */
+struct tcp_sock {
+	__u32 write_seq; /* the end of what the application has written */
+} __attribute__((preserve_access_index));
+
+/* l7_write_seq reads how far the server has written on the socket the
+ * skb is for; -1 when it cannot be read. */
+__always_inline_fn int l7_write_seq(struct __sk_buff *skb, __u32 *seq)
+{
+	struct bpf_sock *sk = skb->sk;
+	struct tcp_sock *tp;
+
+	if (!sk)
+		return -1;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return -1;
+	*seq = tp->write_seq;
+	return 0;
+}
+
+/* l7_request_went notes that an allowed request went on to the server,
+ * and how far the server had written then. */
+__always_inline_fn void l7_request_went(struct __sk_buff *skb, struct l7_conn *c)
+{
+	__u32 seq = 0;
+
+	c->outstanding = 1;
+	if (l7_write_seq(skb, &seq))
+		seq = 0;
+	c->seq_at_allow = seq;
+}
+
+/*
+ * l7_answer_safe says whether an answer written in the server's place
+ * now would reach the client in its turn. A client that pipelines sends
+ * a request before the answer to the one before it: if the server has
+ * written nothing since the last request went on, its answer is still to
+ * come, and an answer of ours would come first (paired by the client
+ * with the earlier request) or land in the middle of it. Then the
+ * connection is closed instead. A server that has written since may be
+ * mid-way through a long answer to a pipelined request; only a client
+ * that pipelines can meet that, and only then (docs/l7.md).
+ */
+__always_inline_fn int l7_answer_safe(struct __sk_buff *skb, struct l7_conn *c)
+{
+	__u32 seq;
+
+	if (!c->outstanding)
+		return 1;
+	if (l7_write_seq(skb, &seq))
+		return 0;
+	return seq != c->seq_at_allow;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -196,6 +253,7 @@ static long l7_step(__u32 i, void *data)
 				return 1;
 			}
 			l7_count(L7_STAT_ALLOWED, 1);
+			l7_request_went(w->skb, w->conn);
 			l7_record_allowed(w, s, set, rule);
 			w->head_pos = L7_NO_HEAD;
 			return 0;

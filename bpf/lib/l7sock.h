@@ -83,6 +83,7 @@ enum {
 	L7_STAT_CLOSED,     /* connections whose later bytes are all dropped */
 	L7_STAT_NO_STATE,   /* skbs of a socket with no reader state: dropped */
 	L7_STAT_EVENTS_LOST, /* request records a full ring lost (l7events.h) */
+	L7_STAT_PIPELINED,  /* denials not answered: an earlier answer was still to come */
 	L7_STAT_MAX,
 };
 

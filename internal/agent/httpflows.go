@@ -15,6 +15,10 @@ import (
 	"github.com/weirnet/weir/internal/policy"
 )
 
+// pipelinedNote says why a denial was not answered: the client sent it
+// before the server answered the request before it.
+const pipelinedNote = " (not answered: the server's answer to the request before it was still to come, and ours would have come first; the connection is closed)"
+
 // StageHTTP is the Stage of a request's record: L7 policy judged it.
 const StageHTTP = "http"
 
@@ -65,9 +69,12 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 		f.Verdict = "denied"
 		f.Rule, f.Decider = h.restrictedBy(names, ev)
 		f.Rule = "no HTTP rule allows it: " + f.Rule
-		if ev.Answered {
+		switch {
+		case ev.Answered:
 			req.Status = 403
-		} else {
+		case ev.Pipelined:
+			f.Rule += pipelinedNote
+		default:
 			f.Rule += " (the request was too short to answer in place: closed without an answer)"
 		}
 	case datapath.L7Refused:
@@ -76,6 +83,8 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 		f.Rule = "refused before any rule: " + req.Reason
 		if ev.Answered {
 			req.Status = 400
+		} else if ev.Pipelined {
+			f.Rule += pipelinedNote
 		}
 	default: // punted, split
 		f.Verdict = "unjudged"

@@ -57,6 +57,9 @@ type L7Stats struct {
 	// EventsLost are request records a full ring lost (the requests
 	// were judged all the same).
 	EventsLost uint64
+	// Pipelined are denials not answered in place because the answer
+	// to an earlier request was still to come: their connections closed.
+	Pipelined uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -230,7 +233,7 @@ func (s *L7Sockets) Stats() (L7Stats, error) {
 func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
-		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost}
+		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

@@ -101,9 +101,11 @@ type l7L7Conn struct {
 		HostAt        uint16
 		_             [2]byte
 	}
-	Closed uint8
-	Pad    [7]uint8
-	Run    struct {
+	Closed      uint8
+	Outstanding uint8
+	Pad         [2]uint8
+	SeqAtAllow  uint32
+	Run         struct {
 		_       structs.HostLayout
 		Key     uint64
 		FirstNs uint64

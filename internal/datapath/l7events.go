@@ -74,6 +74,10 @@ type L7Event struct {
 	// only rules the kernel does not judge (headers, regular
 	// expressions) may match.
 	Upgrade, UserRules bool
+	// Pipelined: a denial or refusal not answered in place because the
+	// server's answer to an earlier request was still to come (the
+	// client pipelines); the connection was closed instead.
+	Pipelined bool
 	// Line is the head's first bytes as they arrived (the request line
 	// and what follows it); LineCut says the head was longer.
 	Line    []byte
@@ -145,6 +149,7 @@ const (
 	l7evLineCut  = 0x08
 	l7evUpgrade  = 0x10
 	l7evUserRule = 0x20
+	l7evPipeline = 0x40
 )
 
 // l7EventSize is sizeof(struct l7_request_event).
@@ -174,6 +179,7 @@ func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
 	ev.Repeat, ev.Answered = flags&l7evRepeat != 0, flags&l7evAnswered != 0
 	ev.Closed, ev.LineCut = flags&l7evClosed != 0, flags&l7evLineCut != 0
 	ev.Upgrade, ev.UserRules = flags&l7evUpgrade != 0, flags&l7evUserRule != 0
+	ev.Pipelined = flags&l7evPipeline != 0
 	lineLen, hostLen := int(e.Uint16(b[52:])), int(b[54])
 	const lineAt, hostAt = 56, 56 + 128
 	if lineLen > 128 || hostLen > 64 {

@@ -167,6 +167,22 @@ func TestL7RequestRecords(t *testing.T) {
 		t.Fatalf("refusal %+v (line %q, reason %q), want the dot segment refused with its reason", ev, ev.Line, ev.Reason())
 	}
 
+	// A client that pipelines: its denied request comes before the
+	// server answered the one before it. A 403 now would go ahead of that
+	// answer, so none is written: the server's answer comes, then the
+	// connection is closed.
+	c, err = net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = pipelineOn(c, "GET "+l7SlowPath+" HTTP/1.1\r\nHost: h\r\n\r\n", exhaust)
+	if !strings.Contains(got, "200 OK") || !strings.Contains(got, "GET "+l7SlowPath) || strings.Contains(got, " 403 ") {
+		t.Fatalf("pipelined: got %q, want the slow answer and no 403", got)
+	}
+	if evs = recs.take(t, 2); evs[1].Verdict != L7Denied || !evs[1].Pipelined || evs[1].Answered || !evs[1].Closed {
+		t.Fatalf("pipelined denial %+v, want denied, not answered, closed", evs[1])
+	}
+
 	// An allowed upgrade is punted (only the server's answer says what
 	// follows it): recorded with why, the connection closed.
 	rawExchange(t, addr, "GET /public/ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
@@ -185,8 +201,8 @@ func TestL7RequestRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.EventsLost != 0 {
-		t.Fatalf("%d records lost", st.EventsLost)
+	if st.EventsLost != 0 || st.Pipelined != 1 {
+		t.Fatalf("%d records lost, %d pipelined denials (want 0, 1)", st.EventsLost, st.Pipelined)
 	}
 }
 

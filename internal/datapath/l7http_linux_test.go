@@ -23,6 +23,9 @@ const l7HTTPHelperEnv = "WEIR_L7_HTTP_HELPER"
 // last: the test's way to know a denied request never reached it.
 const l7SeenPath = "/public/seen"
 
+// l7SlowPath is answered after 300 ms.
+const l7SlowPath = "/public/slow"
+
 // TestL7HTTPHelper is not a test: run with l7HTTPHelperEnv set, it
 // serves HTTP until killed, answering "<method> <path>" to every request.
 func TestL7HTTPHelper(t *testing.T) {
@@ -44,6 +47,9 @@ func TestL7HTTPHelper(t *testing.T) {
 	fmt.Println("listening")
 	http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
+		if strings.HasPrefix(r.URL.Path, l7SlowPath) {
+			time.Sleep(300 * time.Millisecond) // an answer still to come when the next request arrives
+		}
 		mu.Lock()
 		seen = append(seen, r.Method+" "+r.URL.Path)
 		list := strings.Join(seen, "\n")
@@ -66,7 +72,9 @@ func startHTTPHelper(t *testing.T, cg, addr string) {
 
 // rawExchange writes each piece (a pause between, so each is its own
 // skb) on a new connection and returns what came back before the
-// connection closed or went quiet.
+// connection closed or went quiet. Before each piece after the first it
+// waits for an answer to what it sent, up to a second, as a client that
+// does not pipeline does (a piece that is part of a head gets none).
 func rawExchange(t *testing.T, addr string, pieces ...string) string {
 	t.Helper()
 	c, err := net.Dial("tcp4", addr)
@@ -78,10 +86,27 @@ func rawExchange(t *testing.T, addr string, pieces ...string) string {
 
 // exchangeOn is rawExchange on a connection of the caller's; it closes c.
 func exchangeOn(c net.Conn, pieces ...string) string {
+	return exchange(c, true, pieces...)
+}
+
+// pipelineOn writes the pieces 30 ms apart without waiting for answers,
+// as a client that pipelines does; it closes c.
+func pipelineOn(c net.Conn, pieces ...string) string {
+	return exchange(c, false, pieces...)
+}
+
+func exchange(c net.Conn, inTurn bool, pieces ...string) string {
 	defer c.Close()
+	var got []byte
+	buf := make([]byte, 64<<10)
 	for i, p := range pieces {
 		if i > 0 {
 			time.Sleep(30 * time.Millisecond)
+			if inTurn {
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				n, _ := c.Read(buf)
+				got = append(got, buf[:n]...)
+			}
 		}
 		if _, err := c.Write([]byte(p)); err != nil {
 			break
@@ -89,7 +114,7 @@ func exchangeOn(c net.Conn, pieces ...string) string {
 	}
 	c.SetReadDeadline(time.Now().Add(400 * time.Millisecond))
 	b, _ := io.ReadAll(c)
-	return string(b)
+	return string(append(got, b...))
 }
 
 // TestL7HTTPEnforced: a port's requests are read and judged in the
