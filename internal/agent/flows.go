@@ -324,10 +324,6 @@ func (a *Agent) readFlows(ctx context.Context, node *datapath.Node) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		<-ctx.Done()
-		rd.Close()
-	}()
 	if err := a.readHTTPFlows(ctx, node); err != nil {
 		rd.Close()
 		return err
@@ -348,24 +344,35 @@ func (a *Agent) readFlows(ctx context.Context, node *datapath.Node) error {
 			}
 		}
 	}()
-	go func() {
-		for {
-			ev, err := rd.Read()
-			if errors.Is(err, datapath.ErrEventsClosed) {
-				return
-			}
-			if err != nil {
-				a.log.Warn("verdict event", "err", err)
-				continue
-			}
-			a.flows.batch.add(ev)
-			if a.flows.following.Load() > 0 {
-				// Followers see every event as it happens.
-				a.flows.send(a.explainFlow(a.flowNames.Load(), ev))
-			}
+	go readUntilClosed(ctx, a.log, "verdict event", rd.Read, rd.Close, func(ev datapath.VerdictEvent) {
+		a.flows.batch.add(ev)
+		if a.flows.following.Load() > 0 {
+			// Followers see every event as it happens.
+			a.flows.send(a.explainFlow(a.flowNames.Load(), ev))
 		}
-	}()
+	})
 	return nil
+}
+
+// readUntilClosed hands each record read to handle until ctx ends, when
+// it closes the reader; a record that cannot be read is logged and
+// passed over.
+func readUntilClosed[E any](ctx context.Context, log *slog.Logger, what string, read func() (E, error), closeFn func() error, handle func(E)) {
+	go func() {
+		<-ctx.Done()
+		closeFn()
+	}()
+	for {
+		ev, err := read()
+		if errors.Is(err, datapath.ErrEventsClosed) {
+			return
+		}
+		if err != nil {
+			log.Warn(what, "err", err)
+			continue
+		}
+		handle(ev)
+	}
 }
 
 // explainFlow turns a datapath event into a flow record, naming the

@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -256,29 +255,15 @@ func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		<-ctx.Done()
-		rd.Close()
-	}()
 	h := newHTTPFlows(a.cfg.NodeName, node.PolicyHTTPSet)
-	go func() {
-		for {
-			ev, err := rd.Read()
-			if errors.Is(err, datapath.ErrEventsClosed) {
-				return
-			}
-			if err != nil {
-				a.log.Warn("request record", "err", err)
-				continue
-			}
-			f := h.explain(a.flowNames.Load(), ev)
-			a.metrics.countHTTP(f)
-			a.flows.record(f)
-			if a.flows.following.Load() > 0 {
-				a.flows.send(f)
-			}
+	go readUntilClosed(ctx, a.log, "request record", rd.Read, rd.Close, func(ev datapath.L7Event) {
+		f := h.explain(a.flowNames.Load(), ev)
+		a.metrics.countHTTP(f)
+		a.flows.record(f)
+		if a.flows.following.Load() > 0 {
+			a.flows.send(f)
 		}
-	}()
+	})
 	return nil
 }
 

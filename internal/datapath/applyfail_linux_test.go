@@ -152,9 +152,9 @@ func endpointsOf(res *policy.Result) map[string]PolicyEndpoint {
 
 // drain discards the events waiting in rd.
 func drain(rd *EventReader) {
-	rd.rd.SetDeadline(time.Unix(1, 0)) // in the past: never wait
+	rd.ring.rd.SetDeadline(time.Unix(1, 0)) // in the past: never wait
 	for {
-		if _, err := rd.rd.Read(); err != nil {
+		if _, err := rd.ring.rd.Read(); err != nil {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
@@ -45,42 +46,63 @@ type VerdictEvent struct {
 }
 
 // EventReader reads the verdict ring buffer. Only one reader per node.
-type EventReader struct {
+type EventReader struct{ ring *ringReader }
+
+// OpenEventReader starts reading the node's verdict events.
+func (n *Node) OpenEventReader() (*EventReader, error) {
+	ring, err := openRing(n.progs.Events, "verdict events")
+	if err != nil {
+		return nil, err
+	}
+	return &EventReader{ring: ring}, nil
+}
+
+// Read blocks for the next event.
+func (r *EventReader) Read() (VerdictEvent, error) {
+	b, err := r.ring.next("verdict event")
+	if err != nil {
+		return VerdictEvent{}, err
+	}
+	return decodeVerdictEvent(b, r.ring.bootOffset)
+}
+
+// ringReader reads one of the datapath's ring buffers, which its
+// programs write without waking the reader (events.h, l7events.h): it
+// looks every eventPollInterval, so a burst costs one wakeup.
+type ringReader struct {
 	rd *ringbuf.Reader
 	// bootOffset turns the kernel's monotonic timestamps into wall time.
 	bootOffset time.Duration
 }
 
-// OpenEventReader starts reading the node's verdict events.
-func (n *Node) OpenEventReader() (*EventReader, error) {
-	rd, err := ringbuf.NewReader(n.progs.Events)
+func openRing(m *ebpf.Map, what string) (*ringReader, error) {
+	rd, err := ringbuf.NewReader(m)
 	if err != nil {
-		return nil, fmt.Errorf("open verdict events: %w", err)
+		return nil, fmt.Errorf("open %s: %w", what, err)
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		rd.Close()
 		return nil, fmt.Errorf("read monotonic clock: %w", err)
 	}
-	return &EventReader{rd: rd, bootOffset: time.Duration(time.Now().UnixNano() - ts.Nano())}, nil
+	return &ringReader{rd: rd, bootOffset: time.Duration(time.Now().UnixNano() - ts.Nano())}, nil
 }
 
-// Read blocks for the next event.
-func (r *EventReader) Read() (VerdictEvent, error) {
+// next blocks for the next record; after close it returns
+// ErrEventsClosed.
+func (r *ringReader) next(what string) ([]byte, error) {
 	for {
-		// The datapath writes without waking the reader (events.h), so
-		// the reader looks every eventPollInterval: one wakeup per burst.
 		r.rd.SetDeadline(time.Now().Add(eventPollInterval))
 		rec, err := r.rd.Read()
 		switch {
 		case err == nil:
-			return decodeVerdictEvent(rec.RawSample, r.bootOffset)
+			return rec.RawSample, nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			continue
 		case errors.Is(err, ringbuf.ErrClosed):
-			return VerdictEvent{}, ErrEventsClosed
+			return nil, ErrEventsClosed
 		}
-		return VerdictEvent{}, fmt.Errorf("read verdict event: %w", err)
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
 }
 
@@ -150,4 +172,4 @@ func rawVerdictEvent(b []byte) (lxcVerdictEvent, error) {
 }
 
 // Close stops the reader; a blocked Read returns ErrEventsClosed.
-func (r *EventReader) Close() error { return r.rd.Close() }
+func (r *EventReader) Close() error { return r.ring.rd.Close() }

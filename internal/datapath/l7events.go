@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/ringbuf"
-	"golang.org/x/sys/unix"
 
 	"github.com/weirnet/weir/internal/policy"
 )
@@ -86,10 +83,7 @@ type L7Event struct {
 }
 
 // L7EventReader reads request records. Only one reader per ring.
-type L7EventReader struct {
-	rd         *ringbuf.Reader
-	bootOffset time.Duration
-}
+type L7EventReader struct{ ring *ringReader }
 
 // OpenL7EventReader starts reading the node's request records
 // (SetupL7).
@@ -105,41 +99,26 @@ func (s *L7Sockets) OpenEventReader() (*L7EventReader, error) {
 	return openL7EventReader(s.objs.WeirL7Events)
 }
 
-func openL7EventReader(ring *ebpf.Map) (*L7EventReader, error) {
-	rd, err := ringbuf.NewReader(ring)
+func openL7EventReader(m *ebpf.Map) (*L7EventReader, error) {
+	ring, err := openRing(m, "request records")
 	if err != nil {
-		return nil, fmt.Errorf("open request records: %w", err)
+		return nil, err
 	}
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		rd.Close()
-		return nil, fmt.Errorf("read monotonic clock: %w", err)
-	}
-	return &L7EventReader{rd: rd, bootOffset: time.Duration(time.Now().UnixNano() - ts.Nano())}, nil
+	return &L7EventReader{ring: ring}, nil
 }
 
 // Read blocks for the next record; after Close it returns
 // ErrEventsClosed.
 func (r *L7EventReader) Read() (L7Event, error) {
-	for {
-		// Written without waking the reader (l7events.h), as verdict
-		// events are: one wakeup per burst.
-		r.rd.SetDeadline(time.Now().Add(eventPollInterval))
-		rec, err := r.rd.Read()
-		switch {
-		case err == nil:
-			return decodeL7Event(rec.RawSample, r.bootOffset)
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			continue
-		case errors.Is(err, ringbuf.ErrClosed):
-			return L7Event{}, ErrEventsClosed
-		}
-		return L7Event{}, fmt.Errorf("read request record: %w", err)
+	b, err := r.ring.next("request record")
+	if err != nil {
+		return L7Event{}, err
 	}
+	return decodeL7Event(b, r.ring.bootOffset)
 }
 
 // Close stops the reader; a blocked Read returns ErrEventsClosed.
-func (r *L7EventReader) Close() error { return r.rd.Close() }
+func (r *L7EventReader) Close() error { return r.ring.rd.Close() }
 
 // The flags of struct l7_request_event (L7_EVF_*).
 const (

@@ -97,8 +97,8 @@ func TestTraceAgreesWithCompilerAndLeavesNoTrace(t *testing.T) {
 			t.Fatalf("live %s has entries (%v, err %v) after traces", m, k, err)
 		}
 	}
-	live.rd.SetDeadline(time.Now())
-	if _, err := live.rd.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
+	live.ring.rd.SetDeadline(time.Now())
+	if _, err := live.ring.rd.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("live event ring: read %v, want nothing to read", err)
 	}
 	metricsAfter, err := readMetrics(p.Metrics)

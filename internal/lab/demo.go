@@ -261,18 +261,16 @@ func (st *State) printHTTPTrace(ctx context.Context, f corev1.Pod, out io.Writer
 	q := api.TraceQuery{Src: f.Namespace + "/" + f.Name, Dst: DemoNamespace + "/" + strings.TrimSpace(string(b)), Proto: "TCP", Port: 80,
 		HTTP: &api.TraceRequest{Method: "PUT", Path: "/v1/exhaust-port"}}
 	fmt.Fprintf(out, "  weir policy trace %s %s 80/tcp --method PUT --path /v1/exhaust-port --lab %s:\n", q.Src, q.Dst, st.Config.Name)
-	for _, n := range st.Nodes {
-		t, err := n.Client().Trace(ctx, q)
-		if api.CodeOf(err) == api.CodeTraceNotLocal {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("trace on %s: %w", n.Name, err)
-		}
+	traces, err := st.traceOnNodes(ctx, q)
+	if err != nil {
+		return err
+	}
+	for _, nt := range traces {
+		t := nt.trace
 		if t.HTTP == nil || t.HTTP.Verdict == "" {
 			continue // the frontend's node: HTTP rules are judged at the server
 		}
-		fmt.Fprintf(out, "    %s: HTTP %s: %s; where: %s\n", n.Name, t.HTTP.Verdict, t.HTTP.Rule, t.HTTP.Kernel)
+		fmt.Fprintf(out, "    %s: HTTP %s: %s; where: %s\n", nt.node, t.HTTP.Verdict, t.HTTP.Rule, t.HTTP.Kernel)
 		if t.HTTP.Verdict != "denied" {
 			return fmt.Errorf("demo: trace says PUT /v1/exhaust-port is %s, want denied", t.HTTP.Verdict)
 		}
@@ -319,22 +317,18 @@ func (st *State) printPolicyStatus(ctx context.Context, resource, name string, o
 func (st *State) printDemoTrace(ctx context.Context, from, to corev1.Pod, out io.Writer) error {
 	q := api.TraceQuery{Src: from.Namespace + "/" + from.Name, Dst: to.Namespace + "/" + to.Name, Proto: "TCP", Port: 8080}
 	fmt.Fprintf(out, "  weir policy trace %s %s 8080/tcp --lab %s:\n", q.Src, q.Dst, st.Config.Name)
-	answered := 0
-	for _, n := range st.Nodes {
-		t, err := n.Client().Trace(ctx, q)
-		if api.CodeOf(err) == api.CodeTraceNotLocal {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("trace on %s: %w", n.Name, err)
-		}
-		answered++
+	traces, err := st.traceOnNodes(ctx, q)
+	if err != nil {
+		return err
+	}
+	for _, nt := range traces {
+		n, t := nt.node, nt.trace
 		for _, e := range t.Ends {
 			by := " by " + e.Compiled.RuleName
 			if e.Compiled.RuleName == "" {
 				by = " (no policy selects the pod in this direction)"
 			}
-			fmt.Fprintf(out, "    %s: %s of %s: %s at %s%s\n", n.Name, e.Direction, e.Pod, e.Compiled.Verdict, e.Compiled.Stage, by)
+			fmt.Fprintf(out, "    %s: %s of %s: %s at %s%s\n", n, e.Direction, e.Pod, e.Compiled.Verdict, e.Compiled.Stage, by)
 			if e.Compiled.LogName != "" {
 				fmt.Fprintf(out, "      logged by %s\n", e.Compiled.LogName)
 			}
@@ -343,13 +337,36 @@ func (st *State) printDemoTrace(ctx context.Context, from, to corev1.Pod, out io
 			}
 		}
 		if !t.Agree {
-			return fmt.Errorf("demo: the trace on %s disagrees with the datapath", n.Name)
+			return fmt.Errorf("demo: the trace on %s disagrees with the datapath", n)
 		}
 	}
-	if answered == 0 {
-		return fmt.Errorf("demo: no node traced %s -> %s", q.Src, q.Dst)
-	}
 	return nil
+}
+
+// nodeTrace is one node's answer to a trace.
+type nodeTrace struct {
+	node  string
+	trace *api.Trace
+}
+
+// traceOnNodes asks every node's agent to trace q and returns the
+// answers of those holding an end of the flow (at least one).
+func (st *State) traceOnNodes(ctx context.Context, q api.TraceQuery) ([]nodeTrace, error) {
+	var out []nodeTrace
+	for _, n := range st.Nodes {
+		t, err := n.Client().Trace(ctx, q)
+		if api.CodeOf(err) == api.CodeTraceNotLocal {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("trace on %s: %w", n.Name, err)
+		}
+		out = append(out, nodeTrace{n.Name, t})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("demo: no node traced %s -> %s", q.Src, q.Dst)
+	}
+	return out, nil
 }
 
 // printDemoFlows prints the latest allowed and denied ingress verdict of

@@ -150,13 +150,18 @@ func waitKubeProxyHealthy(ctx context.Context, n *Node, p Proc) error {
 	}
 }
 
-// kubeProxyHealthz asks the node's kube-proxy for its /healthz. The
-// connection is made inside the node's namespace (a dial in this thread);
-// the exchange may then run anywhere.
+// kubeProxyHealthz asks the node's kube-proxy for its /healthz.
 func kubeProxyHealthz(n *Node) (int, error) {
+	return HTTPStatusIn(nsPath(n.NetNS), "127.0.0.1:10256", "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+}
+
+// HTTPStatusIn sends one raw request on a new connection made inside the
+// network namespace at nsPath (a dial in this thread; the exchange may
+// then run anywhere) and returns the answer's status.
+func HTTPStatusIn(nsPath, addr, request string) (int, error) {
 	var c net.Conn
-	err := InNS(nsPath(n.NetNS), func() (err error) {
-		c, err = net.DialTimeout("tcp4", "127.0.0.1:10256", time.Second)
+	err := InNS(nsPath, func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr, 2*time.Second)
 		return err
 	})
 	if err != nil {
@@ -164,7 +169,7 @@ func kubeProxyHealthz(n *Node) (int, error) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, request); err != nil {
 		return 0, err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)

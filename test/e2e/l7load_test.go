@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -119,25 +117,7 @@ func startDeniedLoad(nsPath, addr string) *deniedLoad {
 }
 
 func (l *deniedLoad) post() (int, error) {
-	var c net.Conn
-	err := lab.InNS(l.nsPath, func() (err error) {
-		c, err = net.DialTimeout("tcp4", l.addr, 2*time.Second)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := fmt.Fprint(c, "POST /hostname HTTP/1.1\r\nHost: web\r\nContent-Length: 0\r\n\r\n"); err != nil {
-		return 0, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return 0, err
-	}
-	resp.Body.Close()
-	return resp.StatusCode, nil
+	return lab.HTTPStatusIn(l.nsPath, l.addr, "POST /hostname HTTP/1.1\r\nHost: web\r\nContent-Length: 0\r\n\r\n")
 }
 
 // stop ends the loop and returns what it saw; it may be called again.
