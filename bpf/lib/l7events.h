@@ -140,6 +140,9 @@ __always_inline_fn struct l7_request_event *l7_event_reserve(const struct l7_soc
 		l7_count(L7_STAT_EVENTS_LOST, 1);
 		return NULL;
 	}
+	/* Everything before the text is set here; the text is written, or
+	 * its length left 0, by l7_event_text. */
+	__builtin_memset(ev, 0, offsetof(struct l7_request_event, line));
 	ev->ts_ns = bpf_ktime_get_ns();
 	ev->cookie = cookie;
 	ev->client = key->remote;
@@ -149,15 +152,7 @@ __always_inline_fn struct l7_request_event *l7_event_reserve(const struct l7_soc
 	ev->sets[0] = sets[0];
 	ev->sets[1] = sets[1];
 	ev->sets[2] = sets[2];
-	ev->set = 0;
 	ev->count = 1;
-	ev->verdict = 0;
-	ev->rule = 0;
-	ev->error = 0;
-	ev->flags = 0;
-	ev->line_len = 0;
-	ev->host_len = 0;
-	ev->pad = 0;
 	return ev;
 }
 

@@ -91,12 +91,7 @@ func startDeniedLoad(nsPath, addr string) *deniedLoad {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		for {
-			select {
-			case <-l.done:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
+		every50ms(l.done, func() {
 			status, err := l.post()
 			l.mu.Lock()
 			switch {
@@ -111,7 +106,7 @@ func startDeniedLoad(nsPath, addr string) *deniedLoad {
 				l.res.Passed++
 			}
 			l.mu.Unlock()
-		}
+		})
 	}()
 	return l
 }

@@ -105,12 +105,7 @@ func (l *serviceLoad) keepAsking(conn net.Conn) {
 // request each.
 func (l *serviceLoad) openFresh() {
 	defer l.wg.Done()
-	for {
-		select {
-		case <-l.done:
-			return
-		case <-time.After(50 * time.Millisecond):
-		}
+	every50ms(l.done, func() {
 		name, err := l.askOnce()
 		l.mu.Lock()
 		if err != nil {
@@ -122,6 +117,18 @@ func (l *serviceLoad) openFresh() {
 			l.fresh[name]++
 		}
 		l.mu.Unlock()
+	})
+}
+
+// every50ms calls fn every 50 ms until done is closed.
+func every50ms(done <-chan struct{}, fn func()) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		fn()
 	}
 }
 
