@@ -11,7 +11,9 @@
  * rules match on, as hashes, never the bytes: the method, the canonical
  * path's hash and the hashes of its prefixes at element boundaries (for
  * PathPrefix), and the host's label hashes (for exact and "*."
- * hostnames). The hashes are SipHash-2-4 under the node's secret
+ * hostnames), and of the header fields some rule names (the node's
+ * watch list, weir_l7_header_watch) the name's and the value's hashes.
+ * The hashes are SipHash-2-4 under the node's secret
  * (HTTP_HASH_KEY0/1, set at load; lib/siphash.h), so a path that hashes
  * as an allowed one cannot be computed by whoever sends requests.
  *
@@ -41,9 +43,29 @@ volatile const __u64 HTTP_HASH_KEY1 = 0;
 #define HTTP_MAX_METHOD 16
 #define HTTP_MAX_PREFIXES 16
 #define HTTP_MAX_LABELS 8
+#define HTTP_MAX_HEADERS 16 /* header names watched on a node, and kept of a head */
 
 #define FNV_OFFSET 0xcbf29ce484222325ULL
 #define FNV_PRIME 0x100000001b3ULL
+
+/* The header names rules match on, across the node's sets, as keyed
+ * hashes of their lowercase form (internal/l7's HeaderNameHash): the
+ * reader hashes the value of a field whose name is one of them. A name
+ * left out (more than HTTP_MAX_HEADERS on the node) is never seen in a
+ * head, so the rules that name it are never met: closed, not open. */
+struct l7_header_watch {
+	__u64 name[HTTP_MAX_HEADERS];
+	__u32 count;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct l7_header_watch);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_header_watch SEC(".maps");
 
 /* What http_byte says about the byte it read. */
 enum {
@@ -102,6 +124,9 @@ enum {
 	HTTP_PUNT_METHOD,
 	HTTP_PUNT_PATH,
 	HTTP_PUNT_HOST,
+	/* Not the reader's own: the judge's (lib/l7match.h), of a head that
+	 * repeats a header a rule names. */
+	HTTP_ERR_HEADER_REPEATED,
 };
 
 /* The fields a head's framing and host come from (http_state.field). */
@@ -207,6 +232,20 @@ struct http_state {
 	/* In what was the struct's padding: where the Host name begins in
 	 * the head, for the request's record (lib/l7events.h). */
 	__u16 host_at;
+	/* Watched header fields (weir_l7_header_watch): slot i holds the
+	 * i-th watched name the head carries, its value's hash and whether
+	 * it came more than once. */
+	__u8 watching;    /* the node watches some names: field names are hashed */
+	__u8 hdr_seen;    /* slots filled */
+	__u8 hdr_cur;     /* the slot of the field being read, plus one; 0 none */
+	__u8 hval_ows;    /* 0 before the watched value, 1 in it, 2 in OWS after it */
+	__u16 hdr_dup;    /* bit per slot: the name came again */
+	__u8 pad_hdr[2];
+	struct sip hname; /* the field name being read, lowercase */
+	struct sip hval;  /* the watched value through its last non-OWS byte */
+	struct sip hval_ows_hash; /* and through the OWS after it */
+	__u64 hdr_name[HTTP_MAX_HEADERS];
+	__u64 hdr_val[HTTP_MAX_HEADERS];
 };
 
 __always_inline_fn __u64 fnv(__u64 h, __u8 c)
@@ -300,6 +339,90 @@ __always_inline_fn long http_punt(struct http_state *s, __u8 why)
 	return HTTP_PUNT;
 }
 
+/* http_watch_begin notes whether the node watches header names, once
+ * per head: a node that does not pays nothing per field byte. */
+__always_inline_fn void http_watch_begin(struct http_state *s)
+{
+	__u32 zero = 0;
+	struct l7_header_watch *w = bpf_map_lookup_elem(&weir_l7_header_watch, &zero);
+
+	s->watching = w && w->count;
+	s->hdr_seen = 0;
+	s->hdr_cur = 0;
+	s->hdr_dup = 0;
+}
+
+/* http_watch_name_end looks the field name just read up in the watch
+ * list: a watched name takes the next slot, or marks its slot repeated. */
+__always_inline_fn void http_watch_name_end(struct http_state *s)
+{
+	__u32 zero = 0;
+	struct l7_header_watch *w;
+	__u64 h;
+	int i;
+
+	s->hdr_cur = 0;
+	if (!s->watching)
+		return;
+	w = bpf_map_lookup_elem(&weir_l7_header_watch, &zero);
+	if (!w)
+		return;
+	h = sip_final(&s->hname);
+	for (i = 0; i < HTTP_MAX_HEADERS; i++) {
+		if (i >= w->count)
+			return;
+		if (w->name[i] == h)
+			break;
+	}
+	if (i == HTTP_MAX_HEADERS)
+		return;
+	for (i = 0; i < HTTP_MAX_HEADERS; i++) {
+		if (i >= s->hdr_seen)
+			break;
+		if (s->hdr_name[i] == h) {
+			s->hdr_dup |= 1 << i;
+			return;
+		}
+	}
+	if (s->hdr_seen >= HTTP_MAX_HEADERS)
+		return; /* cannot happen: names are distinct and at most as many */
+	i = s->hdr_seen & (HTTP_MAX_HEADERS - 1);
+	s->hdr_name[i] = h;
+	s->hdr_seen++;
+	s->hdr_cur = i + 1;
+	s->hval_ows = 0;
+	sip_init(&s->hval, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
+}
+
+/* http_watch_value_byte hashes a watched value as the Go parser keeps
+ * it, without its leading and trailing OWS: OWS after a byte is hashed
+ * into a copy (hval_ows 2), taken up only when another byte follows. */
+__always_inline_fn void http_watch_value_byte(struct http_state *s, __u8 c)
+{
+	if (is_ows(c)) {
+		if (s->hval_ows == 0)
+			return; /* leading */
+		if (s->hval_ows == 1) {
+			s->hval_ows_hash = s->hval;
+			s->hval_ows = 2;
+		}
+		sip_byte(&s->hval_ows_hash, c);
+		return;
+	}
+	if (s->hval_ows == 2)
+		s->hval = s->hval_ows_hash;
+	s->hval_ows = 1;
+	sip_byte(&s->hval, c);
+}
+
+/* http_watch_value_end keeps the watched value's hash in its slot. */
+__always_inline_fn void http_watch_value_end(struct http_state *s)
+{
+	if (s->hdr_cur)
+		s->hdr_val[(s->hdr_cur - 1) & (HTTP_MAX_HEADERS - 1)] = sip_final(&s->hval);
+	s->hdr_cur = 0;
+}
+
 /* http_begin_head resets what a head collects. */
 __always_inline_fn void http_begin_head(struct http_state *s)
 {
@@ -322,6 +445,7 @@ __always_inline_fn void http_begin_head(struct http_state *s)
 	s->host_count = s->host_bad = s->host_long = 0;
 	s->override = 0;
 	s->field = HF_OTHER;
+	http_watch_begin(s);
 }
 
 /* Path canonicalisation, one target byte at a time (CanonicalPath). */
@@ -806,6 +930,8 @@ __always_inline_fn void http_name_byte(struct http_state *s, __u8 c)
 	int f;
 
 	c = lower_ascii(c);
+	if (s->watching)
+		sip_byte(&s->hname, c);
 	for (f = 1; f < HF_COUNT; f++) {
 		if (!(s->name_match & (1 << f)))
 			continue;
@@ -966,6 +1092,7 @@ static __always_inline long http_byte(struct http_state *s, __u8 c)
 			s->state = HS_FIELD_START;
 			break;
 		case HS_FIELD_LF:
+			http_watch_value_end(s);
 			if (s->field != HF_OTHER)
 				http_value_end(s);
 			s->field = HF_OTHER;
@@ -981,12 +1108,15 @@ static __always_inline long http_byte(struct http_state *s, __u8 c)
 			s->fields++;
 			s->name_len = 0;
 			s->name_match = 0xfffe;
+			if (s->watching)
+				sip_init(&s->hname, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
 			http_name_byte(s, c);
 			s->state = HS_FIELD_NAME;
 			break;
 		case HS_FIELD_NAME:
 			if (c == ':') {
 				http_name_end(s);
+				http_watch_name_end(s);
 				http_value_start(s);
 				s->state = HS_FIELD_VALUE;
 				break;
@@ -1002,6 +1132,8 @@ static __always_inline long http_byte(struct http_state *s, __u8 c)
 			}
 			if (!is_value_byte(c))
 				return http_fail(s, HTTP_ERR_FIELD);
+			if (s->hdr_cur)
+				http_watch_value_byte(s, c);
 			if (s->field != HF_OTHER)
 				http_value_byte(s, c);
 			break;
@@ -1132,7 +1264,7 @@ static __always_inline long http_feed_byte(struct http_state *s, __u8 c)
 	if (s->state >= HS_CHUNK_SIZE && s->state != HS_FAILED)
 		r = http_chunk_byte(s, c);
 	else if (s->state == HS_FAILED)
-		return s->error >= HTTP_PUNT_TARGET ? HTTP_PUNT : HTTP_ERROR;
+		return s->error >= HTTP_PUNT_TARGET && s->error <= HTTP_PUNT_HOST ? HTTP_PUNT : HTTP_ERROR;
 	else
 		r = http_byte(s, c);
 	if (r == HTTP_ERROR || r == HTTP_PUNT)
@@ -1150,7 +1282,7 @@ static __always_inline long http_feed_byte(struct http_state *s, __u8 c)
 /* http_in_plain_value says whether the next bytes may be taken as a run. */
 __always_inline_fn int http_in_plain_value(struct http_state *s)
 {
-	return s->state == HS_FIELD_VALUE && s->field == HF_OTHER;
+	return s->state == HS_FIELD_VALUE && s->field == HF_OTHER && !s->hdr_cur;
 }
 
 /* http_take_value takes n bytes of a plain value, the last of them last,

@@ -134,9 +134,9 @@ struct l7_walk {
 	__u8 win[L7_WINDOW];
 };
 
-/* l7_judge_sets decides a head against a flow's sets: allowed when one
- * set allows it, to user space when none does and one leaves it there,
- * else denied. Sets all 0: the flow is not restricted. When allowed,
+/* l7_judge_sets decides a head against a flow's sets: refused when one
+ * set refuses it, allowed when one set allows it, to user space when
+ * none does and one leaves it there, else denied. Sets all 0: the flow is not restricted. When allowed,
  * *set and *rule name the rule that allowed it (*set 0: unrestricted). */
 __always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s, __u32 *set, __u8 *rule)
 {
@@ -150,6 +150,8 @@ __always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s, __
 		if (!sets[i])
 			continue;
 		v = l7_judge(sets[i], s, rule);
+		if (v == L7_REFUSE)
+			return L7_REFUSE; /* ambiguous to one policy: to all */
 		if (v == L7_ALLOW) {
 			*set = sets[i];
 			return L7_ALLOW;
@@ -260,6 +262,13 @@ static long l7_step(__u32 i, void *data)
 		case L7_DENY:
 			l7_count(L7_STAT_DENIED, 1);
 			w->outcome = L7_WALK_DENY;
+			return 1;
+		case L7_REFUSE:
+			/* The head is read: the refusal's stream ends where it
+			 * began (unit_start), as a reader's own does. */
+			http_fail(s, HTTP_ERR_HEADER_REPEATED);
+			l7_count(L7_STAT_REFUSED, 1);
+			w->outcome = L7_WALK_REFUSE;
 			return 1;
 		}
 		l7_count(L7_STAT_PUNTED, 1);

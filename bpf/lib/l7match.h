@@ -10,9 +10,14 @@
  * lib/http.h into the same hashes, makes one lookup per hash it has (its
  * method, its path, each of its path prefixes, its host and each of its
  * suffixes) and ANDs the three masks: the cost is the same at 1 rule as
- * at 64. Rules with a condition the kernel does not judge (a regular
- * expression, a header) are marked user_space: a request only they may
- * match goes to user space.
+ * at 64. Header conditions are per name: the row lists the set's header
+ * names (at most L7_SET_HEADERS), with the rules that name each and
+ * those any value meets (Present); an Exact value is a lookup of the
+ * name's and the value's hash. A rule whose header is missing, or whose
+ * value no lookup matches, is out; a head that repeats a header the set
+ * names is refused, as the Go matcher refuses it. Rules with a condition
+ * the kernel does not judge (a regular expression) are marked
+ * user_space: a request only they may match goes to user space.
  */
 #ifndef WEIR_LIB_L7MATCH_H
 #define WEIR_LIB_L7MATCH_H
@@ -27,13 +32,18 @@ enum {
 	L7_KEY_PATH_PREFIX,
 	L7_KEY_HOST_EXACT,
 	L7_KEY_HOST_SUFFIX,
+	L7_KEY_HEADER_EXACT, /* l7_header_key of a name and a value */
 };
+
+/* The most header names one set's rules may match on. */
+#define L7_SET_HEADERS 8
 
 /* The verdicts (l7.KernelVerdict). */
 enum {
 	L7_DENY,
 	L7_ALLOW,
 	L7_USER_SPACE,
+	L7_REFUSE, /* a header the set names came twice: 400 */
 };
 
 struct l7_match_key {
@@ -49,6 +59,15 @@ struct l7_set {
 	__u64 any_host;
 	__u64 needs_path;
 	__u64 user_space;
+	/* Header conditions: header_rules are the rules with one; for each
+	 * of the set's names, hname its hash, hneed the rules that name it
+	 * and hany those any value meets. */
+	__u64 header_rules;
+	__u64 hname[L7_SET_HEADERS];
+	__u64 hneed[L7_SET_HEADERS];
+	__u64 hany[L7_SET_HEADERS];
+	__u32 nheaders;
+	__u32 pad;
 };
 
 struct {
@@ -114,6 +133,56 @@ __always_inline_fn __u8 l7_lowest_rule(__u64 mask)
 	return i;
 }
 
+/* l7_header_key is the lookup hash of a header's name and value: for a
+ * given name, a different value is a different key. */
+__always_inline_fn __u64 l7_header_key(__u64 name, __u64 value)
+{
+	return (name * FNV_PRIME) ^ value;
+}
+
+/* l7_header_slot is the head's slot of the watched name h, -1 if the
+ * head does not carry it. */
+__always_inline_fn int l7_header_slot(struct http_state *s, __u64 h)
+{
+	int j;
+
+	for (j = 0; j < HTTP_MAX_HEADERS; j++) {
+		if (j >= s->hdr_seen)
+			break;
+		if (s->hdr_name[j] == h)
+			return j;
+	}
+	return -1;
+}
+
+/* l7_header_misses returns the rules of the set whose header conditions
+ * the head does not meet, or sets *refuse when it repeats a header the
+ * set names. */
+__always_inline_fn __u64 l7_header_misses(__u32 set_id, struct l7_set *set, struct http_state *s, int *refuse)
+{
+	__u64 miss = 0, met;
+	int k, j;
+
+	for (k = 0; k < L7_SET_HEADERS; k++) {
+		if (k >= set->nheaders)
+			break;
+		j = l7_header_slot(s, set->hname[k]);
+		if (j < 0) {
+			miss |= set->hneed[k];
+			continue;
+		}
+		if (s->hdr_dup & (1 << j)) {
+			*refuse = 1;
+			return 0;
+		}
+		met = set->hany[k] |
+		      l7_lookup(set_id, L7_KEY_HEADER_EXACT,
+				l7_header_key(set->hname[k], s->hdr_val[j & (HTTP_MAX_HEADERS - 1)]));
+		miss |= set->hneed[k] & ~met;
+	}
+	return miss;
+}
+
 /* l7_judge decides the head the reader just finished against a set;
  * when it allows, *rule is the allowing rule's index in the set. */
 __always_inline_fn int l7_judge(__u32 set_id, struct http_state *s, __u8 *rule)
@@ -147,6 +216,13 @@ __always_inline_fn int l7_judge(__u32 set_id, struct http_state *s, __u8 *rule)
 		host |= l7_lookup(set_id, i ? L7_KEY_HOST_SUFFIX : L7_KEY_HOST_EXACT, h);
 	}
 	candidates = method & path & host;
+	if (set->header_rules) {
+		int refuse = 0;
+
+		candidates &= ~l7_header_misses(set_id, set, s, &refuse);
+		if (refuse)
+			return L7_REFUSE;
+	}
 	if (candidates & ~set->user_space) {
 		*rule = l7_lowest_rule(candidates & ~set->user_space);
 		return L7_ALLOW;

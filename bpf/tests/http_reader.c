@@ -43,7 +43,11 @@ struct http_test_record {
 	__u8 rule;    /* and the rule that allowed */
 	__u16 host_at; /* where the Host name begins in the head */
 	__u8 host_len;
-	__u8 pad;
+	__u8 hdr_seen; /* watched header fields kept */
+	__u16 hdr_dup;
+	__u8 pad[6];
+	__u64 hdr_name[HTTP_MAX_HEADERS];
+	__u64 hdr_val[HTTP_MAX_HEADERS];
 };
 
 /* The weir_l7_sets row the test judges each head against; 0 for none. */
@@ -117,6 +121,10 @@ static void record(struct http_state *s, __u8 kind)
 		__builtin_memcpy(r->label, s->label, sizeof(r->label));
 		r->host_at = s->host_at;
 		r->host_len = s->host_len;
+		r->hdr_seen = s->hdr_seen;
+		r->hdr_dup = s->hdr_dup;
+		__builtin_memcpy(r->hdr_name, s->hdr_name, sizeof(r->hdr_name));
+		__builtin_memcpy(r->hdr_val, s->hdr_val, sizeof(r->hdr_val));
 		if (TEST_SET)
 			r->verdict = l7_judge(TEST_SET, s, &r->rule);
 	} else {

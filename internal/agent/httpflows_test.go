@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -161,5 +163,34 @@ func TestHTTPFiltersSelectRequests(t *testing.T) {
 		if got := c.filter.Matcher()(c.flow); got != c.want {
 			t.Errorf("filter %+v on %+v: %v, want %v", c.filter, c.flow.HTTP, got, c.want)
 		}
+	}
+}
+
+// BenchmarkRecordNewPaths prices the agent's path for a request record
+// (explained with names, counted, stored) when every request is a path
+// of its own, as bench l7-gate's new-paths setup sends: one record each.
+func BenchmarkRecordNewPaths(b *testing.B) {
+	names, set := deathstarNames()
+	h := newHTTPFlows("n1", set)
+	log, err := openFlowLog(Config{FlowDir: b.TempDir()}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer log.close()
+	m := newMetrics(nil, log, slog.New(slog.DiscardHandler))
+	lines := make([][]byte, 4096)
+	for i := range lines {
+		lines[i] = []byte(fmt.Sprintf("GET /v1/status/%d HTTP/1.1\r\nHost: deathstar.empire\r\n", i))
+	}
+	ev := requestRecord(datapath.L7Allowed, "")
+	ev.Set, ev.Rule = 103, 1
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ev.Line = lines[i%len(lines)]
+		ev.Cookie = uint64(i)
+		f := h.explain(names, ev)
+		m.countHTTP(f)
+		log.record(f)
 	}
 }

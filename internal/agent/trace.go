@@ -35,8 +35,8 @@ func (a *Agent) serveTrace(w http.ResponseWriter, r *http.Request) {
 		}
 		q.Port = uint16(n)
 	}
-	if v.Has("method") || v.Has("path") || v.Has("host") {
-		q.HTTP = &api.TraceRequest{Method: v.Get("method"), Path: v.Get("path"), Host: v.Get("host")}
+	if v.Has("method") || v.Has("path") || v.Has("host") || v.Has("header") {
+		q.HTTP = &api.TraceRequest{Method: v.Get("method"), Path: v.Get("path"), Host: v.Get("host"), Headers: v["header"]}
 	}
 	t, err := a.Trace(q)
 	if err != nil {

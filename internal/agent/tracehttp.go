@@ -30,7 +30,20 @@ func traceRequestHead(q *api.TraceRequest) ([]byte, error) {
 	if host == "" {
 		host = "trace.invalid" // HTTP/1.1 needs one; rules with hostnames will not match it
 	}
-	return []byte(q.Method + " " + q.Path + " HTTP/1.1\r\nHost: " + host + "\r\n\r\n"), nil
+	var fields strings.Builder
+	for _, h := range q.Headers {
+		name, _, ok := strings.Cut(h, ":")
+		switch {
+		case !ok || strings.TrimSpace(name) != name || name == "":
+			return nil, fmt.Errorf("header %q: want \"Name: value\": %w", h, errTraceRequest)
+		case strings.ContainsAny(h, "\r\n"):
+			return nil, fmt.Errorf("header %q: no line breaks allowed: %w", h, errTraceRequest)
+		case strings.EqualFold(name, "host"):
+			return nil, fmt.Errorf("header %q: give the Host with --host: %w", h, errTraceRequest)
+		}
+		fields.WriteString(h + "\r\n")
+	}
+	return []byte(q.Method + " " + q.Path + " HTTP/1.1\r\nHost: " + host + "\r\n" + fields.String() + "\r\n"), nil
 }
 
 // traceHTTP judges the traced request as the destination pod's node
@@ -84,8 +97,8 @@ func traceHTTP(res *policy.Result, pod string, peer netip.Addr, port uint16, q *
 }
 
 // kernelPath says where the datapath judges a request of a restricted
-// connection: in the kernel, or (rules with headers or regular
-// expressions, heads the in-kernel reader does not hold) in user space.
+// connection: in the kernel, or (rules with regular expressions, heads
+// the in-kernel reader does not hold) in user space.
 func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, req *l7.Request) string {
 	if ok, why := l7.KernelReads(req); !ok {
 		return "user space: the in-kernel reader does not hold " + why + " (the user-space path is not built yet: the connection is closed)"
@@ -101,6 +114,8 @@ func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, re
 			return "closed: " + err.Error()
 		}
 		switch k.Judge(req) {
+		case l7.KernelRefuse:
+			return "kernel: refused there (400)"
 		case l7.KernelAllow:
 			return "kernel: allowed there"
 		case l7.KernelUserSpace:
@@ -108,7 +123,7 @@ func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, re
 		}
 	}
 	if verdict == l7.KernelUserSpace {
-		return "user space: only rules with conditions the kernel does not judge (headers, regular expressions) may match (the user-space path is not built yet: the connection is closed)"
+		return "user space: only rules with conditions the kernel does not judge (regular expressions) may match (the user-space path is not built yet: the connection is closed)"
 	}
 	return "kernel: denied there"
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -63,9 +64,9 @@ func deathstarPolicy(t *testing.T) *policy.Result {
 
 func TestTraceHTTPExplainsTheRules(t *testing.T) {
 	res := deathstarPolicy(t)
-	trace := func(peer netip.Addr, method, path string) *api.TraceHTTP {
+	trace := func(peer netip.Addr, method, path string, headers ...string) *api.TraceHTTP {
 		t.Helper()
-		h, err := traceHTTP(res, "empire/deathstar-0", peer, 80, &api.TraceRequest{Method: method, Path: path, Host: "deathstar.empire"})
+		h, err := traceHTTP(res, "empire/deathstar-0", peer, 80, &api.TraceRequest{Method: method, Path: path, Host: "deathstar.empire", Headers: headers})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,10 +81,23 @@ func TestTraceHTTPExplainsTheRules(t *testing.T) {
 	if h.Verdict != "denied" || !strings.Contains(h.Rule, "403") || h.Kernel != "kernel: denied there" {
 		t.Fatalf("exhaust port: %+v", h)
 	}
-	// Only the header rule may match: left to user space.
+	// Only the header rule may match: judged in the kernel too.
 	h = trace(traceFighter, "GET", "/v1/status/ok")
-	if h.Verdict != "denied" || !strings.HasPrefix(h.Kernel, "user space: only rules with conditions") {
+	if h.Verdict != "denied" || h.Kernel != "kernel: denied there" {
 		t.Fatalf("status without the header: %+v", h)
+	}
+	h = trace(traceFighter, "GET", "/v1/status/ok", "x-fleet: 7")
+	if h.Verdict != "allowed" || h.Kernel != "kernel: allowed there" || !strings.Contains(h.Rule, "http[1]") {
+		t.Fatalf("status with the header: %+v", h)
+	}
+	h = trace(traceFighter, "GET", "/v1/status/ok", "X-Fleet: 7", "X-Fleet: 8")
+	if h.Verdict != "refused" || !strings.Contains(h.Rule, "400") {
+		t.Fatalf("status with the header twice: %+v", h)
+	}
+	for _, bad := range []string{"X-Fleet 7", " X-Fleet: 7", "Host: other", "X-Fleet: 7\r\nX-Evil: 1"} {
+		if _, err := traceHTTP(res, "empire/deathstar-0", traceFighter, 80, &api.TraceRequest{Method: "GET", Path: "/", Headers: []string{bad}}); !errors.Is(err, errTraceRequest) {
+			t.Errorf("header %q traced: %v", bad, err)
+		}
 	}
 	// A path servers read differently is refused before any rule.
 	h = trace(traceFighter, "GET", "/v1/../admin")

@@ -30,6 +30,8 @@ type TraceRequest struct {
 	Method string `json:"method"`
 	Path   string `json:"path"`
 	Host   string `json:"host,omitempty"`
+	// Headers are header fields as sent, "Name: value" each.
+	Headers []string `json:"headers,omitempty"`
 }
 
 // Values encodes the query for GET PathTrace.
@@ -43,6 +45,9 @@ func (q TraceQuery) Values() url.Values {
 		v.Set("path", q.HTTP.Path)
 		if q.HTTP.Host != "" {
 			v.Set("host", q.HTTP.Host)
+		}
+		for _, h := range q.HTTP.Headers {
+			v.Add("header", h)
 		}
 	}
 	return v

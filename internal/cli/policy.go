@@ -32,8 +32,9 @@ type traceFlags struct {
 	target    agentTarget
 	namespace string
 	output    string
-	// method, path and host name an HTTP request to judge too.
+	// method, path, host and headers name an HTTP request to judge too.
 	method, path, host string
+	headers            []string
 }
 
 // traceClient is the part of the agent API a trace needs.
@@ -86,12 +87,13 @@ func newPolicyTraceCommand() *cobra.Command {
 	cmd.Flags().StringVar(&f.method, "method", "", "also judge an HTTP request of the connection with this method (needs --path)")
 	cmd.Flags().StringVar(&f.path, "path", "", "the HTTP request's path, with any query (e.g. /v1/status?x=1)")
 	cmd.Flags().StringVar(&f.host, "host", "", "the HTTP request's Host (default: one no hostname rule matches)")
+	cmd.Flags().StringArrayVar(&f.headers, "header", nil, `a header field of the HTTP request, "Name: value" (repeat for more)`)
 	return cmd
 }
 
 // request is the HTTP request the flags name, nil for none.
 func (f *traceFlags) request(proto string) (*api.TraceRequest, error) {
-	if f.method == "" && f.path == "" && f.host == "" {
+	if f.method == "" && f.path == "" && f.host == "" && len(f.headers) == 0 {
 		return nil, nil
 	}
 	switch {
@@ -102,7 +104,7 @@ func (f *traceFlags) request(proto string) (*api.TraceRequest, error) {
 	case proto != "tcp":
 		return nil, fmt.Errorf("an HTTP request needs a TCP port (80/tcp), not %s", proto)
 	}
-	return &api.TraceRequest{Method: f.method, Path: f.path, Host: f.host}, nil
+	return &api.TraceRequest{Method: f.method, Path: f.path, Host: f.host, Headers: f.headers}, nil
 }
 
 func validateOutput(o string) error {

@@ -97,7 +97,45 @@ type httpreaderHttpState struct {
 	Override      uint8
 	_             [1]byte
 	HostAt        uint16
+	Watching      uint8
+	HdrSeen       uint8
+	HdrCur        uint8
+	HvalOws       uint8
+	HdrDup        uint16
+	PadHdr        [2]uint8
 	_             [2]byte
+	Hname         struct {
+		_   structs.HostLayout
+		V0  uint64
+		V1  uint64
+		V2  uint64
+		V3  uint64
+		M   uint64
+		N   uint8
+		Pad [7]uint8
+	}
+	Hval struct {
+		_   structs.HostLayout
+		V0  uint64
+		V1  uint64
+		V2  uint64
+		V3  uint64
+		M   uint64
+		N   uint8
+		Pad [7]uint8
+	}
+	HvalOwsHash struct {
+		_   structs.HostLayout
+		V0  uint64
+		V1  uint64
+		V2  uint64
+		V3  uint64
+		M   uint64
+		N   uint8
+		Pad [7]uint8
+	}
+	HdrName [16]uint64
+	HdrVal  [16]uint64
 }
 
 type httpreaderHttpTestRecord struct {
@@ -119,7 +157,18 @@ type httpreaderHttpTestRecord struct {
 	Rule          uint8
 	HostAt        uint16
 	HostLen       uint8
-	Pad           uint8
+	HdrSeen       uint8
+	HdrDup        uint16
+	Pad           [6]uint8
+	HdrName       [16]uint64
+	HdrVal        [16]uint64
+}
+
+type httpreaderL7HeaderWatch struct {
+	_     structs.HostLayout
+	Name  [16]uint64
+	Count uint32
+	Pad   uint32
 }
 
 type httpreaderL7MatchKey struct {
@@ -131,12 +180,18 @@ type httpreaderL7MatchKey struct {
 }
 
 type httpreaderL7Set struct {
-	_         structs.HostLayout
-	AnyMethod uint64
-	AnyPath   uint64
-	AnyHost   uint64
-	NeedsPath uint64
-	UserSpace uint64
+	_           structs.HostLayout
+	AnyMethod   uint64
+	AnyPath     uint64
+	AnyHost     uint64
+	NeedsPath   uint64
+	UserSpace   uint64
+	HeaderRules uint64
+	Hname       [8]uint64
+	Hneed       [8]uint64
+	Hany        [8]uint64
+	Nheaders    uint32
+	Pad         uint32
 }
 
 type httpreaderScratch struct {
@@ -152,6 +207,7 @@ const (
 	httpreaderMapWeirHttpTestOut         = "weir_http_test_out"
 	httpreaderMapWeirHttpTestScratch     = "weir_http_test_scratch"
 	httpreaderMapWeirHttpTestState       = "weir_http_test_state"
+	httpreaderMapWeirL7HeaderWatch       = "weir_l7_header_watch"
 	httpreaderMapWeirL7Match             = "weir_l7_match"
 	httpreaderMapWeirL7Sets              = "weir_l7_sets"
 	httpreaderProgHttpReaderTest         = "http_reader_test"
@@ -224,6 +280,7 @@ type httpreaderMapSpecs struct {
 	WeirHttpTestOut     *ebpf.MapSpec `ebpf:"weir_http_test_out"`
 	WeirHttpTestScratch *ebpf.MapSpec `ebpf:"weir_http_test_scratch"`
 	WeirHttpTestState   *ebpf.MapSpec `ebpf:"weir_http_test_state"`
+	WeirL7HeaderWatch   *ebpf.MapSpec `ebpf:"weir_l7_header_watch"`
 	WeirL7Match         *ebpf.MapSpec `ebpf:"weir_l7_match"`
 	WeirL7Sets          *ebpf.MapSpec `ebpf:"weir_l7_sets"`
 }
@@ -272,6 +329,7 @@ type httpreaderMaps struct {
 	WeirHttpTestOut     *ebpf.Map `ebpf:"weir_http_test_out"`
 	WeirHttpTestScratch *ebpf.Map `ebpf:"weir_http_test_scratch"`
 	WeirHttpTestState   *ebpf.Map `ebpf:"weir_http_test_state"`
+	WeirL7HeaderWatch   *ebpf.Map `ebpf:"weir_l7_header_watch"`
 	WeirL7Match         *ebpf.Map `ebpf:"weir_l7_match"`
 	WeirL7Sets          *ebpf.Map `ebpf:"weir_l7_sets"`
 }
@@ -282,6 +340,7 @@ func (m *httpreaderMaps) Close() error {
 		m.WeirHttpTestOut,
 		m.WeirHttpTestScratch,
 		m.WeirHttpTestState,
+		m.WeirL7HeaderWatch,
 		m.WeirL7Match,
 		m.WeirL7Sets,
 	)

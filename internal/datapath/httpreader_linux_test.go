@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,8 +72,22 @@ func loadHTTPReader(t testing.TB) *httpReader {
 		t.Fatalf("load the HTTP reader: %v", err)
 	}
 	t.Cleanup(func() { r.objs.Close() })
+	// Watch header names as a node whose rules name them would, so the
+	// comparisons cover the values' hashes (sameHead) and the fields the
+	// reader hashes instead of skipping.
+	w := l7L7HeaderWatch{Count: uint32(len(testWatchedHeaders))}
+	for i, name := range testWatchedHeaders {
+		w.Name[i] = l7.HeaderNameHash(testHTTPKey, name)
+	}
+	if err := r.objs.WeirL7HeaderWatch.Put(uint32(0), w); err != nil {
+		t.Fatal(err)
+	}
 	return r
 }
+
+// testWatchedHeaders are the names the test reader watches: fields the
+// corpus carries, some of them ones the reader reads for framing too.
+var testWatchedHeaders = []string{"x-k", "accept", "user-agent", "host", "content-length", "transfer-encoding", "cookie"}
 
 // read feeds stream to a fresh reader in the pieces cuts makes (each cut
 // an offset, increasing) and returns its records.
@@ -198,6 +213,9 @@ func sameHead(r *l7.Request, rec httpreaderHttpTestRecord) error {
 			return fmt.Errorf("host %q label %d: kernel %x, want %x", r.Host, i, rec.Label[i], h)
 		}
 	}
+	if err := sameHeaders(r, rec); err != nil {
+		return err
+	}
 	flag := func(f uint8) bool { return rec.Flags&f != 0 }
 	switch {
 	case flag(httpFlagChunked) != r.Chunked:
@@ -210,6 +228,36 @@ func sameHead(r *l7.Request, rec httpreaderHttpTestRecord) error {
 		return fmt.Errorf("kernel upgrade %v, parser %v", flag(httpFlagUpgrade), r.Upgrade)
 	case flag(httpFlagHTTP10) != (r.Proto == "HTTP/1.0"):
 		return fmt.Errorf("kernel HTTP/1.0 %v, parser %s", flag(httpFlagHTTP10), r.Proto)
+	}
+	return nil
+}
+
+// sameHeaders holds the reader's watched fields to the parser's: a slot
+// for each watched name the head carries, in the order first seen, with
+// the hash of its first value, marked repeated when it came again.
+func sameHeaders(r *l7.Request, rec httpreaderHttpTestRecord) error {
+	type slot struct {
+		name, value uint64
+		dup         bool
+	}
+	var want []slot
+	seen := map[string]bool{}
+	for _, f := range r.Header {
+		if seen[f.Name] || !slices.Contains(testWatchedHeaders, f.Name) {
+			continue
+		}
+		seen[f.Name] = true
+		vs := r.Values(f.Name)
+		want = append(want, slot{l7.HeaderNameHash(testHTTPKey, f.Name), l7.HeaderValueHash(testHTTPKey, vs[0]), len(vs) > 1})
+	}
+	if int(rec.HdrSeen) != len(want) {
+		return fmt.Errorf("kernel kept %d watched fields, the parser's head has %d", rec.HdrSeen, len(want))
+	}
+	for i, w := range want {
+		got := slot{rec.HdrName[i], rec.HdrVal[i], rec.HdrDup&(1<<i) != 0}
+		if got != w {
+			return fmt.Errorf("watched field %d: kernel %+v, parser %+v", i, got, w)
+		}
 	}
 	return nil
 }
@@ -370,7 +418,10 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.objs.Close()
-	tables := l7Tables{match: r.objs.WeirL7Match, sets: r.objs.WeirL7Sets}
+	tables, err := openL7Tables(r.objs.WeirL7Match, r.objs.WeirL7Sets, r.objs.WeirL7HeaderWatch)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
 	counts := map[l7.KernelVerdict]int{}
@@ -391,8 +442,8 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				rules[i].Hostnames = []string{pick("api.example.com", "*.example.com", "*.b.example.com")}
 			}
-			if rng.IntN(6) == 0 {
-				rules[i].Headers = []l7.HeaderMatch{{Type: l7.HeaderPresent, Name: "X-K"}}
+			if rng.IntN(3) == 0 {
+				rules[i].Headers = randHeaderMatches(rng)
 			}
 		}
 		k, err := l7.CompileKernel(rules, testHTTPKey)
@@ -407,7 +458,8 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 			if target == "*" {
 				method = "OPTIONS"
 			}
-			head := method + " " + target + " HTTP/1.1\r\nHost: " + pick("api.example.com", "a.b.example.com", "example.com", "API.EXAMPLE.com.:8080", "[::1]") + "\r\n\r\n"
+			head := method + " " + target + " HTTP/1.1\r\nHost: " + pick("api.example.com", "a.b.example.com", "example.com", "API.EXAMPLE.com.:8080", "[::1]") + "\r\n" +
+				randHeaderFields(rng) + "\r\n"
 			reqs, err := l7.NewParser(l7.Limits{}).Feed([]byte(head))
 			if err != nil {
 				t.Fatal(err)
@@ -417,6 +469,15 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 				t.Fatalf("%q: records %+v", head, recs)
 			}
 			want, rule := k.JudgeRule(reqs[0])
+			if want == l7.KernelRefuse {
+				// The test program records the judge's verdict; the
+				// refusal itself is l7_step's (TestL7HTTP*).
+				if got := l7.KernelVerdict(recs[0].Verdict); got != want {
+					t.Fatalf("rules %+v, %q: kernel %d, KernelRules.Judge refuses", rules, head, got)
+				}
+				counts[want]++
+				continue
+			}
 			if got := l7.KernelVerdict(recs[0].Verdict); got != want {
 				t.Fatalf("rules %+v, %q: kernel %d, KernelRules.Judge %d", rules, head, got, want)
 			}
@@ -436,10 +497,14 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 		if n := mapLen(t, r.objs.WeirL7Match) + mapLen(t, r.objs.WeirL7Sets); n != 0 {
 			t.Fatalf("deleteSet left %d entries", n)
 		}
+		var w l7L7HeaderWatch
+		if err := r.objs.WeirL7HeaderWatch.Lookup(uint32(0), &w); err != nil || w.Count != 0 {
+			t.Fatalf("deleteSet left %d watched header names (%v)", w.Count, err)
+		}
 	}
 	t.Logf("verdicts: %v", counts)
-	for _, v := range []l7.KernelVerdict{l7.KernelAllow, l7.KernelDeny, l7.KernelUserSpace} {
-		if counts[v] < 500 {
+	for _, v := range []l7.KernelVerdict{l7.KernelAllow, l7.KernelDeny, l7.KernelUserSpace, l7.KernelRefuse} {
+		if counts[v] < 100 {
 			t.Errorf("only %d verdicts %d", counts[v], v)
 		}
 	}
@@ -448,6 +513,47 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 	if len(recs) != 1 || recs[0].Verdict != uint8(l7.KernelDeny) {
 		t.Fatalf("with no set row: %+v, want deny", recs)
 	}
+}
+
+// randHeaderMatches are a rule's header conditions: one to three names,
+// each once, of every type, their values among those randHeaderFields
+// sends.
+func randHeaderMatches(rng *rand.Rand) []l7.HeaderMatch {
+	var out []l7.HeaderMatch
+	for _, name := range rng.Perm(3)[:1+rng.IntN(3)] {
+		h := l7.HeaderMatch{Name: []string{"X-K", "x-user", "Accept"}[name]}
+		switch rng.IntN(4) {
+		case 0:
+			h.Type = l7.HeaderPresent
+		case 1:
+			h.Type, h.Value = l7.HeaderRegularExpression, "[a-z]+"
+		default:
+			h.Type, h.Value = l7.HeaderExact, []string{"1", "2", "a b", "A"}[rng.IntN(4)]
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// randHeaderFields are a head's fields of the names randHeaderMatches
+// names, in any case, absent, once or twice, their values differing by
+// case and inner whitespace and padded with OWS.
+func randHeaderFields(rng *rand.Rand) string {
+	var b strings.Builder
+	for _, name := range []string{"X-K", "X-User", "accept", "Other"} {
+		n := []int{0, 1, 1, 1, 2}[rng.IntN(5)]
+		if n == 2 && rng.IntN(3) != 0 {
+			n = 1
+		}
+		for i := 0; i < n; i++ {
+			if rng.IntN(2) == 0 {
+				name = strings.ToUpper(name)
+			}
+			pad := []string{"", " ", "\t ", "  "}
+			b.WriteString(name + ":" + pad[rng.IntN(4)] + []string{"1", "2", "a b", "a  b", "A", "a"}[rng.IntN(6)] + pad[rng.IntN(4)] + "\r\n")
+		}
+	}
+	return b.String()
 }
 
 func mapLen(t *testing.T, m *ebpf.Map) int {

@@ -72,7 +72,8 @@ type L7Sockets struct {
 	sockops link.Link
 	// key is the reader's hash key, random for each L7Sockets: rule
 	// sets must be compiled under it (HashKey).
-	key l7.HashKey
+	key    l7.HashKey
+	tables l7Tables
 }
 
 // AttachL7Sockets loads bpf/l7.c, attaches its parser and verdicts to its
@@ -125,6 +126,9 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 			return nil, fmt.Errorf("attach %v to its socket hash: %w", a.kind, err)
 		}
 	}
+	if s.tables, err = openL7Tables(s.objs.WeirL7Match, s.objs.WeirL7Sets, s.objs.WeirL7HeaderWatch); err != nil {
+		return nil, err
+	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupSockOps, Program: s.objs.L7Sockops})
 	if err != nil {
 		return nil, fmt.Errorf("attach the L7 sock_ops program to %s: %w", cgroup, err)
@@ -164,7 +168,7 @@ func (s *L7Sockets) WriteHTTPSet(id uint32, k *l7.KernelRules) error {
 	if k.Key != s.key {
 		return fmt.Errorf("HTTP set %d: %w", id, errHashKey)
 	}
-	return l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}.writeSet(id, k)
+	return s.tables.writeSet(id, k)
 }
 
 // HashKey is the key the path's reader hashes under: compile the sets
@@ -200,7 +204,7 @@ func setHTTPHashKey(spec *ebpf.CollectionSpec, key l7.HashKey) error {
 
 // DeleteHTTPSet removes set id: requests judged against it are denied.
 func (s *L7Sockets) DeleteHTTPSet(id uint32, k *l7.KernelRules) error {
-	return l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}.deleteSet(id, k)
+	return s.tables.deleteSet(id, k)
 }
 
 // HTTPConnections is the number of sockets with reader state: it goes

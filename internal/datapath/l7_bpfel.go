@@ -99,7 +99,45 @@ type l7L7Conn struct {
 		Override      uint8
 		_             [1]byte
 		HostAt        uint16
+		Watching      uint8
+		HdrSeen       uint8
+		HdrCur        uint8
+		HvalOws       uint8
+		HdrDup        uint16
+		PadHdr        [2]uint8
 		_             [2]byte
+		Hname         struct {
+			_   structs.HostLayout
+			V0  uint64
+			V1  uint64
+			V2  uint64
+			V3  uint64
+			M   uint64
+			N   uint8
+			Pad [7]uint8
+		}
+		Hval struct {
+			_   structs.HostLayout
+			V0  uint64
+			V1  uint64
+			V2  uint64
+			V3  uint64
+			M   uint64
+			N   uint8
+			Pad [7]uint8
+		}
+		HvalOwsHash struct {
+			_   structs.HostLayout
+			V0  uint64
+			V1  uint64
+			V2  uint64
+			V3  uint64
+			M   uint64
+			N   uint8
+			Pad [7]uint8
+		}
+		HdrName [16]uint64
+		HdrVal  [16]uint64
 	}
 	Closed      uint8
 	Outstanding uint8
@@ -128,6 +166,13 @@ type l7L7HashKey struct {
 	_  structs.HostLayout
 	K0 uint64
 	K1 uint64
+}
+
+type l7L7HeaderWatch struct {
+	_     structs.HostLayout
+	Name  [16]uint64
+	Count uint32
+	Pad   uint32
 }
 
 type l7L7MatchKey struct {
@@ -168,12 +213,18 @@ type l7L7RequestEvent struct {
 }
 
 type l7L7Set struct {
-	_         structs.HostLayout
-	AnyMethod uint64
-	AnyPath   uint64
-	AnyHost   uint64
-	NeedsPath uint64
-	UserSpace uint64
+	_           structs.HostLayout
+	AnyMethod   uint64
+	AnyPath     uint64
+	AnyHost     uint64
+	NeedsPath   uint64
+	UserSpace   uint64
+	HeaderRules uint64
+	Hname       [8]uint64
+	Hneed       [8]uint64
+	Hany        [8]uint64
+	Nheaders    uint32
+	Pad         uint32
 }
 
 type l7L7SockKey struct {
@@ -191,6 +242,7 @@ const (
 	l7MapWeirL7Conns             = "weir_l7_conns"
 	l7MapWeirL7Events            = "weir_l7_events"
 	l7MapWeirL7Flows             = "weir_l7_flows"
+	l7MapWeirL7HeaderWatch       = "weir_l7_header_watch"
 	l7MapWeirL7Http              = "weir_l7_http"
 	l7MapWeirL7Key               = "weir_l7_key"
 	l7MapWeirL7Match             = "weir_l7_match"
@@ -274,18 +326,19 @@ type l7ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
-	WeirL7Conns   *ebpf.MapSpec `ebpf:"weir_l7_conns"`
-	WeirL7Events  *ebpf.MapSpec `ebpf:"weir_l7_events"`
-	WeirL7Flows   *ebpf.MapSpec `ebpf:"weir_l7_flows"`
-	WeirL7Http    *ebpf.MapSpec `ebpf:"weir_l7_http"`
-	WeirL7Key     *ebpf.MapSpec `ebpf:"weir_l7_key"`
-	WeirL7Match   *ebpf.MapSpec `ebpf:"weir_l7_match"`
-	WeirL7Ports   *ebpf.MapSpec `ebpf:"weir_l7_ports"`
-	WeirL7Scratch *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
-	WeirL7Sets    *ebpf.MapSpec `ebpf:"weir_l7_sets"`
-	WeirL7Skb     *ebpf.MapSpec `ebpf:"weir_l7_skb"`
-	WeirL7Stats   *ebpf.MapSpec `ebpf:"weir_l7_stats"`
-	WeirL7Strp    *ebpf.MapSpec `ebpf:"weir_l7_strp"`
+	WeirL7Conns       *ebpf.MapSpec `ebpf:"weir_l7_conns"`
+	WeirL7Events      *ebpf.MapSpec `ebpf:"weir_l7_events"`
+	WeirL7Flows       *ebpf.MapSpec `ebpf:"weir_l7_flows"`
+	WeirL7HeaderWatch *ebpf.MapSpec `ebpf:"weir_l7_header_watch"`
+	WeirL7Http        *ebpf.MapSpec `ebpf:"weir_l7_http"`
+	WeirL7Key         *ebpf.MapSpec `ebpf:"weir_l7_key"`
+	WeirL7Match       *ebpf.MapSpec `ebpf:"weir_l7_match"`
+	WeirL7Ports       *ebpf.MapSpec `ebpf:"weir_l7_ports"`
+	WeirL7Scratch     *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
+	WeirL7Sets        *ebpf.MapSpec `ebpf:"weir_l7_sets"`
+	WeirL7Skb         *ebpf.MapSpec `ebpf:"weir_l7_skb"`
+	WeirL7Stats       *ebpf.MapSpec `ebpf:"weir_l7_stats"`
+	WeirL7Strp        *ebpf.MapSpec `ebpf:"weir_l7_strp"`
 }
 
 // l7VariableSpecs contains global variables before they are loaded into the kernel.
@@ -328,18 +381,19 @@ func (o *l7Objects) Close() error {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
-	WeirL7Conns   *ebpf.Map `ebpf:"weir_l7_conns"`
-	WeirL7Events  *ebpf.Map `ebpf:"weir_l7_events"`
-	WeirL7Flows   *ebpf.Map `ebpf:"weir_l7_flows"`
-	WeirL7Http    *ebpf.Map `ebpf:"weir_l7_http"`
-	WeirL7Key     *ebpf.Map `ebpf:"weir_l7_key"`
-	WeirL7Match   *ebpf.Map `ebpf:"weir_l7_match"`
-	WeirL7Ports   *ebpf.Map `ebpf:"weir_l7_ports"`
-	WeirL7Scratch *ebpf.Map `ebpf:"weir_l7_scratch"`
-	WeirL7Sets    *ebpf.Map `ebpf:"weir_l7_sets"`
-	WeirL7Skb     *ebpf.Map `ebpf:"weir_l7_skb"`
-	WeirL7Stats   *ebpf.Map `ebpf:"weir_l7_stats"`
-	WeirL7Strp    *ebpf.Map `ebpf:"weir_l7_strp"`
+	WeirL7Conns       *ebpf.Map `ebpf:"weir_l7_conns"`
+	WeirL7Events      *ebpf.Map `ebpf:"weir_l7_events"`
+	WeirL7Flows       *ebpf.Map `ebpf:"weir_l7_flows"`
+	WeirL7HeaderWatch *ebpf.Map `ebpf:"weir_l7_header_watch"`
+	WeirL7Http        *ebpf.Map `ebpf:"weir_l7_http"`
+	WeirL7Key         *ebpf.Map `ebpf:"weir_l7_key"`
+	WeirL7Match       *ebpf.Map `ebpf:"weir_l7_match"`
+	WeirL7Ports       *ebpf.Map `ebpf:"weir_l7_ports"`
+	WeirL7Scratch     *ebpf.Map `ebpf:"weir_l7_scratch"`
+	WeirL7Sets        *ebpf.Map `ebpf:"weir_l7_sets"`
+	WeirL7Skb         *ebpf.Map `ebpf:"weir_l7_skb"`
+	WeirL7Stats       *ebpf.Map `ebpf:"weir_l7_stats"`
+	WeirL7Strp        *ebpf.Map `ebpf:"weir_l7_strp"`
 }
 
 func (m *l7Maps) Close() error {
@@ -347,6 +401,7 @@ func (m *l7Maps) Close() error {
 		m.WeirL7Conns,
 		m.WeirL7Events,
 		m.WeirL7Flows,
+		m.WeirL7HeaderWatch,
 		m.WeirL7Http,
 		m.WeirL7Key,
 		m.WeirL7Match,

@@ -68,7 +68,7 @@ type L7Event struct {
 	Closed bool
 	// Upgrade and UserRules say why the verdict punted a head the reader
 	// read whole: an allowed request to upgrade the connection, or one
-	// only rules the kernel does not judge (headers, regular
+	// only rules the kernel does not judge (regular
 	// expressions) may match.
 	Upgrade, UserRules bool
 	// Pipelined: a denial or refusal not answered in place because the
@@ -200,6 +200,7 @@ var l7Reasons = [...]string{
 	"a method over 16 bytes",
 	"a path of more than 16 elements",
 	"a host of more than 8 labels",
+	"a header a rule matches on, sent more than once",
 }
 
 // Reason says why a refused or punted stream was, "" for other records.
@@ -208,7 +209,7 @@ func (e L7Event) Reason() string {
 	case e.Upgrade:
 		return "an allowed request to upgrade the connection (after a 101 the bytes are no longer HTTP; only the server's answer tells)"
 	case e.UserRules:
-		return "only rules with conditions the kernel does not judge (headers, regular expressions) may match it"
+		return "only rules with conditions the kernel does not judge (regular expressions) may match it"
 	case e.Verdict == L7Split:
 		return "its head did not arrive in one piece"
 	}

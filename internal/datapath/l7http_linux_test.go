@@ -1,16 +1,18 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/weirnet/weir/internal/l7"
 )
@@ -261,5 +263,116 @@ func TestL7HTTPEnforced(t *testing.T) {
 			t.Fatalf("%d sockets' reader state left after every connection closed", n)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestL7HTTPHeaderRules: header conditions judged in the kernel, with
+// real sockets. A request with both headers a rule names (value exact,
+// OWS around it ignored) reaches the server; one missing, or with its
+// value in another case, is answered 403; one repeating a header the
+// rules name is answered 400; a second set naming other headers grows
+// the watch list, and deleting both empties it.
+func TestL7HTTPHeaderRules(t *testing.T) {
+	s, cg := attachL7ForTest(t)
+	const port = 18620
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	rules := []l7.Rule{
+		{Method: "PUT", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/exhaust-port"}, Headers: []l7.HeaderMatch{
+			{Type: l7.HeaderExact, Name: "X-Role", Value: "vader"}, {Type: l7.HeaderPresent, Name: "X-Trace"}}},
+		{Method: "GET", Headers: []l7.HeaderMatch{{Type: l7.HeaderExact, Name: "x-fleet", Value: "imperial star"}}},
+	}
+	k, err := l7.CompileKernel(rules, s.HashKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteHTTPSet(1, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnforceHTTP(port, 1); err != nil {
+		t.Fatal(err)
+	}
+	startHTTPHelper(t, cg, addr)
+	const pad = "X-Padding-For-The-Answer: 0123456789012345678901234567890123456789\r\n"
+	for _, tc := range []struct {
+		name, head, want string
+	}{
+		{"both headers", "PUT /v1/exhaust-port HTTP/1.1\r\nHost: h\r\nx-role: vader\r\nX-Trace: 1\r\n" + pad + "\r\n", "200 OK"},
+		{"OWS around the value", "PUT /v1/exhaust-port HTTP/1.1\r\nHost: h\r\nX-ROLE: \t vader  \r\nX-Trace:\r\n" + pad + "\r\n", "200 OK"},
+		{"inner whitespace kept", "GET /x HTTP/1.1\r\nHost: h\r\nX-Fleet:  imperial star \r\n" + pad + "\r\n", "200 OK"},
+		{"inner whitespace differs", "GET /x HTTP/1.1\r\nHost: h\r\nX-Fleet: imperial  star\r\n" + pad + "\r\n", "HTTP/1.1 403 "},
+		{"one header missing", "PUT /v1/exhaust-port HTTP/1.1\r\nHost: h\r\nX-Role: vader\r\n" + pad + "\r\n", "HTTP/1.1 403 "},
+		{"value in another case", "PUT /v1/exhaust-port HTTP/1.1\r\nHost: h\r\nX-Role: Vader\r\nX-Trace: 1\r\n" + pad + "\r\n", "HTTP/1.1 403 "},
+		{"a header the rules name, twice", "PUT /v1/exhaust-port HTTP/1.1\r\nHost: h\r\nX-Role: vader\r\nX-Trace: 1\r\nx-role: rebel\r\n" + pad + "\r\n", "HTTP/1.1 400 "},
+	} {
+		got := rawExchange(t, addr, tc.head)
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	names := func() uint32 {
+		t.Helper()
+		var w l7L7HeaderWatch
+		if err := s.objs.WeirL7HeaderWatch.Lookup(uint32(0), &w); err != nil {
+			t.Fatal(err)
+		}
+		return w.Count
+	}
+	if n := names(); n != 3 {
+		t.Fatalf("%d header names watched, want 3", n)
+	}
+	k2, err := l7.CompileKernel([]l7.Rule{{Headers: []l7.HeaderMatch{{Type: l7.HeaderPresent, Name: "X-Trace"}, {Type: l7.HeaderPresent, Name: "Authorization"}}}}, s.HashKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteHTTPSet(2, k2); err != nil {
+		t.Fatal(err)
+	}
+	if n := names(); n != 4 {
+		t.Fatalf("%d header names watched with a second set, want 4", n)
+	}
+	if err := s.DeleteHTTPSet(1, k); err != nil {
+		t.Fatal(err)
+	}
+	if n := names(); n != 2 {
+		t.Fatalf("%d header names watched after the first set's deletion, want 2", n)
+	}
+	if err := s.DeleteHTTPSet(2, k2); err != nil {
+		t.Fatal(err)
+	}
+	if n := names(); n != 0 {
+		t.Fatalf("%d header names watched with no set, want 0", n)
+	}
+}
+
+// TestHeaderWatchFailsClosed: a set whose header names would take the
+// watch list past its size is not written, and leaves the list as it
+// was.
+func TestHeaderWatchFailsClosed(t *testing.T) {
+	s, _ := attachL7ForTest(t)
+	for i := 0; i < l7.MaxWatchedHeaders/2; i++ {
+		rules := []l7.Rule{{Headers: []l7.HeaderMatch{
+			{Type: l7.HeaderPresent, Name: fmt.Sprintf("x-a%d", i)}, {Type: l7.HeaderPresent, Name: fmt.Sprintf("x-b%d", i)}}}}
+		k, err := l7.CompileKernel(rules, s.HashKey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteHTTPSet(uint32(i+1), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := l7.CompileKernel([]l7.Rule{{Headers: []l7.HeaderMatch{{Type: l7.HeaderPresent, Name: "x-one-more"}}}}, s.HashKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteHTTPSet(99, k); !errors.Is(err, l7.ErrTooManyRules) {
+		t.Fatalf("a 17th header name: %v, want ErrTooManyRules", err)
+	}
+	var row l7L7Set
+	if err := s.objs.WeirL7Sets.Lookup(uint32(99), &row); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the set over the watch list has a row (%v): it must stay closed", err)
+	}
+	var w l7L7HeaderWatch
+	if err := s.objs.WeirL7HeaderWatch.Lookup(uint32(0), &w); err != nil || w.Count != l7.MaxWatchedHeaders {
+		t.Fatalf("watch list: %d names (%v), want %d", w.Count, err, l7.MaxWatchedHeaders)
 	}
 }

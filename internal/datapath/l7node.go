@@ -67,7 +67,11 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 	if err := objs.WeirL7Key.Put(uint32(0), l7L7HashKey{K0: key[0], K1: key[1]}); err != nil {
 		return fmt.Errorf("record the HTTP hash key: %w", err)
 	}
-	if err := n.enableL7(l7Tables{match: objs.WeirL7Match, sets: objs.WeirL7Sets}, objs.WeirL7Flows, key); err != nil {
+	tables, err := openL7Tables(objs.WeirL7Match, objs.WeirL7Sets, objs.WeirL7HeaderWatch)
+	if err != nil {
+		return err
+	}
+	if err := n.enableL7(tables, objs.WeirL7Flows, key); err != nil {
 		return err
 	}
 	n.l7objs = objs

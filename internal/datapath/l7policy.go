@@ -35,7 +35,7 @@ type nodeL7 struct {
 // first ApplyPolicy: entries written closed before stay closed until they
 // change.
 func (n *Node) EnableL7(s *L7Sockets) error {
-	return n.enableL7(l7Tables{match: s.objs.WeirL7Match, sets: s.objs.WeirL7Sets}, s.objs.WeirL7Flows, s.key)
+	return n.enableL7(s.tables, s.objs.WeirL7Flows, s.key)
 }
 
 func (n *Node) enableL7(t l7Tables, flows *ebpf.Map, key l7.HashKey) error {

@@ -10,26 +10,64 @@ import (
 )
 
 // l7Tables are the kernel's HTTP rule tables (bpf/lib/l7match.h):
-// weir_l7_match, the lookups, and weir_l7_sets, a row per set.
+// weir_l7_match, the lookups, and weir_l7_sets, a row per set; and the
+// reader's watch list of the header names they match on.
 type l7Tables struct {
 	match, sets *ebpf.Map
+	watch       *headerWatch
+}
+
+// openL7Tables takes over the tables, and the watch list as an earlier
+// agent left it.
+func openL7Tables(match, sets, watch *ebpf.Map) (l7Tables, error) {
+	w, err := openHeaderWatch(watch)
+	if err != nil {
+		return l7Tables{}, err
+	}
+	return l7Tables{match: match, sets: sets, watch: w}, nil
 }
 
 // writeSet writes set id: its lookups first, its row last, so a request
 // judged meanwhile finds no row and is denied, never judged against half
 // a set. A set's content never changes under its ID (the compiler interns
 // sets by content): a changed set is a new ID.
-func (t l7Tables) writeSet(id uint32, k *l7.KernelRules) error {
+//
+// A set with header rules is written once the reader watches its header
+// names; a set whose names do not fit the watch list is not written (its
+// allows stay closed).
+func (t l7Tables) writeSet(id uint32, k *l7.KernelRules) (retErr error) {
+	if len(k.Headers) > 0 {
+		if t.watch == nil {
+			return fmt.Errorf("HTTP set %d: %w", id, errNoWatch)
+		}
+		if err := t.watch.add(k.Headers); err != nil {
+			return fmt.Errorf("HTTP set %d: %w", id, err)
+		}
+		defer func() {
+			if retErr != nil {
+				retErr = errors.Join(retErr, t.watch.remove(k.Headers))
+			}
+		}()
+	}
 	for key, mask := range k.Entries {
 		if err := t.match.Put(l7MatchKey(id, key), mask); err != nil {
 			return fmt.Errorf("write HTTP set %d lookup %+v: %w", id, key, err)
 		}
 	}
-	row := l7L7Set{AnyMethod: k.AnyMethod, AnyPath: k.AnyPath, AnyHost: k.AnyHost, NeedsPath: k.NeedsPath, UserSpace: k.UserSpace}
-	if err := t.sets.Put(id, row); err != nil {
+	if err := t.sets.Put(id, l7SetRow(k)); err != nil {
 		return fmt.Errorf("write HTTP set %d: %w", id, err)
 	}
 	return nil
+}
+
+// l7SetRow is a set's weir_l7_sets row.
+func l7SetRow(k *l7.KernelRules) l7L7Set {
+	row := l7L7Set{AnyMethod: k.AnyMethod, AnyPath: k.AnyPath, AnyHost: k.AnyHost, NeedsPath: k.NeedsPath, UserSpace: k.UserSpace,
+		HeaderRules: k.HeaderRules, Nheaders: uint32(len(k.Headers))}
+	for i, h := range k.Headers {
+		row.Hname[i], row.Hneed[i], row.Hany[i] = h.Hash, h.Need, h.Any
+	}
+	return row
 }
 
 // deleteSet removes set id: its row first, so requests stop being judged
@@ -43,6 +81,9 @@ func (t l7Tables) deleteSet(id uint32, k *l7.KernelRules) error {
 		if err := t.match.Delete(l7MatchKey(id, key)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete HTTP set %d lookup %+v: %w", id, key, err))
 		}
+	}
+	if len(k.Headers) > 0 && t.watch != nil && len(errs) == 0 {
+		errs = append(errs, t.watch.remove(k.Headers))
 	}
 	return errors.Join(errs...)
 }
@@ -80,6 +121,9 @@ func (t l7Tables) deleteUpTo(high uint32) error {
 		if err := t.match.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("delete HTTP set %d lookup: %w", k.Set, err))
 		}
+	}
+	if t.watch != nil && errors.Join(errs...) == nil {
+		errs = append(errs, t.watch.release())
 	}
 	return errors.Join(errs...)
 }

@@ -48,3 +48,17 @@ func HostLabelHashes(k HashKey, host string) []uint64 {
 	}
 	return out
 }
+
+// HeaderNameHash is the hash of a header name, which the reader hashes
+// lowercase as it reads it: the names a node watches and a set's names.
+func HeaderNameHash(k HashKey, name string) uint64 { return sipString(k, lower(name)) }
+
+// HeaderValueHash is the hash of a header value as the parser keeps it
+// (without leading and trailing OWS), byte for byte: Exact is
+// case-sensitive.
+func HeaderValueHash(k HashKey, value string) uint64 { return sipString(k, value) }
+
+// HeaderKey folds a header's name and value hashes into one lookup hash.
+// For one name it is a bijection of the value's hash, so two values never
+// share a key.
+func HeaderKey(name, value uint64) uint64 { return (name * fnvPrime) ^ value }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"strings"
 )
 
@@ -11,7 +12,15 @@ import (
 // rule is a bit of a 64-bit mask.
 const MaxKernelRules = 64
 
-// ErrTooManyRules is a rule set over MaxKernelRules.
+// MaxKernelHeaders is the most header names one set's rules may match
+// on in the kernel (bpf/lib/l7match.h L7_SET_HEADERS).
+const MaxKernelHeaders = 8
+
+// MaxWatchedHeaders is the most header names a node's reader watches
+// across all its sets (bpf/lib/http.h HTTP_MAX_HEADERS).
+const MaxWatchedHeaders = 16
+
+// ErrTooManyRules is a rule set over MaxKernelRules or MaxKernelHeaders.
 var ErrTooManyRules = errors.New("more HTTP rules than one port's set holds")
 
 // KernelKeyKind is what a kernel lookup key hashes.
@@ -19,11 +28,12 @@ type KernelKeyKind uint8
 
 // The kernel lookups a request makes, each at most once per hash it has.
 const (
-	KeyMethod     KernelKeyKind = iota + 1 // the method
-	KeyPathExact                           // the whole canonical path
-	KeyPathPrefix                          // a PathPrefix value, without its trailing '/'
-	KeyHostExact                           // every label of the host
-	KeyHostSuffix                          // the labels after a "*."
+	KeyMethod      KernelKeyKind = iota + 1 // the method
+	KeyPathExact                            // the whole canonical path
+	KeyPathPrefix                           // a PathPrefix value, without its trailing '/'
+	KeyHostExact                            // every label of the host
+	KeyHostSuffix                           // the labels after a "*."
+	KeyHeaderExact                          // a header's name and value (HeaderKey)
 )
 
 // KernelKey is one lookup of a set's rules.
@@ -44,13 +54,27 @@ type KernelRules struct {
 	// request without a path (OPTIONS *).
 	NeedsPath uint64
 	// UserSpace are the rules with a condition the kernel cannot judge
-	// (a regular expression, a header): a request only they may match
-	// is judged in user space.
+	// (a regular expression): a request only they may match is judged
+	// in user space.
 	UserSpace uint64
+	// HeaderRules are the rules with a header condition, and Headers the
+	// names they match on, in the order first named.
+	HeaderRules uint64
+	Headers     []KernelHeader
 	// Entries maps each lookup to the rules it satisfies.
 	Entries map[KernelKey]uint64
 	// Key is the hash key the entries were computed under: the reader's.
 	Key HashKey
+}
+
+// KernelHeader is one header name a set's rules match on.
+type KernelHeader struct {
+	Name string // lowercase
+	Hash uint64 // HeaderNameHash
+	// Need are the rules with a condition on it, Any those any value
+	// meets (Present, and RegularExpression, whose value user space
+	// judges); an Exact value is an entry of KeyHeaderExact.
+	Need, Any uint64
 }
 
 // MethodHash is a method's lookup hash.
@@ -112,11 +136,39 @@ func CompileKernel(rules []Rule, key HashKey) (*KernelRules, error) {
 			}
 			k.Entries[hk] |= bit
 		}
-		if len(r.Headers) > 0 {
-			k.UserSpace |= bit
+		for _, h := range r.Headers {
+			if err := k.addHeader(h, bit); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return k, nil
+}
+
+// addHeader adds rule bit's condition on a header.
+func (k *KernelRules) addHeader(h HeaderMatch, bit uint64) error {
+	name := lower(h.Name)
+	i := slices.IndexFunc(k.Headers, func(kh KernelHeader) bool { return kh.Name == name })
+	if i < 0 {
+		if len(k.Headers) == MaxKernelHeaders {
+			return fmt.Errorf("%w: rules match on more than %d header names", ErrTooManyRules, MaxKernelHeaders)
+		}
+		k.Headers = append(k.Headers, KernelHeader{Name: name, Hash: HeaderNameHash(k.Key, name)})
+		i = len(k.Headers) - 1
+	}
+	kh := &k.Headers[i]
+	k.HeaderRules |= bit
+	kh.Need |= bit
+	switch h.Type {
+	case HeaderExact:
+		k.Entries[KernelKey{KeyHeaderExact, HeaderKey(kh.Hash, HeaderValueHash(k.Key, h.Value))}] |= bit
+	case HeaderRegularExpression:
+		kh.Any |= bit
+		k.UserSpace |= bit
+	default: // Present
+		kh.Any |= bit
+	}
+	return nil
 }
 
 // KernelVerdict is what the kernel decides of a request.
@@ -127,6 +179,7 @@ const (
 	KernelDeny      KernelVerdict = iota // no rule can match
 	KernelAllow                          // a rule the kernel judged whole matches
 	KernelUserSpace                      // only rules with conditions it cannot judge may match
+	KernelRefuse                         // the request repeats a header the rules name (400)
 )
 
 // Judge is the kernel's algorithm (bpf/lib/l7match.h) in Go, over the
@@ -157,6 +210,13 @@ func (k *KernelRules) JudgeRule(r *Request) (KernelVerdict, int) {
 		}
 	}
 	candidates := method & path & host
+	if k.HeaderRules != 0 {
+		miss, refuse := k.headerMisses(r)
+		if refuse {
+			return KernelRefuse, -1
+		}
+		candidates &^= miss
+	}
 	switch {
 	case candidates&^k.UserSpace != 0:
 		return KernelAllow, bits.TrailingZeros64(candidates &^ k.UserSpace)
@@ -164,6 +224,24 @@ func (k *KernelRules) JudgeRule(r *Request) (KernelVerdict, int) {
 		return KernelUserSpace, -1
 	}
 	return KernelDeny, -1
+}
+
+// headerMisses are the rules whose header conditions r does not meet;
+// refuse when r repeats a header the rules name (l7_header_misses).
+func (k *KernelRules) headerMisses(r *Request) (miss uint64, refuse bool) {
+	for _, kh := range k.Headers {
+		vs := r.Values(kh.Name)
+		switch {
+		case len(vs) == 0:
+			miss |= kh.Need
+			continue
+		case len(vs) > 1:
+			return 0, true
+		}
+		met := kh.Any | k.Entries[KernelKey{KeyHeaderExact, HeaderKey(kh.Hash, HeaderValueHash(k.Key, vs[0]))}]
+		miss |= kh.Need &^ met
+	}
+	return miss, false
 }
 
 // The in-kernel reader's bounds (bpf/lib/http.h): a head past them is

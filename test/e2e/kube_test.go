@@ -391,7 +391,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("HTTP policy: method, path and host allowed and denied in the kernel, a keep-alive connection's second request denied, every request on record", func(t *testing.T) {
+	t.Run("HTTP policy: method, path, host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, every request on record", func(t *testing.T) {
 		pods := webPods(t, c)
 		client := onNode(t, pods, "n1")
 		server := onNode(t, pods, "n2")
@@ -410,6 +410,10 @@ func TestKubernetes(t *testing.T) {
 			{"the prefix itself, with the rule's host", []string{"-H", "Host: web.allowed", base + "/echo?msg=hi"}, []string{"200", "1"}},
 			{"the same path with another host", []string{"-H", "Host: web.other", base + "/echo?msg=hi"}, []string{"403", "1"}},
 			{"a path servers read differently", []string{"--path-as-is", base + "/echo/../shell?cmd=id"}, []string{"400", "1"}},
+			{"both headers the rule names", []string{"-X", "PUT", "-H", "X-Role: admin", "-H", "X-Trace: 1", base + "/hostname"}, []string{"200", "1"}},
+			{"one header missing", []string{"-X", "PUT", "-H", "X-Role: admin", base + "/hostname"}, []string{"403", "1"}},
+			{"a value in another case", []string{"-X", "PUT", "-H", "X-Role: Admin", "-H", "X-Trace: 1", base + "/hostname"}, []string{"403", "1"}},
+			{"a header the rule names, twice", []string{"-X", "PUT", "-H", "X-Role: admin", "-H", "X-Role: admin", "-H", "X-Trace: 1", base + "/hostname"}, []string{"400", "1"}},
 			// One connection: the first request served, the second
 			// answered 403 on the same connection.
 			{"keep-alive: allowed, then denied", []string{base + "/hostname", base + "/shell?cmd=id"}, []string{"200", "1", "403", "0"}},
@@ -440,14 +444,16 @@ func TestKubernetes(t *testing.T) {
 					seen["host"] = true
 				case f.Verdict == "refused" && f.HTTP.Status == 400:
 					seen["refused"] = true
+				case f.Verdict == "allowed" && f.HTTP.Method == "PUT" && strings.Contains(strings.ToLower(f.Rule), `ports[0].http[2] (put exact /hostname header x-role exact "admin"`):
+					seen["headers"] = true
 				}
 				return nil
 			})
 			if err != nil {
 				return err
 			}
-			if len(seen) != 4 {
-				return fmt.Errorf("records of %s: %v, want allowed, denied, host and refused", server.Name, seen)
+			if len(seen) != 5 {
+				return fmt.Errorf("records of %s: %v, want allowed, denied, host, refused and headers", server.Name, seen)
 			}
 			return nil
 		})

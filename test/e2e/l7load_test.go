@@ -15,7 +15,8 @@ import (
 )
 
 // webHTTPPolicy restricts the web pods' http port, for their own tier,
-// to GET /hostname and GET /echo... with Host web.allowed.
+// to GET /hostname, GET /echo... with Host web.allowed, and PUT
+// /hostname with X-Role: admin and an X-Trace header.
 const webHTTPPolicy = `apiVersion: weir.io/v1alpha1
 kind: WeirNetworkPolicy
 metadata: {name: web-http, namespace: default}
@@ -28,6 +29,9 @@ spec:
       http:
       - {method: GET, path: {type: Exact, value: /hostname}}
       - {method: GET, path: {type: PathPrefix, value: /echo}, hostnames: [web.allowed]}
+      - method: PUT
+        path: {type: Exact, value: /hostname}
+        headers: [{name: X-Role, type: Exact, value: admin}, {name: X-Trace, type: Present}]
 `
 
 // applyWebHTTPPolicy applies webHTTPPolicy and waits until client's
