@@ -5,7 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"slices"
 	"strings"
 
 	"github.com/weirnet/weir/internal/api"
@@ -33,10 +33,44 @@ type httpFlows struct {
 	node  string
 	set   func(kernel uint32) (policy.HTTPSetID, bool)
 	texts map[uint64]api.FlowHTTP
+	// What records say of a rule or of a flow's sets, for the names
+	// they were said with (saidWith): the same for every request, and
+	// at one record a request, worth saying once.
+	saidWith   *flowNames
+	allowed    map[setRule]allowedText
+	restricted map[[3]uint32]restrictedText
+}
+
+// setRule names a rule of a kernel set.
+type setRule struct {
+	set  uint32
+	rule int
+}
+
+// allowedText is what allowedBy says, restrictedText restrictedBy.
+type allowedText struct {
+	text string
+	rule *api.FlowRule
+	http *api.FlowHTTPRule
+}
+
+type restrictedText struct {
+	text    string
+	decider *api.FlowRule
 }
 
 func newHTTPFlows(node string, set func(uint32) (policy.HTTPSetID, bool)) *httpFlows {
 	return &httpFlows{node: node, set: set, texts: map[uint64]api.FlowHTTP{}}
+}
+
+// sayWith starts over what was said when the names change (a policy
+// or pod change): rules may have other names, sets other rules.
+func (h *httpFlows) sayWith(names *flowNames) {
+	if h.allowed == nil || h.saidWith != names {
+		h.saidWith = names
+		h.allowed = map[setRule]allowedText{}
+		h.restricted = map[[3]uint32]restrictedText{}
+	}
 }
 
 // explain names a request record.
@@ -58,6 +92,7 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 			f.Peer = name
 		}
 	}
+	h.sayWith(names)
 	req := h.request(ev)
 	f.HTTP = &req
 	switch ev.Verdict {
@@ -119,16 +154,14 @@ func (h *httpFlows) request(ev datapath.L7Event) api.FlowHTTP {
 	return req
 }
 
-// forgetOne drops a remembered request at random: a connection that
-// went quiet is as likely as any to be the one.
+// forgetOne drops a remembered request: the one a map iteration meets
+// first, which starts at a random place, so a connection that went quiet
+// is as likely as any to be it. One step, whatever the map's size: this
+// runs for every new connection's record once the map is full.
 func (h *httpFlows) forgetOne() {
-	skip := rand.IntN(len(h.texts))
 	for k := range h.texts {
-		if skip == 0 {
-			delete(h.texts, k)
-			return
-		}
-		skip--
+		delete(h.texts, k)
+		return
 	}
 }
 
@@ -152,6 +185,9 @@ func requestLine(line []byte, cut bool) (method, target string, targetCut bool) 
 // printable keeps a record's text to what a terminal shows as written:
 // other bytes become their %XX escapes.
 func printable(b []byte) string {
+	if !slices.ContainsFunc(b, func(c byte) bool { return c <= ' ' || c >= 0x7f }) {
+		return string(b)
+	}
 	var s strings.Builder
 	for _, c := range b {
 		if c > ' ' && c < 0x7f {
@@ -165,6 +201,16 @@ func printable(b []byte) string {
 
 // allowedBy names the rule that allowed a request.
 func (h *httpFlows) allowedBy(names *flowNames, ev datapath.L7Event) (string, *api.FlowRule, *api.FlowHTTPRule) {
+	k := setRule{ev.Set, ev.Rule}
+	t, ok := h.allowed[k]
+	if !ok {
+		t.text, t.rule, t.http = h.sayAllowedBy(names, ev)
+		h.allowed[k] = t
+	}
+	return t.text, t.rule, t.http
+}
+
+func (h *httpFlows) sayAllowedBy(names *flowNames, ev datapath.L7Event) (string, *api.FlowRule, *api.FlowHTTPRule) {
 	if ev.Set == 0 {
 		return "allowed: no policy restricts this connection to HTTP rules any more", nil, nil
 	}
@@ -193,6 +239,15 @@ func (h *httpFlows) ruleRef(names *flowNames, kernel uint32, i int) (policy.HTTP
 // restrictedBy names the policy rules whose HTTP rules a connection was
 // judged against, and the first of them as the decider.
 func (h *httpFlows) restrictedBy(names *flowNames, ev datapath.L7Event) (string, *api.FlowRule) {
+	t, ok := h.restricted[ev.Sets]
+	if !ok {
+		t.text, t.decider = h.sayRestrictedBy(names, ev)
+		h.restricted[ev.Sets] = t
+	}
+	return t.text, t.decider
+}
+
+func (h *httpFlows) sayRestrictedBy(names *flowNames, ev datapath.L7Event) (string, *api.FlowRule) {
 	var (
 		seen    = map[policy.RuleID]bool{}
 		words   []string

@@ -168,8 +168,10 @@ func TestHTTPFiltersSelectRequests(t *testing.T) {
 
 // BenchmarkRecordNewPaths prices the agent's path for a request record
 // (explained with names, counted, stored) when every request is a path
-// of its own, as bench l7-gate's new-paths setup sends: one record each.
+// of its own, as bench l7-gate's new-paths setup sends: one record each,
+// over 100 keep-alive connections.
 func BenchmarkRecordNewPaths(b *testing.B) {
+	const connections = 100
 	names, set := deathstarNames()
 	h := newHTTPFlows("n1", set)
 	log, err := openFlowLog(Config{FlowDir: b.TempDir()}, slog.New(slog.DiscardHandler))
@@ -188,9 +190,59 @@ func BenchmarkRecordNewPaths(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ev.Line = lines[i%len(lines)]
-		ev.Cookie = uint64(i)
+		ev.Cookie = uint64(i % connections)
 		f := h.explain(names, ev)
 		m.countHTTP(f)
 		log.record(f)
+	}
+}
+
+// TestHTTPRecordsFollowRenames: what records say of a rule is said once
+// per set of names, and anew when the names change (a policy renamed, a
+// set's rules reordered).
+func TestHTTPRecordsFollowRenames(t *testing.T) {
+	names, set := deathstarNames()
+	h := newHTTPFlows("n1", set)
+	ev := requestRecord(datapath.L7Allowed, "POST /v1/request-landing HTTP/1.1\r\n")
+	ev.Set, ev.Rule = 103, 0
+	if f := h.explain(names, ev); !strings.Contains(f.Rule, "empire/deathstar ingress[0]") {
+		t.Fatalf("first record: %q", f.Rule)
+	}
+	denied := requestRecord(datapath.L7Denied, "PUT /x HTTP/1.1\r\n")
+	if f := h.explain(names, denied); !strings.Contains(f.Rule, "empire/deathstar ingress[0]") {
+		t.Fatalf("first denial: %q", f.Rule)
+	}
+	renamed, _ := deathstarNames()
+	ref := renamed.rules[5]
+	ref.Name = "deathstar-v2"
+	renamed.rules[5] = ref
+	if f := h.explain(renamed, ev); !strings.Contains(f.Rule, "empire/deathstar-v2 ingress[0]") || f.Decider.Name != "deathstar-v2" {
+		t.Fatalf("after the rename: %q, %+v", f.Rule, f.Decider)
+	}
+	if f := h.explain(renamed, denied); !strings.Contains(f.Rule, "empire/deathstar-v2 ingress[0]") {
+		t.Fatalf("denial after the rename: %q", f.Rule)
+	}
+}
+
+// BenchmarkRecordNewConnections prices a record when every request is a
+// connection of its own that stays open, once the remembered requests
+// are at their bound: forgetting one must not cost the map's size.
+func BenchmarkRecordNewConnections(b *testing.B) {
+	names, set := deathstarNames()
+	h := newHTTPFlows("n1", set)
+	ev := requestRecord(datapath.L7Allowed, "GET /v1/status/x HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	ev.Set, ev.Rule = 103, 1
+	for i := 0; i < maxRequestTexts; i++ {
+		ev.Cookie = uint64(i)
+		h.explain(names, ev)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ev.Cookie = uint64(maxRequestTexts + i)
+		h.explain(names, ev)
+	}
+	if len(h.texts) > maxRequestTexts {
+		b.Fatalf("%d requests remembered, bound %d", len(h.texts), maxRequestTexts)
 	}
 }
