@@ -82,17 +82,7 @@ func TestL7RequestRecords(t *testing.T) {
 		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
 		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
 	}
-	k, err := l7.CompileKernel(rules, s.HashKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.WriteHTTPSet(7, k); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.EnforceHTTP(port, 7); err != nil {
-		t.Fatal(err)
-	}
-	startHTTPHelper(t, cg, addr)
+	serveHTTPRules(t, s, cg, addr, port, 7, rules)
 
 	get := "GET /public/a?x=1 HTTP/1.1\r\nUser-Agent: weir-test\r\nHost: Deathstar.Empire:80\r\n\r\n"
 	land := "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar\r\nContent-Length: 4\r\n\r\nland"

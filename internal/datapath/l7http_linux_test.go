@@ -119,6 +119,24 @@ func exchange(c net.Conn, inTurn bool, pieces ...string) string {
 	return string(append(got, b...))
 }
 
+// serveHTTPRules compiles rules as set, enforces them on port and starts
+// the helper server at addr; it returns the compiled set.
+func serveHTTPRules(t *testing.T, s *L7Sockets, cg, addr string, port uint16, set uint32, rules []l7.Rule) *l7.KernelRules {
+	t.Helper()
+	k, err := l7.CompileKernel(rules, s.HashKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteHTTPSet(set, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnforceHTTP(port, set); err != nil {
+		t.Fatal(err)
+	}
+	startHTTPHelper(t, cg, addr)
+	return k
+}
+
 // TestL7HTTPEnforced: a port's requests are read and judged in the
 // kernel, with real sockets: allowed requests reach the server and are
 // answered by it; a denied one is answered 403 in place and never reaches
@@ -135,17 +153,7 @@ func TestL7HTTPEnforced(t *testing.T) {
 		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
 		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
 	}
-	k, err := l7.CompileKernel(rules, s.HashKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.WriteHTTPSet(1, k); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.EnforceHTTP(port, 1); err != nil {
-		t.Fatal(err)
-	}
-	startHTTPHelper(t, cg, addr)
+	serveHTTPRules(t, s, cg, addr, port, 1, rules)
 	seen := func() string {
 		t.Helper()
 		got := rawExchange(t, addr, "GET "+l7SeenPath+" HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
@@ -274,24 +282,14 @@ func TestL7HTTPEnforced(t *testing.T) {
 // the watch list, and deleting both empties it.
 func TestL7HTTPHeaderRules(t *testing.T) {
 	s, cg := attachL7ForTest(t)
-	const port = 18620
+	const port = 18640
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	rules := []l7.Rule{
 		{Method: "PUT", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/exhaust-port"}, Headers: []l7.HeaderMatch{
 			{Type: l7.HeaderExact, Name: "X-Role", Value: "vader"}, {Type: l7.HeaderPresent, Name: "X-Trace"}}},
 		{Method: "GET", Headers: []l7.HeaderMatch{{Type: l7.HeaderExact, Name: "x-fleet", Value: "imperial star"}}},
 	}
-	k, err := l7.CompileKernel(rules, s.HashKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.WriteHTTPSet(1, k); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.EnforceHTTP(port, 1); err != nil {
-		t.Fatal(err)
-	}
-	startHTTPHelper(t, cg, addr)
+	k := serveHTTPRules(t, s, cg, addr, port, 1, rules)
 	const pad = "X-Padding-For-The-Answer: 0123456789012345678901234567890123456789\r\n"
 	for _, tc := range []struct {
 		name, head, want string
