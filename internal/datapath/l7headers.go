@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 
@@ -21,6 +20,8 @@ type headerWatch struct {
 	// held are names an earlier agent's list had, kept until its sets
 	// are gone (release): its connections are judged against them.
 	held []uint64
+	// written is the list as the map holds it.
+	written []uint64
 }
 
 // errTooManyHeaderNames is a set whose header names would take the
@@ -35,50 +36,33 @@ func openHeaderWatch(m *ebpf.Map) (*headerWatch, error) {
 	if err := m.Lookup(uint32(0), &cur); err != nil {
 		return nil, fmt.Errorf("read the header watch list: %w", err)
 	}
-	w.held = append(w.held, cur.Name[:min(int(cur.Count), len(cur.Name))]...)
+	w.held = slices.Clone(cur.Name[:min(int(cur.Count), len(cur.Name))])
+	w.written = w.names()
 	return w, nil
 }
 
-// add counts a set's names in, writing the list when it grows. It
-// changes nothing when they do not fit.
+// add counts a set's names in. It changes nothing when they do not fit.
 func (w *headerWatch) add(names []l7.KernelHeader) error {
-	before := w.names()
 	for _, h := range names {
 		w.refs[h.Hash]++
 	}
-	after := w.names()
-	if len(after) > l7.MaxWatchedHeaders {
-		w.drop(names)
-		return errTooManyHeaderNames
-	}
-	if len(after) == len(before) {
-		return nil
-	}
-	if err := w.write(after); err != nil {
+	if err := w.sync(); err != nil {
 		w.drop(names)
 		return err
 	}
 	return nil
 }
 
-// remove counts a deleted set's names out, writing the list when it
-// shrinks.
+// remove counts a deleted set's names out.
 func (w *headerWatch) remove(names []l7.KernelHeader) error {
-	before := len(w.names())
 	w.drop(names)
-	if after := w.names(); len(after) != before {
-		return w.write(after)
-	}
-	return nil
+	return w.sync()
 }
 
 // release drops the earlier agent's names, once its sets are deleted.
 func (w *headerWatch) release() error {
-	if len(w.held) == 0 {
-		return nil
-	}
 	w.held = nil
-	return w.write(w.names())
+	return w.sync()
 }
 
 func (w *headerWatch) drop(names []l7.KernelHeader) {
@@ -100,9 +84,14 @@ func (w *headerWatch) names() []uint64 {
 	return slices.Compact(out)
 }
 
-// write replaces the list in one update: the reader sees the old one or
-// the new one, never a mix.
-func (w *headerWatch) write(names []uint64) error {
+// sync writes the list when it changed, in one update: the reader sees
+// the old one or the new one, never a mix. A list over the map's room is
+// not written.
+func (w *headerWatch) sync() error {
+	names := w.names()
+	if slices.Equal(names, w.written) {
+		return nil
+	}
 	var v l7L7HeaderWatch
 	if len(names) > len(v.Name) {
 		return errTooManyHeaderNames
@@ -112,8 +101,6 @@ func (w *headerWatch) write(names []uint64) error {
 	if err := w.m.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("write the header watch list: %w", err)
 	}
+	w.written = names
 	return nil
 }
-
-// errNoWatch is a set with header rules written without a watch list.
-var errNoWatch = errors.New("no header watch list: header rules cannot be written")

@@ -37,9 +37,6 @@ func openL7Tables(match, sets, watch *ebpf.Map) (l7Tables, error) {
 // allows stay closed).
 func (t l7Tables) writeSet(id uint32, k *l7.KernelRules) (retErr error) {
 	if len(k.Headers) > 0 {
-		if t.watch == nil {
-			return fmt.Errorf("HTTP set %d: %w", id, errNoWatch)
-		}
 		if err := t.watch.add(k.Headers); err != nil {
 			return fmt.Errorf("HTTP set %d: %w", id, err)
 		}
@@ -82,7 +79,7 @@ func (t l7Tables) deleteSet(id uint32, k *l7.KernelRules) error {
 			errs = append(errs, fmt.Errorf("delete HTTP set %d lookup %+v: %w", id, key, err))
 		}
 	}
-	if len(k.Headers) > 0 && t.watch != nil && len(errs) == 0 {
+	if len(k.Headers) > 0 && len(errs) == 0 {
 		errs = append(errs, t.watch.remove(k.Headers))
 	}
 	return errors.Join(errs...)
@@ -122,7 +119,7 @@ func (t l7Tables) deleteUpTo(high uint32) error {
 			errs = append(errs, fmt.Errorf("delete HTTP set %d lookup: %w", k.Set, err))
 		}
 	}
-	if t.watch != nil && errors.Join(errs...) == nil {
+	if errors.Join(errs...) == nil {
 		errs = append(errs, t.watch.release())
 	}
 	return errors.Join(errs...)
