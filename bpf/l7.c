@@ -10,6 +10,8 @@
  *   l7_skb_verdict   skb_verdict of weir_l7_skb
  *   l7_http_verdict  skb_verdict of weir_l7_http: reads and judges
  *                    requests (lib/l7http.h)
+ *   l7_reset_tcp     iter/tcp: resets the connections the verdict closed
+ *                    once their last answers have gone (lib/l7reset.h)
  *
  * The first two verdicts pass everything: they measure what the path
  * itself costs (bench l7-gate). l7_http_verdict judges each request
@@ -18,6 +20,7 @@
  * given a set directly (weir_l7_ports, tests and benches), by sock_ops.
  */
 #include "lib/common.h"
+#include "lib/iter.h"
 #include "lib/l7sock.h"
 #include "lib/l7match.h"
 #include "lib/l7http.h"
@@ -124,6 +127,7 @@ __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 
 	if (l7_sock_key_of(ctx, &key)) {
 		bpf_map_delete_elem(&weir_l7_conns, &cookie);
+		bpf_map_delete_elem(&weir_l7_closing, &cookie);
 		return;
 	}
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
@@ -131,6 +135,16 @@ __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 		l7_event_repeats(&c->run, &key, cookie, f ? f->sets : none);
 	bpf_map_delete_elem(&weir_l7_conns, &cookie);
 	bpf_map_delete_elem(&weir_l7_flows, &key);
+	bpf_map_delete_elem(&weir_l7_closing, &cookie);
+}
+
+/* l7_join_failed lists a restricted connection that could not join its
+ * reader for reset: tc holds its bytes back for good (it stays unjoined),
+ * so its client learns now rather than at its timeout. */
+__always_inline_fn void l7_join_failed(struct bpf_sock_ops *ctx, struct l7_sock_key *key)
+{
+	bpf_sock_ops_cb_flags_set(ctx, ctx->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	l7_closing_list(bpf_get_socket_cookie(ctx), key->local, 0, 0, 0, 0);
 }
 
 SEC("sockops")
@@ -158,6 +172,8 @@ int l7_sockops(struct bpf_sock_ops *ctx)
 		err = l7_join_http(ctx, &key);
 		if (!err)
 			f->joined = 1;
+		else
+			l7_join_failed(ctx, &key);
 		l7_count(err ? L7_STAT_JOIN_FAIL : L7_STAT_SOCKETS, 1);
 		return 1;
 	}
@@ -207,11 +223,26 @@ int l7_skb_verdict(struct __sk_buff *skb)
 	return SK_PASS;
 }
 
-/* l7_close drops this skb and every later one of the connection. */
-__always_inline_fn int l7_close(struct l7_conn *c)
+/* l7_list_closed lists the skb's socket for reset (lib/l7reset.h) once
+ * answer_len bytes written in the server's place (0: none) and what the
+ * server owes before them have gone out. c may be NULL: a socket with no
+ * reader state. */
+__always_inline_fn void l7_list_closed(struct __sk_buff *skb, __u64 cookie, struct l7_conn *c, __u32 answer_len)
+{
+	__u32 seq = 0;
+	int have = l7_write_seq(skb, &seq) == 0;
+	int owes = c && c->outstanding && seq == c->seq_at_allow;
+
+	l7_closing_list(cookie, skb->local_ip4, have, seq, answer_len, owes);
+}
+
+/* l7_close drops this skb and every later one of the connection, and
+ * lists it for reset. */
+__always_inline_fn int l7_close(struct __sk_buff *skb, __u64 cookie, struct l7_conn *c)
 {
 	c->closed = 1;
 	l7_count(L7_STAT_CLOSED, 1);
+	l7_list_closed(skb, cookie, c, 0);
 	return SK_DROP;
 }
 
@@ -265,7 +296,9 @@ int l7_http_verdict(struct __sk_buff *skb)
 	l7_count(L7_STAT_MESSAGES, 1);
 	l7_count(L7_STAT_BYTES, skb->len);
 	if (!c) {
+		/* Never read, so never to be: reset it. */
 		l7_count(L7_STAT_NO_STATE, 1);
+		l7_list_closed(skb, cookie, NULL, 0);
 		return SK_DROP;
 	}
 	if (c->closed)
@@ -280,7 +313,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 	if (!f) {
 		/* Evicted or never written: what to judge against is unknown. */
 		l7_count(L7_STAT_NO_STATE, 1);
-		return l7_close(c);
+		return l7_close(skb, cookie, c);
 	}
 	w.sets[0] = f->sets[0];
 	w.sets[1] = f->sets[1];
@@ -290,13 +323,13 @@ int l7_http_verdict(struct __sk_buff *skb)
 	bpf_loop(w.len + 1, l7_step, &w, 0);
 	if (w.outcome == L7_WALK_PASS) {
 		if (w.pos < w.len)
-			return l7_close(c); /* the walk's bound ran out */
+			return l7_close(skb, cookie, c); /* the walk's bound ran out */
 		if (l7_head_unfinished(&c->s)) {
 			/* Never hand the application a partial head: the bytes
 			 * that end it could make a denied request of it. */
 			l7_count(L7_STAT_SPLIT, 1);
 			l7_record_stop(&w, L7_EV_SPLIT, L7_EVF_CLOSED);
-			return l7_close(c);
+			return l7_close(skb, cookie, c);
 		}
 		return SK_PASS;
 	}
@@ -310,20 +343,47 @@ int l7_http_verdict(struct __sk_buff *skb)
 	if (r >= 0 && !l7_answer_safe(skb, c)) {
 		l7_count(L7_STAT_PIPELINED, 1);
 		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED | L7_EVF_PIPELINED);
-		return l7_close(c);
+		return l7_close(skb, cookie, c);
 	}
 	if (r < 0) {
 		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED);
-		return l7_close(c);
+		return l7_close(skb, cookie, c);
 	}
 	/* The short answer keeps the connection only when the denied head
 	 * was the whole skb and has no body to drop. */
 	keep = r == 0 && w.outcome == L7_WALK_DENY && w.pos == w.len && c->s.state == HS_IDLE;
 	/* Recorded before the answer writes over the request. */
 	l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_ANSWERED | (keep ? 0 : L7_EVF_CLOSED));
+	if (!keep) {
+		/* Listed before the answer is sent: the reset waits for it. */
+		c->closed = 1;
+		l7_count(L7_STAT_CLOSED, 1);
+		l7_list_closed(skb, cookie, c, skb->len);
+	}
 	l7_answer(skb, w.outcome == L7_WALK_DENY ? 403 : 400);
 	l7_count(L7_STAT_ANSWERED, 1);
-	if (!keep)
-		l7_close(c);
 	return bpf_sk_redirect_hash(skb, &weir_l7_http, &key, 0);
+}
+
+SEC("iter/tcp")
+int l7_reset_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *sk = ctx->sk_common;
+	struct l7_closing *e;
+	struct tcp_sock *tp;
+	__u64 cookie;
+
+	if (!sk || !iter_tcp_connected(sk))
+		return 0;
+	cookie = bpf_get_socket_cookie(sk);
+	e = bpf_map_lookup_elem(&weir_l7_closing, &cookie);
+	if (!e)
+		return 0;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp || !l7_closing_ready(e, tp, bpf_ktime_get_ns()))
+		return 0;
+	if (bpf_sock_destroy(sk) == 0)
+		l7_count(L7_STAT_RESET, 1);
+	bpf_map_delete_elem(&weir_l7_closing, &cookie);
+	return 0;
 }

@@ -17,44 +17,13 @@
  *
  *   iter/tcp    TCP sockets of the reading namespace
  *   iter/udp    UDP sockets of the reading namespace
- *
- * The kernel types are declared with only the fields read, marked for
- * CO-RE relocation, so no vmlinux.h is needed.
  */
 #include "lib/common.h"
+#include "lib/iter.h"
 #include "lib/lb.h"
 #include "lib/metrics.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
-
-struct sock_common {
-	__be32 skc_daddr;
-	__be16 skc_dport;
-	unsigned short skc_family;
-	volatile unsigned char skc_state;
-} __attribute__((preserve_access_index));
-
-struct udp_sock;
-
-struct bpf_iter_meta;
-
-struct bpf_iter__tcp {
-	struct bpf_iter_meta *meta;
-	struct sock_common *sk_common;
-} __attribute__((preserve_access_index));
-
-struct bpf_iter__udp {
-	struct bpf_iter_meta *meta;
-	struct udp_sock *udp_sk;
-} __attribute__((preserve_access_index));
-
-extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
-
-/* TCP states (include/net/tcp_states.h) of sockets that are not whole
- * sockets, or not a client's: nothing to close. */
-#define TCP_STATE_TIME_WAIT 6
-#define TCP_STATE_LISTEN 10
-#define TCP_STATE_NEW_SYN_RECV 12
 
 /* weir_lb4_gone: hash, key struct lb4_member_key {frontend, backend}, the
  * pairs a sweep closes; filled and emptied by the agent around one sweep.
@@ -106,12 +75,8 @@ SEC("iter/tcp")
 int sock_destroy_tcp(struct bpf_iter__tcp *ctx)
 {
 	struct sock_common *sk = ctx->sk_common;
-	unsigned char state;
 
-	if (!sk)
-		return 0;
-	state = sk->skc_state;
-	if (state == TCP_STATE_TIME_WAIT || state == TCP_STATE_LISTEN || state == TCP_STATE_NEW_SYN_RECV)
+	if (!sk || !iter_tcp_connected(sk))
 		return 0;
 	if (sock_went_to_gone(sk, IPPROTO_TCP))
 		sock_close(sk);

@@ -28,6 +28,9 @@
 #define WEIR_AF_INET 2
 #define WEIR_AF_INET6 10
 
+/* Errors helpers return, negated (include/uapi/asm-generic/errno-base.h). */
+#define WEIR_EEXIST 17
+
 /* Tunnel modes (load-time constant TUNNEL_MODE). */
 #define WEIR_MODE_NATIVE 0
 #define WEIR_MODE_VXLAN 1

@@ -30,6 +30,7 @@
 #include "http.h"
 #include "l7events.h"
 #include "l7match.h"
+#include "l7reset.h"
 #include "l7sock.h"
 
 /* l7_conn is one socket's reader. What its requests are judged against
@@ -42,11 +43,6 @@ struct l7_conn {
 	__u32 seq_at_allow; /* the server's write_seq when it went */
 	struct l7_run run; /* its requests repeating one another (l7events.h) */
 };
-
-/* The kernel's tcp_sock, only the field read, relocated by CO-RE. */
-struct tcp_sock {
-	__u32 write_seq; /* the end of what the application has written */
-} __attribute__((preserve_access_index));
 
 /* l7_write_seq reads how far the server has written on the socket the
  * skb is for; -1 when it cannot be read. */

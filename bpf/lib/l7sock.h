@@ -84,6 +84,8 @@ enum {
 	L7_STAT_NO_STATE,   /* skbs of a socket with no reader state: dropped */
 	L7_STAT_EVENTS_LOST, /* request records a full ring lost (l7events.h) */
 	L7_STAT_PIPELINED,  /* denials not answered: an earlier answer was still to come */
+	L7_STAT_RESET,      /* closed connections reset (l7reset.h) */
+	L7_STAT_RESET_UNLISTED, /* closed connections a full weir_l7_closing left unlisted */
 	L7_STAT_MAX,
 };
 

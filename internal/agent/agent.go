@@ -328,6 +328,7 @@ func (a *Agent) ServeOn(ctx context.Context, ln net.Listener) error {
 	}
 	go a.metrics.maps.run(ctx)
 	go a.gcRevokedFlows(ctx)
+	go a.resetClosedHTTP(ctx)
 	done := make(chan error, len(servers))
 	for i, srv := range servers {
 		go func() { done <- srv.Serve(listeners[i]) }()

@@ -35,6 +35,8 @@ type Datapath interface {
 	SetNodeAddrs([]netip.Addr) error
 	Services() (service.Table, error)
 	CloseServiceSockets(removed map[service.Frontend][]service.Backend, netnsPaths []string) error
+	L7ResetPending() bool
+	ResetClosedL7(netnsOf func(netip.Addr) (string, bool)) (int, error)
 	Endpoints() ([]datapath.EndpointEntry, error)
 	Metrics() (map[string]uint64, error)
 	PodMTU() int

@@ -310,7 +310,7 @@ func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
 		"requests_allowed": st.Allowed, "requests_denied": st.Denied, "streams_refused": st.Refused,
 		"heads_punted": st.Punted, "heads_split": st.Split, "answered": st.Answered,
 		"connections_closed": st.Closed, "skbs_without_state": st.NoState, "records_lost": st.EventsLost,
-		"denials_pipelined": st.Pipelined,
+		"denials_pipelined": st.Pipelined, "connections_reset": st.Reset, "resets_unlisted": st.ResetUnlisted,
 	} {
 		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}

@@ -60,6 +60,12 @@ type L7Stats struct {
 	// Pipelined are denials not answered in place because the answer
 	// to an earlier request was still to come: their connections closed.
 	Pipelined uint64
+	// Reset are closed connections reset once their answers went out
+	// (ResetClosedL7).
+	Reset uint64
+	// ResetUnlisted are closed connections a full weir_l7_closing left
+	// to their peers' timeouts.
+	ResetUnlisted uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -237,7 +243,8 @@ func (s *L7Sockets) Stats() (L7Stats, error) {
 func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
-		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined}
+		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined,
+		&out.Reset, &out.ResetUnlisted}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type l7L7Closing struct {
+	_       structs.HostLayout
+	SinceNs uint64
+	Local   uint32
+	Seq     uint32
+	Flags   uint8
+	Pad     [7]uint8
+}
+
 type l7L7Conn struct {
 	_ structs.HostLayout
 	S struct {
@@ -239,6 +248,7 @@ type l7L7SockKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	l7MapWeirL7Closing           = "weir_l7_closing"
 	l7MapWeirL7Conns             = "weir_l7_conns"
 	l7MapWeirL7Events            = "weir_l7_events"
 	l7MapWeirL7Flows             = "weir_l7_flows"
@@ -254,6 +264,7 @@ const (
 	l7MapWeirL7Strp              = "weir_l7_strp"
 	l7ProgL7HttpVerdict          = "l7_http_verdict"
 	l7ProgL7Parser               = "l7_parser"
+	l7ProgL7ResetTcp             = "l7_reset_tcp"
 	l7ProgL7SkbVerdict           = "l7_skb_verdict"
 	l7ProgL7Sockops              = "l7_sockops"
 	l7ProgL7Verdict              = "l7_verdict"
@@ -317,6 +328,7 @@ type l7Specs struct {
 type l7ProgramSpecs struct {
 	L7HttpVerdict *ebpf.ProgramSpec `ebpf:"l7_http_verdict"`
 	L7Parser      *ebpf.ProgramSpec `ebpf:"l7_parser"`
+	L7ResetTcp    *ebpf.ProgramSpec `ebpf:"l7_reset_tcp"`
 	L7SkbVerdict  *ebpf.ProgramSpec `ebpf:"l7_skb_verdict"`
 	L7Sockops     *ebpf.ProgramSpec `ebpf:"l7_sockops"`
 	L7Verdict     *ebpf.ProgramSpec `ebpf:"l7_verdict"`
@@ -326,6 +338,7 @@ type l7ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
+	WeirL7Closing     *ebpf.MapSpec `ebpf:"weir_l7_closing"`
 	WeirL7Conns       *ebpf.MapSpec `ebpf:"weir_l7_conns"`
 	WeirL7Events      *ebpf.MapSpec `ebpf:"weir_l7_events"`
 	WeirL7Flows       *ebpf.MapSpec `ebpf:"weir_l7_flows"`
@@ -381,6 +394,7 @@ func (o *l7Objects) Close() error {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
+	WeirL7Closing     *ebpf.Map `ebpf:"weir_l7_closing"`
 	WeirL7Conns       *ebpf.Map `ebpf:"weir_l7_conns"`
 	WeirL7Events      *ebpf.Map `ebpf:"weir_l7_events"`
 	WeirL7Flows       *ebpf.Map `ebpf:"weir_l7_flows"`
@@ -398,6 +412,7 @@ type l7Maps struct {
 
 func (m *l7Maps) Close() error {
 	return _L7Close(
+		m.WeirL7Closing,
 		m.WeirL7Conns,
 		m.WeirL7Events,
 		m.WeirL7Flows,
@@ -440,6 +455,7 @@ type l7Variables struct {
 type l7Programs struct {
 	L7HttpVerdict *ebpf.Program `ebpf:"l7_http_verdict"`
 	L7Parser      *ebpf.Program `ebpf:"l7_parser"`
+	L7ResetTcp    *ebpf.Program `ebpf:"l7_reset_tcp"`
 	L7SkbVerdict  *ebpf.Program `ebpf:"l7_skb_verdict"`
 	L7Sockops     *ebpf.Program `ebpf:"l7_sockops"`
 	L7Verdict     *ebpf.Program `ebpf:"l7_verdict"`
@@ -449,6 +465,7 @@ func (p *l7Programs) Close() error {
 	return _L7Close(
 		p.L7HttpVerdict,
 		p.L7Parser,
+		p.L7ResetTcp,
 		p.L7SkbVerdict,
 		p.L7Sockops,
 		p.L7Verdict,

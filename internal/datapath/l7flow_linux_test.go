@@ -3,7 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -317,12 +316,56 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 	if got = exchangeOn(c, exhaust); !strings.Contains(got, "PUT /v1/exhaust-port") {
 		t.Fatalf("unrecorded connection: %q, want it served", got)
 	}
+
+	// A recorded connection that cannot join its reader (its key taken
+	// in the socket hash, refused as a full hash refuses) is reset by
+	// the sweep: on a node tc holds its bytes back for good, and its
+	// client would otherwise wait for its own timeout.
+	taken, _ := dial(nil)
+	defer taken.Close()
+	raw, err := taken.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var takenFD uintptr
+	raw.Control(func(fd uintptr) { takenFD = fd })
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		cerr := rc.Control(func(fd uintptr) {
+			if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+				return
+			}
+			var sa unix.Sockaddr
+			if sa, err = unix.Getsockname(int(fd)); err != nil {
+				return
+			}
+			k := l7FlowKey(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port)), server)
+			err = errors.Join(flows.Put(k, lxcL7Flow{Sets: [3]uint32{1}}), s.objs.WeirL7Http.Put(k, uint64(takenFD)))
+		})
+		return errors.Join(cerr, err)
+	}}
+	refused, err := d.Dial("tcp4", server.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refused.Close()
+	outcome := readUntilError(refused)
+	for deadline := time.Now().Add(time.Second); !l7ResetPending(s.objs.WeirL7Closing); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a connection that could not join is not listed for reset")
+		}
+	}
+	sweepUntilDone(t, s)
+	if o := <-outcome; !errors.Is(o.err, syscall.ECONNRESET) {
+		t.Fatalf("a connection that could not join: read %q, then %v; want a reset", o.got, o.err)
+	}
+
 	st, err := s.Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.JoinFail != 0 || st.Sockets != 4 {
-		t.Errorf("counters %+v: want 4 sockets joined, none refused", st)
+	if st.JoinFail != 1 || st.Sockets != 4 || st.Reset != 1 {
+		t.Errorf("counters %+v: want 4 sockets joined, one refused and reset", st)
 	}
 }
 
@@ -570,13 +613,33 @@ func TestL7SurvivesRestart(t *testing.T) {
 	if got := rawExchange(t, addr, exhaust); !strings.HasPrefix(got, "HTTP/1.1 403 ") {
 		t.Fatalf("a new connection's denied request after the restart: %q, want 403", got)
 	}
-	// Last on the old connection: the denial, which closes it.
+	// Last on the old connection: the denial, which closes it. The
+	// first agent's verdict lists it in the pinned reset list, and the
+	// new agent's sweep resets it after the 403.
+	outcome := readUntilError(c)
 	if _, err := c.Write([]byte(exhaust)); err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if b, _ := io.ReadAll(c); !strings.HasPrefix(string(b), "HTTP/1.1 403 ") {
-		t.Fatalf("the old connection's denied request after the restart: %q, want 403", b)
+	loopback := func(a netip.Addr) (string, bool) { return "/proc/self/ns/net", a == netip.MustParseAddr("127.0.0.1") }
+	for deadline := time.Now().Add(time.Second); !n.L7ResetPending(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the denial that closes the old connection did not list it for reset")
+		}
+	}
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left, err := n.ResetClosedL7(loopback)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 && !n.L7ResetPending() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the old connection is not reset after 3 s")
+		}
+	}
+	if o := <-outcome; !strings.HasPrefix(o.got, "HTTP/1.1 403 ") || !errors.Is(o.err, syscall.ECONNRESET) {
+		t.Fatalf("the old connection's denied request after the restart: %q, then %v; want 403, then a reset", o.got, o.err)
 	}
 	// The first full load removes what the earlier agent wrote.
 	if err := n.pruneHTTPSets(&policy.Result{}); err != nil {

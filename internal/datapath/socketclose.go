@@ -7,7 +7,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/weirnet/weir/internal/service"
 )
@@ -128,21 +127,12 @@ func (n *Node) forgetNAT(gone map[sockLb4MemberKey]bool) error {
 }
 
 // sweepSockets runs the TCP and UDP socket iterators over the namespace at
-// path: an iterator walks the sockets of the namespace it is read in.
+// path.
 func (n *Node) sweepSockets(path string) error {
-	netns, err := getNS(path)
-	if err != nil {
-		return err
+	if err := readIteratorsIn(path, n.progs.SockDestroyTCP, n.progs.SockDestroyUDP); err != nil {
+		return fmt.Errorf("close sockets: %w", err)
 	}
-	defer netns.Close()
-	return netns.Do(func(ns.NetNS) error {
-		for _, prog := range []*ebpf.Program{n.progs.SockDestroyTCP, n.progs.SockDestroyUDP} {
-			if err := readIterator(prog); err != nil {
-				return fmt.Errorf("close sockets in %s: %w", path, err)
-			}
-		}
-		return nil
-	})
+	return nil
 }
 
 func readIterator(prog *ebpf.Program) error {

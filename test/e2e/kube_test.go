@@ -391,7 +391,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("HTTP policy: method, path, host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, every request on record", func(t *testing.T) {
+	t.Run("HTTP policy: method, path, host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, a closed connection reset, every request on record", func(t *testing.T) {
 		pods := webPods(t, c)
 		client := onNode(t, pods, "n1")
 		server := onNode(t, pods, "n2")
@@ -421,6 +421,15 @@ func TestKubernetes(t *testing.T) {
 			if got := curl(tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
 			}
+		}
+		// An allowed request to upgrade the connection is one the kernel
+		// leaves to user space: held back and the connection closed, and
+		// the agent resets it at once instead of leaving curl to time out.
+		began := time.Now()
+		out, _ := st.Kubectl(ctx, nil, "exec", client.Name, "--", "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{exitcode}\n",
+			"-H", "Connection: Upgrade", "-H", "Upgrade: websocket", base+"/hostname")
+		if f := strings.Fields(string(out)); len(f) < 2 || f[0] != "000" || f[1] != "56" || time.Since(began) > 4*time.Second {
+			t.Errorf("an upgrade held back: curl said %q after %v; want no answer and a reset (exit 56) well before its 5 s timeout", out, time.Since(began))
 		}
 		// Every request is on record at the server's node, naming the
 		// rule that allowed it or the policy whose rules it failed.
