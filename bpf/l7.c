@@ -12,6 +12,9 @@
  *                    requests (lib/l7http.h)
  *   l7_reset_tcp     iter/tcp: resets the connections the verdict closed
  *                    once their last answers have gone (lib/l7reset.h)
+ *   l7_proxy_msg     sk_msg of weir_l7_proxy: what the proxy writes for a
+ *                    handed connection, into or out of its socket
+ *                    (lib/l7proxy.h)
  *
  * The first two verdicts pass everything: they measure what the path
  * itself costs (bench l7-gate). l7_http_verdict judges each request
@@ -24,6 +27,7 @@
 #include "lib/l7sock.h"
 #include "lib/l7match.h"
 #include "lib/l7http.h"
+#include "lib/l7proxy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -115,6 +119,15 @@ __always_inline_fn int l7_sock_key_of(struct bpf_sock_ops *ctx, struct l7_sock_k
 	return 0;
 }
 
+/* l7_slot_closed tells the proxy its slot's connection has closed. */
+__always_inline_fn void l7_slot_closed(__u16 conn_slot, __u64 cookie)
+{
+	struct l7_handoff *h = l7_slot_of(conn_slot);
+
+	if (h && h->cookie == cookie)
+		h->state = L7_SLOT_CLOSED;
+}
+
 /* l7_closed records a closing socket's last repeated requests and
  * forgets its reader state and flow. */
 __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
@@ -133,6 +146,8 @@ __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
 	if (c)
 		l7_event_repeats(&c->run, &key, cookie, f ? f->sets : none);
+	if (c && c->slot)
+		l7_slot_closed(c->slot, cookie);
 	bpf_map_delete_elem(&weir_l7_conns, &cookie);
 	bpf_map_delete_elem(&weir_l7_flows, &key);
 	bpf_map_delete_elem(&weir_l7_closing, &cookie);
@@ -282,6 +297,54 @@ __always_inline_fn __u8 l7_walk_verdict(__u8 outcome)
 	return L7_EV_PUNTED;
 }
 
+/* l7_hand_off hands the connection to a free proxy slot from this skb
+ * on: its first prefix bytes were allowed here, a head begins after them.
+ * It returns SK_PASS (the skb redirected), or -1 when no slot is free or
+ * the redirect fails: the caller closes the connection as before. */
+__always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 why)
+{
+	struct l7_conn *c = w->conn;
+	struct l7_handoff *h;
+	__u32 slot;
+
+	if (bpf_map_pop_elem(&weir_l7_free, &slot))
+		return -1;
+	h = bpf_map_lookup_elem(&weir_l7_handoff, &slot);
+	if (!h)
+		return -1;
+	__builtin_memset(h, 0, sizeof(*h));
+	h->cookie = w->cookie;
+	h->key = w->key;
+	h->sets[0] = w->sets[0];
+	h->sets[1] = w->sets[1];
+	h->sets[2] = w->sets[2];
+	h->prefix = prefix;
+	h->owes = c->outstanding;
+	h->seq_owed = c->seq_at_allow;
+	h->why = why;
+	h->state = L7_SLOT_ACTIVE;
+	c->slot = slot + 1;
+	if (l7_to_proxy(w->skb, c->slot, h) != SK_PASS) {
+		h->state = L7_SLOT_CLOSED;
+		return -1;
+	}
+	l7_count(L7_STAT_HANDED, 1);
+	return SK_PASS;
+}
+
+/* l7_try_hand_off hands what the kernel cannot judge to user space, with
+ * its record; on failure the connection is closed, as it was before the
+ * proxy existed. */
+__always_inline_fn int l7_try_hand_off(struct l7_walk *w, __u8 ev_verdict, __u8 why)
+{
+	if (w->head_pos != L7_NO_HEAD && l7_hand_off(w, w->head_pos, why) == SK_PASS) {
+		l7_record_stop(w, ev_verdict, L7_EVF_HANDED);
+		return SK_PASS;
+	}
+	l7_record_stop(w, ev_verdict, L7_EVF_CLOSED);
+	return l7_close(w->skb, w->cookie, w->conn);
+}
+
 SEC("sk_skb/verdict")
 int l7_http_verdict(struct __sk_buff *skb)
 {
@@ -303,6 +366,21 @@ int l7_http_verdict(struct __sk_buff *skb)
 	}
 	if (c->closed)
 		return SK_DROP;
+	if (c->slot) {
+		/* Handed to user space: every later skb goes to the proxy,
+		 * but for an empty one (a FIN's), which carries nothing to
+		 * judge and which the proxy's socket cannot read. */
+		struct l7_handoff *h = l7_slot_of(c->slot);
+
+		if (!skb->len)
+			return SK_PASS;
+
+		/* The slot must still serve this socket: a slot is offered
+		 * again only with a new record. */
+		if (h && h->cookie == cookie && l7_to_proxy(skb, c->slot, h) == SK_PASS)
+			return SK_PASS;
+		return l7_close(skb, cookie, c);
+	}
 	key.remote = skb->remote_ip4;
 	key.local = skb->local_ip4;
 	key.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
@@ -326,13 +404,20 @@ int l7_http_verdict(struct __sk_buff *skb)
 			return l7_close(skb, cookie, c); /* the walk's bound ran out */
 		if (l7_head_unfinished(&c->s)) {
 			/* Never hand the application a partial head: the bytes
-			 * that end it could make a denied request of it. */
+			 * that end it could make a denied request of it. User
+			 * space assembles it. */
 			l7_count(L7_STAT_SPLIT, 1);
-			l7_record_stop(&w, L7_EV_SPLIT, L7_EVF_CLOSED);
-			return l7_close(skb, cookie, c);
+			return l7_try_hand_off(&w, L7_EV_SPLIT, 0);
 		}
 		return SK_PASS;
 	}
+	/* What the kernel cannot judge, and a denial after allowed bytes in
+	 * one skb (which cannot be answered in place without losing them),
+	 * go to user space. Not an upgrade: whether the server switched
+	 * protocols is in its answer, which the proxy does not see. */
+	if ((w.outcome == L7_WALK_PUNT && w.punt_why != L7_EVF_UPGRADE) ||
+	    (w.outcome == L7_WALK_DENY && w.head_pos != 0 && w.head_pos != L7_NO_HEAD))
+		return l7_try_hand_off(&w, l7_walk_verdict(w.outcome), w.punt_why);
 	/* Answer in place only what begins the skb: anything before it in
 	 * the skb was allowed and would be lost. */
 	r = -1;
@@ -386,4 +471,39 @@ int l7_reset_tcp(struct bpf_iter__tcp *ctx)
 		l7_count(L7_STAT_RESET, 1);
 	bpf_map_delete_elem(&weir_l7_closing, &cookie);
 	return 0;
+}
+
+/* l7_proxy_msg carries what the proxy writes for the connection its slot
+ * serves: from P, the bytes it allows, into the server socket's receive
+ * queue; from Q, its answers, out on the server socket to the client. A
+ * slot that serves nothing (freed, or its connection closed) takes
+ * nothing: the write fails. */
+SEC("sk_msg")
+int l7_proxy_msg(struct sk_msg_md *msg)
+{
+	__u32 port = msg->local_port;
+	__u32 *slot = bpf_map_lookup_elem(&weir_l7_proxy_ports, &port);
+	struct l7_sock_key key;
+	struct l7_handoff *h;
+	int answer = 0;
+
+	if (!slot) {
+		port = bpf_ntohs((__u16)(msg->remote_port >> 16));
+		slot = bpf_map_lookup_elem(&weir_l7_proxy_ports, &port);
+		answer = 1;
+	}
+	if (!slot)
+		return SK_DROP;
+	h = bpf_map_lookup_elem(&weir_l7_handoff, slot);
+	if (!h || h->state != L7_SLOT_ACTIVE)
+		return SK_DROP;
+	key = h->key;
+	if (answer) {
+		__sync_fetch_and_add(&h->answered, msg->size);
+		l7_count(L7_STAT_PROXY_ANSWERED, 1);
+		return bpf_msg_redirect_hash(msg, &weir_l7_http, &key, 0);
+	}
+	__sync_fetch_and_add(&h->forwarded, msg->size);
+	l7_count(L7_STAT_PROXY_FORWARDED, msg->size);
+	return bpf_msg_redirect_hash(msg, &weir_l7_http, &key, BPF_F_INGRESS);
 }

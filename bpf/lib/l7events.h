@@ -52,6 +52,7 @@ enum {
 #define L7_EVF_UPGRADE 0x10  /* punted: an allowed request to upgrade the connection */
 #define L7_EVF_USER_RULES 0x20 /* punted: only rules the kernel does not judge may match */
 #define L7_EVF_PIPELINED 0x40 /* not answered: the answer to an earlier request is still to come */
+#define L7_EVF_HANDED 0x80 /* handed to user space, which judges it (lib/l7proxy.h) */
 
 struct l7_request_event {
 	__u64 ts_ns;  /* the (last) request's time */

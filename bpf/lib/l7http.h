@@ -39,26 +39,10 @@ struct l7_conn {
 	struct http_state s;
 	__u8 closed;      /* later skbs are dropped */
 	__u8 outstanding; /* an allowed request went on (l7_answer_safe) */
-	__u8 pad[2];
+	__u16 slot;       /* the hand-off slot + 1 (lib/l7proxy.h), 0: judged here */
 	__u32 seq_at_allow; /* the server's write_seq when it went */
 	struct l7_run run; /* its requests repeating one another (l7events.h) */
 };
-
-/* l7_write_seq reads how far the server has written on the socket the
- * skb is for; -1 when it cannot be read. */
-__always_inline_fn int l7_write_seq(struct __sk_buff *skb, __u32 *seq)
-{
-	struct bpf_sock *sk = skb->sk;
-	struct tcp_sock *tp;
-
-	if (!sk)
-		return -1;
-	tp = bpf_skc_to_tcp_sock(sk);
-	if (!tp)
-		return -1;
-	*seq = tp->write_seq;
-	return 0;
-}
 
 /* l7_request_went notes that an allowed request went on to the server,
  * and how far the server had written then. */

@@ -61,6 +61,22 @@ struct tcp_sock {
 	__u32 snd_una;   /* the first byte the peer has not acknowledged */
 } __attribute__((preserve_access_index));
 
+/* l7_write_seq reads how far the server has written on the socket the
+ * skb is for; -1 when it cannot be read. */
+__always_inline_fn int l7_write_seq(struct __sk_buff *skb, __u32 *seq)
+{
+	struct bpf_sock *sk = skb->sk;
+	struct tcp_sock *tp;
+
+	if (!sk)
+		return -1;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return -1;
+	*seq = tp->write_seq;
+	return 0;
+}
+
 /* l7_closing_list lists a closed socket for reset. write_seq is the
  * server's at the close (valid when have_seq), answer_len the length of
  * the answer the verdict sends in its place (0: none), owes whether the

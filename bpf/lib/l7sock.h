@@ -86,6 +86,9 @@ enum {
 	L7_STAT_PIPELINED,  /* denials not answered: an earlier answer was still to come */
 	L7_STAT_RESET,      /* closed connections reset (l7reset.h) */
 	L7_STAT_RESET_UNLISTED, /* closed connections a full weir_l7_closing left unlisted */
+	L7_STAT_HANDED,     /* connections handed to user space (l7proxy.h) */
+	L7_STAT_PROXY_FORWARDED, /* bytes the proxy wrote back into servers' sockets */
+	L7_STAT_PROXY_ANSWERED,  /* answers the proxy sent in servers' place */
 	L7_STAT_MAX,
 };
 

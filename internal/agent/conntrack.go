@@ -16,19 +16,26 @@ const (
 
 // gcRevokedFlows forgets revoked flows that went quiet, until ctx ends.
 func (a *Agent) gcRevokedFlows(ctx context.Context) {
-	t := time.NewTicker(revokedFlowGCEvery)
+	every(ctx, revokedFlowGCEvery, func() {
+		n, err := a.dp.GCRevokedFlows(revokedFlowIdle)
+		if err != nil {
+			a.log.Warn("collect revoked flows", "err", err)
+		} else if n > 0 {
+			a.log.Debug("forgot quiet revoked flows", "count", n)
+		}
+	})
+}
+
+// every calls fn each interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			n, err := a.dp.GCRevokedFlows(revokedFlowIdle)
-			if err != nil {
-				a.log.Warn("collect revoked flows", "err", err)
-			} else if n > 0 {
-				a.log.Debug("forgot quiet revoked flows", "count", n)
-			}
+			fn()
 		}
 	}
 }

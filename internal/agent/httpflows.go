@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
@@ -123,8 +124,15 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 	default: // punted, split
 		f.Verdict = "unjudged"
 		req.Reason = ev.Reason()
-		f.Rule = "the kernel cannot judge it (" + req.Reason + "): the connection is closed"
+		if ev.Handed {
+			f.Rule = "the kernel cannot judge it (" + req.Reason + "): handed to user space, which judges it"
+		} else {
+			f.Rule = "the kernel cannot judge it (" + req.Reason + "): the connection is closed"
+		}
 		_, f.Decider = h.restrictedBy(names, ev)
+	}
+	if ev.Proxied {
+		f.Rule += " (judged in user space)"
 	}
 	req.Closed = ev.Closed
 	return f
@@ -311,14 +319,24 @@ func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
 		return err
 	}
 	h := newHTTPFlows(a.cfg.NodeName, node.PolicyHTTPSet)
-	go readUntilClosed(ctx, a.log, "request record", rd.Read, rd.Close, func(ev datapath.L7Event) {
+	// The kernel's records and the proxy's come from different
+	// goroutines; h is one connection table for both.
+	var mu sync.Mutex
+	record := func(ev datapath.L7Event) {
+		mu.Lock()
 		f := h.explain(a.flowNames.Load(), ev)
+		mu.Unlock()
 		a.metrics.countHTTP(f)
 		a.flows.record(f)
 		if a.flows.following.Load() > 0 {
 			a.flows.send(f)
 		}
-	})
+	}
+	if err := a.startL7Proxy(ctx, node, record); err != nil {
+		rd.Close()
+		return err
+	}
+	go readUntilClosed(ctx, a.log, "request record", rd.Read, rd.Close, record)
 	return nil
 }
 

@@ -17,21 +17,14 @@ const resetClosedHTTPEvery = 100 * time.Millisecond
 // the client nor the server waits on a connection that carries nothing
 // more, until ctx ends.
 func (a *Agent) resetClosedHTTP(ctx context.Context) {
-	t := time.NewTicker(resetClosedHTTPEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	every(ctx, resetClosedHTTPEvery, func() {
+		if !a.dp.L7ResetPending() {
 			return
-		case <-t.C:
-			if !a.dp.L7ResetPending() {
-				continue
-			}
-			if _, err := a.dp.ResetClosedL7(a.podNetNSByAddr()); err != nil {
-				a.log.Warn("reset closed HTTP connections", "err", err)
-			}
 		}
-	}
+		if _, err := a.dp.ResetClosedL7(a.podNetNSByAddr()); err != nil {
+			a.log.Warn("reset closed HTTP connections", "err", err)
+		}
+	})
 }
 
 // podNetNSByAddr looks up the network namespace of the local pod holding

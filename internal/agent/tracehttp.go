@@ -101,7 +101,7 @@ func traceHTTP(res *policy.Result, pod string, peer netip.Addr, port uint16, q *
 // the in-kernel reader does not hold) in user space.
 func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, req *l7.Request) string {
 	if ok, why := l7.KernelReads(req); !ok {
-		return "user space: the in-kernel reader does not hold " + why + " (the user-space path is not built yet: the connection is closed)"
+		return "user space: the in-kernel reader does not hold " + why + " (the connection is handed to the node's proxy, which judges it with every rule)"
 	}
 	verdict := l7.KernelDeny
 	for _, set := range res.HTTPSetsOf(pod, policy.Ingress, peer, port) {
@@ -123,7 +123,7 @@ func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, re
 		}
 	}
 	if verdict == l7.KernelUserSpace {
-		return "user space: only rules with conditions the kernel does not judge (regular expressions) may match (the user-space path is not built yet: the connection is closed)"
+		return "user space: only rules with conditions the kernel does not judge (regular expressions) may match (the connection is handed to the node's proxy, which judges it with every rule)"
 	}
 	return "kernel: denied there"
 }

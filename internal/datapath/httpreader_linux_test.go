@@ -266,22 +266,7 @@ func sameHeaders(r *l7.Request, rec httpreaderHttpTestRecord) error {
 // corpus and the heads of its table tests.
 func readerCorpus(t testing.TB) [][]byte {
 	t.Helper()
-	data, err := os.ReadFile("../l7/testdata/smuggling.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out [][]byte
-	for _, line := range strings.Split(string(data), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.SplitN(line, "\t", 3)
-		s, err := strconv.Unquote(f[2])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, []byte(s))
-	}
+	out := testutil.SmugglingStreams(t)
 	for _, s := range []string{
 		"GET /a/b?x=1 HTTP/1.1\r\nHost: Example.COM:8080\r\nAccept: */*\r\n\r\n",
 		"\r\n\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n",

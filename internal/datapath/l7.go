@@ -66,6 +66,11 @@ type L7Stats struct {
 	// ResetUnlisted are closed connections a full weir_l7_closing left
 	// to their peers' timeouts.
 	ResetUnlisted uint64
+	// Handed are connections handed to user space (L7Proxy).
+	Handed uint64
+	// ProxyForwarded are bytes the proxy wrote back into servers'
+	// sockets, ProxyAnswered the answers it sent in their place.
+	ProxyForwarded, ProxyAnswered uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -131,6 +136,9 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: a.m.FD(), Program: a.p, Attach: a.kind}); err != nil {
 			return nil, fmt.Errorf("attach %v to its socket hash: %w", a.kind, err)
 		}
+	}
+	if err := attachProxyMsg(&s.objs); err != nil {
+		return nil, err
 	}
 	if s.tables, err = openL7Tables(s.objs.WeirL7Match, s.objs.WeirL7Sets, s.objs.WeirL7HeaderWatch); err != nil {
 		return nil, err
@@ -244,7 +252,7 @@ func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
 		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined,
-		&out.Reset, &out.ResetUnlisted}
+		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

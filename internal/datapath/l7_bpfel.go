@@ -150,7 +150,7 @@ type l7L7Conn struct {
 	}
 	Closed      uint8
 	Outstanding uint8
-	Pad         [2]uint8
+	Slot        uint16
 	SeqAtAllow  uint32
 	Run         struct {
 		_       structs.HostLayout
@@ -169,6 +169,29 @@ type l7L7Flow struct {
 	Sets   [3]uint32
 	Joined uint8
 	Pad    [3]uint8
+}
+
+type l7L7Handoff struct {
+	_          structs.HostLayout
+	Cookie     uint64
+	Key        l7L7SockKey
+	Sets       [3]uint32
+	Prefix     uint32
+	SeqOwed    uint32
+	Redirected uint64
+	Forwarded  uint64
+	Answered   uint64
+	State      uint8
+	Owes       uint8
+	Why        uint8
+	Pad        uint8
+	MarksNext  uint32
+	Marks      [8]struct {
+		_      structs.HostLayout
+		Offset uint64
+		Seq    uint32
+		Valid  uint32
+	}
 }
 
 type l7L7HashKey struct {
@@ -252,11 +275,15 @@ const (
 	l7MapWeirL7Conns             = "weir_l7_conns"
 	l7MapWeirL7Events            = "weir_l7_events"
 	l7MapWeirL7Flows             = "weir_l7_flows"
+	l7MapWeirL7Free              = "weir_l7_free"
+	l7MapWeirL7Handoff           = "weir_l7_handoff"
 	l7MapWeirL7HeaderWatch       = "weir_l7_header_watch"
 	l7MapWeirL7Http              = "weir_l7_http"
 	l7MapWeirL7Key               = "weir_l7_key"
 	l7MapWeirL7Match             = "weir_l7_match"
 	l7MapWeirL7Ports             = "weir_l7_ports"
+	l7MapWeirL7Proxy             = "weir_l7_proxy"
+	l7MapWeirL7ProxyPorts        = "weir_l7_proxy_ports"
 	l7MapWeirL7Scratch           = "weir_l7_scratch"
 	l7MapWeirL7Sets              = "weir_l7_sets"
 	l7MapWeirL7Skb               = "weir_l7_skb"
@@ -264,6 +291,7 @@ const (
 	l7MapWeirL7Strp              = "weir_l7_strp"
 	l7ProgL7HttpVerdict          = "l7_http_verdict"
 	l7ProgL7Parser               = "l7_parser"
+	l7ProgL7ProxyMsg             = "l7_proxy_msg"
 	l7ProgL7ResetTcp             = "l7_reset_tcp"
 	l7ProgL7SkbVerdict           = "l7_skb_verdict"
 	l7ProgL7Sockops              = "l7_sockops"
@@ -328,6 +356,7 @@ type l7Specs struct {
 type l7ProgramSpecs struct {
 	L7HttpVerdict *ebpf.ProgramSpec `ebpf:"l7_http_verdict"`
 	L7Parser      *ebpf.ProgramSpec `ebpf:"l7_parser"`
+	L7ProxyMsg    *ebpf.ProgramSpec `ebpf:"l7_proxy_msg"`
 	L7ResetTcp    *ebpf.ProgramSpec `ebpf:"l7_reset_tcp"`
 	L7SkbVerdict  *ebpf.ProgramSpec `ebpf:"l7_skb_verdict"`
 	L7Sockops     *ebpf.ProgramSpec `ebpf:"l7_sockops"`
@@ -342,11 +371,15 @@ type l7MapSpecs struct {
 	WeirL7Conns       *ebpf.MapSpec `ebpf:"weir_l7_conns"`
 	WeirL7Events      *ebpf.MapSpec `ebpf:"weir_l7_events"`
 	WeirL7Flows       *ebpf.MapSpec `ebpf:"weir_l7_flows"`
+	WeirL7Free        *ebpf.MapSpec `ebpf:"weir_l7_free"`
+	WeirL7Handoff     *ebpf.MapSpec `ebpf:"weir_l7_handoff"`
 	WeirL7HeaderWatch *ebpf.MapSpec `ebpf:"weir_l7_header_watch"`
 	WeirL7Http        *ebpf.MapSpec `ebpf:"weir_l7_http"`
 	WeirL7Key         *ebpf.MapSpec `ebpf:"weir_l7_key"`
 	WeirL7Match       *ebpf.MapSpec `ebpf:"weir_l7_match"`
 	WeirL7Ports       *ebpf.MapSpec `ebpf:"weir_l7_ports"`
+	WeirL7Proxy       *ebpf.MapSpec `ebpf:"weir_l7_proxy"`
+	WeirL7ProxyPorts  *ebpf.MapSpec `ebpf:"weir_l7_proxy_ports"`
 	WeirL7Scratch     *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
 	WeirL7Sets        *ebpf.MapSpec `ebpf:"weir_l7_sets"`
 	WeirL7Skb         *ebpf.MapSpec `ebpf:"weir_l7_skb"`
@@ -398,11 +431,15 @@ type l7Maps struct {
 	WeirL7Conns       *ebpf.Map `ebpf:"weir_l7_conns"`
 	WeirL7Events      *ebpf.Map `ebpf:"weir_l7_events"`
 	WeirL7Flows       *ebpf.Map `ebpf:"weir_l7_flows"`
+	WeirL7Free        *ebpf.Map `ebpf:"weir_l7_free"`
+	WeirL7Handoff     *ebpf.Map `ebpf:"weir_l7_handoff"`
 	WeirL7HeaderWatch *ebpf.Map `ebpf:"weir_l7_header_watch"`
 	WeirL7Http        *ebpf.Map `ebpf:"weir_l7_http"`
 	WeirL7Key         *ebpf.Map `ebpf:"weir_l7_key"`
 	WeirL7Match       *ebpf.Map `ebpf:"weir_l7_match"`
 	WeirL7Ports       *ebpf.Map `ebpf:"weir_l7_ports"`
+	WeirL7Proxy       *ebpf.Map `ebpf:"weir_l7_proxy"`
+	WeirL7ProxyPorts  *ebpf.Map `ebpf:"weir_l7_proxy_ports"`
 	WeirL7Scratch     *ebpf.Map `ebpf:"weir_l7_scratch"`
 	WeirL7Sets        *ebpf.Map `ebpf:"weir_l7_sets"`
 	WeirL7Skb         *ebpf.Map `ebpf:"weir_l7_skb"`
@@ -416,11 +453,15 @@ func (m *l7Maps) Close() error {
 		m.WeirL7Conns,
 		m.WeirL7Events,
 		m.WeirL7Flows,
+		m.WeirL7Free,
+		m.WeirL7Handoff,
 		m.WeirL7HeaderWatch,
 		m.WeirL7Http,
 		m.WeirL7Key,
 		m.WeirL7Match,
 		m.WeirL7Ports,
+		m.WeirL7Proxy,
+		m.WeirL7ProxyPorts,
 		m.WeirL7Scratch,
 		m.WeirL7Sets,
 		m.WeirL7Skb,
@@ -455,6 +496,7 @@ type l7Variables struct {
 type l7Programs struct {
 	L7HttpVerdict *ebpf.Program `ebpf:"l7_http_verdict"`
 	L7Parser      *ebpf.Program `ebpf:"l7_parser"`
+	L7ProxyMsg    *ebpf.Program `ebpf:"l7_proxy_msg"`
 	L7ResetTcp    *ebpf.Program `ebpf:"l7_reset_tcp"`
 	L7SkbVerdict  *ebpf.Program `ebpf:"l7_skb_verdict"`
 	L7Sockops     *ebpf.Program `ebpf:"l7_sockops"`
@@ -465,6 +507,7 @@ func (p *l7Programs) Close() error {
 	return _L7Close(
 		p.L7HttpVerdict,
 		p.L7Parser,
+		p.L7ProxyMsg,
 		p.L7ResetTcp,
 		p.L7SkbVerdict,
 		p.L7Sockops,

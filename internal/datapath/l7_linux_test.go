@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -275,29 +274,6 @@ func attachL7ForTest(t *testing.T) (*L7Sockets, string) {
 // for the test), removed when the test ends.
 func l7TestCgroup(t *testing.T) string {
 	t.Helper()
-	root := filepath.Join(t.TempDir(), "cgroup2")
-	mounted, err := MountCgroup2(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cg, err := os.MkdirTemp(root, "weir-l7test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// The helpers are killed first (cleanups run last-in first-out);
-		// the cgroup empties a moment after they are reaped.
-		for i := 0; i < 100; i++ {
-			if err := os.Remove(cg); err == nil || os.IsNotExist(err) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if mounted {
-			if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
-				t.Errorf("unmount %s: %v", root, err)
-			}
-		}
-	})
+	_, cg := testutil.Cgroup2(t)
 	return cg
 }

@@ -75,6 +75,13 @@ type L7Event struct {
 	// server's answer to an earlier request was still to come (the
 	// client pipelines); the connection was closed instead.
 	Pipelined bool
+	// Handed: the kernel handed the connection to user space at this
+	// request, which the proxy judges (its own record follows).
+	Handed bool
+	// Proxied: the record is the proxy's (internal/proxy), which judged
+	// the request in user space; ProxyReason says why it refused one.
+	Proxied     bool
+	ProxyReason string
 	// Line is the head's first bytes as they arrived (the request line
 	// and what follows it); LineCut says the head was longer.
 	Line    []byte
@@ -129,6 +136,7 @@ const (
 	l7evUpgrade  = 0x10
 	l7evUserRule = 0x20
 	l7evPipeline = 0x40
+	l7evHanded   = 0x80
 )
 
 // l7EventSize is sizeof(struct l7_request_event).
@@ -158,7 +166,7 @@ func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
 	ev.Repeat, ev.Answered = flags&l7evRepeat != 0, flags&l7evAnswered != 0
 	ev.Closed, ev.LineCut = flags&l7evClosed != 0, flags&l7evLineCut != 0
 	ev.Upgrade, ev.UserRules = flags&l7evUpgrade != 0, flags&l7evUserRule != 0
-	ev.Pipelined = flags&l7evPipeline != 0
+	ev.Pipelined, ev.Handed = flags&l7evPipeline != 0, flags&l7evHanded != 0
 	lineLen, hostLen := int(e.Uint16(b[52:])), int(b[54])
 	const lineAt, hostAt = 56, 56 + 128
 	if lineLen > 128 || hostLen > 64 {
@@ -206,6 +214,8 @@ var l7Reasons = [...]string{
 // Reason says why a refused or punted stream was, "" for other records.
 func (e L7Event) Reason() string {
 	switch {
+	case e.ProxyReason != "":
+		return e.ProxyReason
 	case e.Upgrade:
 		return "an allowed request to upgrade the connection (after a 101 the bytes are no longer HTTP; only the server's answer tells)"
 	case e.UserRules:

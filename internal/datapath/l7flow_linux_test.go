@@ -212,7 +212,9 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 	// dial connects from a port the kernel picks, recorded with sets
 	// before the SYN leaves unless sets is nil; it waits for the server's
 	// side to be marked joined.
-	dial := func(sets *[3]uint32) (net.Conn, netip.AddrPort) {
+	// dialBound connects from a port the kernel picks, calling before
+	// the SYN leaves with the connection's key, unless before is nil.
+	dialBound := func(before func(lxcL7SockKey) error) (net.Conn, netip.AddrPort) {
 		t.Helper()
 		var client netip.AddrPort
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
@@ -226,8 +228,8 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 					return
 				}
 				client = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
-				if sets != nil {
-					err = flows.Put(l7FlowKey(client, server), lxcL7Flow{Sets: *sets})
+				if before != nil {
+					err = before(l7FlowKey(client, server))
 				}
 			})
 			return errors.Join(cerr, err)
@@ -236,6 +238,15 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return c, client
+	}
+	dial := func(sets *[3]uint32) (net.Conn, netip.AddrPort) {
+		t.Helper()
+		var record func(lxcL7SockKey) error
+		if sets != nil {
+			record = func(k lxcL7SockKey) error { return flows.Put(k, lxcL7Flow{Sets: *sets}) }
+		}
+		c, client := dialBound(record)
 		if sets == nil {
 			return c, client
 		}
@@ -329,25 +340,9 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 	}
 	var takenFD uintptr
 	raw.Control(func(fd uintptr) { takenFD = fd })
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var err error
-		cerr := rc.Control(func(fd uintptr) {
-			if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-				return
-			}
-			var sa unix.Sockaddr
-			if sa, err = unix.Getsockname(int(fd)); err != nil {
-				return
-			}
-			k := l7FlowKey(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port)), server)
-			err = errors.Join(flows.Put(k, lxcL7Flow{Sets: [3]uint32{1}}), s.objs.WeirL7Http.Put(k, uint64(takenFD)))
-		})
-		return errors.Join(cerr, err)
-	}}
-	refused, err := d.Dial("tcp4", server.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	refused, _ := dialBound(func(k lxcL7SockKey) error {
+		return errors.Join(flows.Put(k, lxcL7Flow{Sets: [3]uint32{1}}), s.objs.WeirL7Http.Put(k, uint64(takenFD)))
+	})
 	defer refused.Close()
 	outcome := readUntilError(refused)
 	for deadline := time.Now().Add(time.Second); !l7ResetPending(s.objs.WeirL7Closing); time.Sleep(10 * time.Millisecond) {

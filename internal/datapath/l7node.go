@@ -61,6 +61,9 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 		Attach: ebpf.AttachSkSKBVerdict}); err != nil {
 		return fmt.Errorf("attach the HTTP verdict to weir_l7_http: %w", err)
 	}
+	if err := attachProxyMsg(objs); err != nil {
+		return err
+	}
 	if err := attachCgroupPinned(objs.L7Sockops, cgroup, ebpf.AttachCGroupSockOps, filepath.Join(n.cfg.PinDir, "cgroup", l7SockopsPin)); err != nil {
 		return err
 	}

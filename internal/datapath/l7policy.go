@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -26,6 +27,24 @@ type nodeL7 struct {
 	// be in the tables, until the first full load replaced every entry
 	// naming them (pruneHTTPSets).
 	stale bool
+	// matchers are the written sets' full matchers by kernel number,
+	// for the user-space judge of handed connections (HTTPMatcher),
+	// which reads them while policy is applied.
+	mu       sync.RWMutex
+	matchers map[uint32]*l7.Matcher
+}
+
+// HTTPMatcher is the full matcher (regular expressions included) of the
+// HTTP set the kernel numbers set, for the proxy that judges handed
+// connections; nil for a set this agent did not write (an earlier
+// agent's, or none), whose requests are then denied.
+func (n *Node) HTTPMatcher(set uint32) *l7.Matcher {
+	if n.l7 == nil {
+		return nil
+	}
+	n.l7.mu.RLock()
+	defer n.l7.mu.RUnlock()
+	return n.l7.matchers[set]
 }
 
 // EnableL7 makes the node enforce the HTTP rules policy restricts
@@ -43,7 +62,8 @@ func (n *Node) enableL7(t l7Tables, flows *ebpf.Map, key l7.HashKey) error {
 	if err != nil {
 		return err
 	}
-	n.l7 = &nodeL7{tables: t, written: map[policy.HTTPSetID]*l7.KernelRules{}, base: base, stale: base > 0, key: key}
+	n.l7 = &nodeL7{tables: t, written: map[policy.HTTPSetID]*l7.KernelRules{}, base: base, stale: base > 0, key: key,
+		matchers: map[uint32]*l7.Matcher{}}
 	return nil
 }
 
@@ -97,10 +117,18 @@ func (n *Node) writeHTTPSets(d policy.Diff) error {
 			continue
 		}
 		k, err := l7.CompileKernel(rules, n.l7.key)
+		var m *l7.Matcher
 		if err == nil {
+			m, err = l7.Compile(rules)
+		}
+		if err == nil {
+			// The matcher first: a handed connection may meet the set
+			// as soon as the kernel has it.
+			n.l7.setMatcher(n.l7.base+uint32(id), m)
 			err = n.l7.tables.writeSet(n.l7.base+uint32(id), k)
 		}
 		if err != nil {
+			n.l7.setMatcher(n.l7.base+uint32(id), nil)
 			errs = append(errs, fmt.Errorf("HTTP set %d (%d rules): %w: its allows stay closed: %w", id, len(rules), err, ErrPolicyClosed))
 			continue
 		}
@@ -127,6 +155,7 @@ func (n *Node) deleteHTTPSets(d policy.Diff) error {
 			errs = append(errs, err)
 			continue
 		}
+		n.l7.setMatcher(n.l7.base+uint32(id), nil)
 		delete(n.l7.written, id)
 	}
 	return errors.Join(errs...)
@@ -152,4 +181,15 @@ func (n *Node) pruneHTTPSets(res *policy.Result) error {
 		}
 	}
 	return n.deleteHTTPSets(gone)
+}
+
+// setMatcher records (m nil: forgets) set's matcher.
+func (l *nodeL7) setMatcher(set uint32, m *l7.Matcher) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if m == nil {
+		delete(l.matchers, set)
+		return
+	}
+	l.matchers[set] = m
 }

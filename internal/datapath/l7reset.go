@@ -95,16 +95,8 @@ func resetClosedL7(objs *l7Objects, netnsOf func(netip.Addr) (string, bool)) (in
 }
 
 func listClosing(m *ebpf.Map) (map[uint64]l7L7Closing, error) {
-	out := map[uint64]l7L7Closing{}
-	var (
-		k uint64
-		v l7L7Closing
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v
-	}
-	if err := it.Err(); err != nil {
+	out, err := readMap[uint64, l7L7Closing](m)
+	if err != nil {
 		return nil, fmt.Errorf("list closed HTTP connections: %w", err)
 	}
 	return out, nil

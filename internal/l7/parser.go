@@ -81,6 +81,16 @@ func (p *Parser) RefuseRepeated(names []string) {
 // byte before it has been framed.
 func (p *Parser) Offset() int64 { return p.offset }
 
+// Unframed is the stream offset of the first byte not yet known to belong
+// to a request whose head was returned: the start of a head still being
+// gathered, else Offset. A gateway may pass on what lies before it.
+func (p *Parser) Unframed() int64 {
+	if p.state == stHead && len(p.buf) > 0 {
+		return p.bufStart
+	}
+	return p.offset
+}
+
 // InBody says whether the next byte belongs to a request's body (or its
 // chunk framing) rather than to a head.
 func (p *Parser) InBody() bool { return p.state != stHead && p.state != stFailed }

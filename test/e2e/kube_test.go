@@ -391,7 +391,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("HTTP policy: method, path, host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, a closed connection reset, every request on record", func(t *testing.T) {
+	t.Run("HTTP policy: method, path, host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, a split head judged in user space, a closed connection reset, every request on record", func(t *testing.T) {
 		pods := webPods(t, c)
 		client := onNode(t, pods, "n1")
 		server := onNode(t, pods, "n2")
@@ -431,6 +431,21 @@ func TestKubernetes(t *testing.T) {
 		if f := strings.Fields(string(out)); len(f) < 2 || f[0] != "000" || f[1] != "56" || time.Since(began) > 4*time.Second {
 			t.Errorf("an upgrade held back: curl said %q after %v; want no answer and a reset (exit 56) well before its 5 s timeout", out, time.Since(began))
 		}
+		// A head that arrives in two pieces is assembled and judged in
+		// user space (the kernel hands the connection to the node's
+		// proxy): the allowed one served, the denied one answered 403.
+		split := func(first, rest string) string {
+			script := fmt.Sprintf(`exec 3<>/dev/tcp/%s/8080; printf '%s' >&3; sleep 0.3; printf '%s' >&3; timeout 3 cat <&3`,
+				server.Status.PodIP, first, rest)
+			out, _ := st.Kubectl(ctx, nil, "exec", client.Name, "--", "bash", "-c", script)
+			return string(out)
+		}
+		if got := split("GET /host", `name HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n`); !strings.HasPrefix(got, "HTTP/1.1 200 OK") {
+			t.Errorf("an allowed head in two pieces: %q, want it served", got)
+		}
+		if got := split("GET /she", `ll?cmd=id HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n`); !strings.HasPrefix(got, "HTTP/1.1 403 Forbidden") {
+			t.Errorf("a denied head in two pieces: %q, want 403", got)
+		}
 		// Every request is on record at the server's node, naming the
 		// rule that allowed it or the policy whose rules it failed.
 		waitFor(t, 5*time.Second, func() error {
@@ -455,14 +470,16 @@ func TestKubernetes(t *testing.T) {
 					seen["refused"] = true
 				case f.Verdict == "allowed" && f.HTTP.Method == "PUT" && strings.Contains(strings.ToLower(f.Rule), `ports[0].http[2] (put exact /hostname header x-role exact "admin"`):
 					seen["headers"] = true
+				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.HasSuffix(f.Rule, "(judged in user space)"):
+					seen["user space"] = true
 				}
 				return nil
 			})
 			if err != nil {
 				return err
 			}
-			if len(seen) != 5 {
-				return fmt.Errorf("records of %s: %v, want allowed, denied, host, refused and headers", server.Name, seen)
+			if len(seen) != 6 {
+				return fmt.Errorf("records of %s: %v, want allowed, denied, host, refused, headers and user space", server.Name, seen)
 			}
 			return nil
 		})

@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * l7proxy.h: handing a connection's request stream to user space.
+ *
+ * What the kernel reader cannot judge whole (a head split over two skbs,
+ * a rule it leaves to user space, a head it punts) is not dropped when a
+ * hand-off slot is free: from that skb on, every skb the server's socket
+ * S receives is redirected (BPF_F_INGRESS) into the receive queue of the
+ * slot's socket P, one end of a loopback TCP pair (P, Q) the agent's
+ * proxy holds. The proxy reads P, frames and judges the requests with
+ * internal/l7, and writes:
+ *
+ *   - the bytes it allows to P: l7_proxy_msg (sk_msg on weir_l7_proxy)
+ *     redirects them with BPF_F_INGRESS into S's receive queue, where the
+ *     server reads them as the client's;
+ *   - its answers (403, 400) to Q: l7_proxy_msg sends them on S's egress,
+ *     to the client, but only if the server has written since the last
+ *     request went to it (the write fails with EACCES otherwise: an
+ *     answer of ours would overtake the server's).
+ *
+ * Responses never pass the proxy. S stays the application's socket with
+ * the client as its peer, so nothing about the connection changes but
+ * who reads its requests first. A slot serves one connection for the
+ * rest of its life; when S closes, the slot is marked closed and the
+ * proxy recycles it once it has read all that was redirected to P.
+ *
+ *   weir_l7_proxy        sockhash: key slot*2 is P, slot*2+1 is Q
+ *   weir_l7_proxy_ports  P's local port -> its slot: what P writes has it as
+ *                        the local port, what Q writes as the remote one
+ *                        (Q's own local port is the proxy listener's, shared)
+ *   weir_l7_handoff      array by slot: the connection a slot serves
+ *   weir_l7_free         queue of the free slots, filled by the proxy
+ *
+ * All pinned: sockets keep the programs (and so the maps) they joined
+ * with, and a restarted agent must find the same ones.
+ */
+#ifndef WEIR_LIB_L7PROXY_H
+#define WEIR_LIB_L7PROXY_H
+
+#include "common.h"
+#include "l7flow.h"
+#include "l7reset.h"
+#include "l7sock.h"
+
+#define L7_PROXY_SLOTS 1024
+
+/* A slot's state (l7_handoff.state). */
+#define L7_SLOT_FREE 0
+#define L7_SLOT_ACTIVE 1 /* serving the connection in key */
+#define L7_SLOT_CLOSED 2 /* its connection closed: recycle once drained */
+
+/* Seq marks: for the last L7_SEQ_MARKS skbs redirected, where each began
+ * in the handed stream and how far the server had written when it came.
+ * The proxy answers a denied request in the server's place only if the
+ * server has written since the last request it let go arrived (the test
+ * the kernel makes, l7_answer_safe): otherwise the server's answer to
+ * that request is still to come and ours would overtake it. */
+#define L7_SEQ_MARKS 8
+
+struct l7_seq_mark {
+	__u64 offset; /* stream offset (of what P receives) where the skb began */
+	__u32 seq;    /* the server's write_seq when it arrived */
+	__u32 valid;
+};
+
+/* l7_handoff is what the proxy needs of the connection a slot serves.
+ * The first skb redirected to P starts at stream offset 0 of what the
+ * proxy reads; its first prefix bytes were allowed by the kernel and are
+ * forwarded unjudged, and a request head begins after them. */
+struct l7_handoff {
+	__u64 cookie;             /* S's socket cookie */
+	struct l7_sock_key key;   /* S in weir_l7_http */
+	__u32 sets[L7_FLOW_SETS]; /* the sets when handed */
+	__u32 prefix;             /* bytes forwarded unjudged */
+	__u32 seq_owed;           /* S's write_seq when the kernel last let a request go */
+	__u64 redirected;         /* bytes redirected to P */
+	__u64 forwarded;          /* bytes written back into S */
+	__u64 answered;           /* bytes of answers sent on S's egress */
+	__u8 state;
+	__u8 owes;                /* seq_owed is valid: a request went and the server had not answered at the hand-off */
+	__u8 why;                 /* L7_EVF_* of the hand-off */
+	__u8 pad;
+	__u32 marks_next;         /* the next mark to write, mod L7_SEQ_MARKS */
+	struct l7_seq_mark marks[L7_SEQ_MARKS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 2 * L7_PROXY_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_proxy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2 * L7_PROXY_SLOTS);
+	__type(key, __u32); /* P's local port, host order */
+	__type(value, __u32); /* slot */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_proxy_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, L7_PROXY_SLOTS);
+	__type(key, __u32);
+	__type(value, struct l7_handoff);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_handoff SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, L7_PROXY_SLOTS);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_free SEC(".maps");
+
+/* l7_slot_of returns the slot a connection's reader state names, NULL
+ * when it is not handed. conn_slot is slot+1, 0 for none. */
+__always_inline_fn struct l7_handoff *l7_slot_of(__u32 conn_slot)
+{
+	__u32 slot = conn_slot - 1;
+
+	if (!conn_slot)
+		return NULL;
+	return bpf_map_lookup_elem(&weir_l7_handoff, &slot);
+}
+
+/* l7_to_proxy redirects an skb of a handed connection to its slot's P,
+ * marking where it begins and how far the server had written. */
+__always_inline_fn int l7_to_proxy(struct __sk_buff *skb, __u32 conn_slot, struct l7_handoff *h)
+{
+	__u32 p = (conn_slot - 1) * 2;
+	__u32 i = h->marks_next % L7_SEQ_MARKS;
+	__u32 seq;
+	int r;
+
+	if (h->state != L7_SLOT_ACTIVE)
+		return SK_DROP;
+	if (l7_write_seq(skb, &seq) == 0) {
+		h->marks[i].offset = h->redirected;
+		h->marks[i].seq = seq;
+		h->marks[i].valid = 1;
+	} else {
+		h->marks[i].valid = 0;
+	}
+	h->marks_next++;
+	r = bpf_sk_redirect_hash(skb, &weir_l7_proxy, &p, BPF_F_INGRESS);
+	if (r == SK_PASS)
+		h->redirected += skb->len;
+	return r;
+}
+
+#endif /* WEIR_LIB_L7PROXY_H */

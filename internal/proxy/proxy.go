@@ -1,0 +1,282 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/l7"
+)
+
+// The answers the proxy writes in the server's place. They name nothing
+// internal. A 403 keeps the connection: the denied request's body is
+// skipped and the next request judged.
+const (
+	answer403      = "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: 14\r\n\r\nAccess denied\n"
+	answer403Close = "HTTP/1.1 403 Forbidden\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 14\r\n\r\nAccess denied\n"
+	answer400      = "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nBad request\n"
+)
+
+// pollClosed is how often a slot serving a connection looks whether the
+// connection has closed, so the slot can serve another.
+const pollClosed = 200 * time.Millisecond
+
+// drainWait is how long a slot whose connection closed waits for bytes
+// the kernel redirected and it has not read yet before it gives them up.
+const drainWait = 2 * time.Second
+
+// Record is a request the proxy judged, for the flow records.
+type Record struct {
+	Handoff datapath.Handoff
+	// Request is nil for a stream refused before a head was read whole.
+	Request  *l7.Request
+	Decision Decision
+	Err      *l7.RequestError
+	// Answered: a 403 or 400 was sent in the server's place; Ended: the
+	// connection ended with it (reset once the server's answers went).
+	Answered, Ended bool
+}
+
+// Opener makes the pair of a hand-off slot and offers it to the kernel
+// (datapath.L7Proxy.OpenSlot).
+type Opener interface {
+	OpenSlot(slot uint32) (*datapath.ProxySlot, error)
+}
+
+// Proxy serves hand-off slots: each reads the connection handed to it,
+// judges its requests, writes back what is allowed and answers what is
+// not, then makes a fresh pair for the next connection (no byte of one
+// connection can reach the next).
+type Proxy struct {
+	judge  Judge
+	opener Opener
+	record func(Record)
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	slots  map[uint32]*datapath.ProxySlot
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// New is a proxy judging with judge, opening slots with opener, giving
+// each judged request to record (which may be nil).
+func New(judge Judge, opener Opener, record func(Record), log *slog.Logger) *Proxy {
+	if record == nil {
+		record = func(Record) {}
+	}
+	return &Proxy{judge: judge, opener: opener, record: record, log: log, slots: map[uint32]*datapath.ProxySlot{}}
+}
+
+// Start opens slots 0..n-1 and serves them until Close.
+func (p *Proxy) Start(n int) error {
+	for i := range n {
+		s, err := p.opener.OpenSlot(uint32(i))
+		if err != nil {
+			return fmt.Errorf("open proxy slot %d: %w", i, err)
+		}
+		if !p.adopt(s) {
+			return errors.New("the proxy is closed")
+		}
+		p.wg.Add(1)
+		go p.serve(s)
+	}
+	return nil
+}
+
+// adopt records s as its slot's pair; false when the proxy is closed
+// (s is closed then).
+func (p *Proxy) adopt(s *datapath.ProxySlot) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		s.Close()
+		return false
+	}
+	p.slots[s.Slot] = s
+	return true
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Close closes every slot and waits for their loops. A connection a
+// slot served is closed by the kernel from then on (fail closed).
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	var errs []error
+	for _, s := range p.slots {
+		errs = append(errs, s.Close())
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// serve runs one slot: a connection at a time, then a fresh pair.
+func (p *Proxy) serve(s *datapath.ProxySlot) {
+	defer p.wg.Done()
+	for {
+		if err := p.serveConnection(s); err != nil {
+			if p.isClosed() {
+				return
+			}
+			// The pair broke under the connection: the kernel closes
+			// it (its redirects fail), and a fresh pair takes the slot.
+			p.log.Warn("proxy slot failed", "slot", s.Slot, "err", err)
+		}
+		s.Close()
+		next, err := p.opener.OpenSlot(s.Slot)
+		if err != nil {
+			p.log.Warn("proxy slot lost", "slot", s.Slot, "err", err)
+			return
+		}
+		if !p.adopt(next) {
+			return
+		}
+		s = next
+	}
+}
+
+// serveConnection serves the connection handed to s until it has closed
+// and its stream is read; an error means the slot itself is closed.
+func (p *Proxy) serveConnection(s *datapath.ProxySlot) error {
+	buf := make([]byte, 64<<10)
+	var (
+		st      *stream
+		h       datapath.Handoff
+		read    uint64
+		drained time.Time
+	)
+	for {
+		if st != nil {
+			s.In.SetReadDeadline(time.Now().Add(pollClosed))
+		}
+		n, err := s.In.Read(buf)
+		if n > 0 {
+			read += uint64(n)
+			if st == nil {
+				if h, err = s.Handoff(); err != nil {
+					return err
+				}
+				st = newStream(p.judge, h.Sets, h.Prefix)
+			}
+			steps, judged := st.feed(buf[:n])
+			p.run(s, h, steps, judged)
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		now, err := s.Handoff()
+		if err != nil {
+			return err
+		}
+		if !now.Closed {
+			continue
+		}
+		if read >= now.Redirected {
+			return nil
+		}
+		if drained.IsZero() {
+			drained = time.Now()
+		} else if time.Since(drained) > drainWait {
+			return nil // the rest was lost on the way; a fresh pair follows
+		}
+	}
+}
+
+// run carries the steps out, in order, and records the requests. After
+// an end, or a failed write, nothing more is done for the connection.
+func (p *Proxy) run(s *datapath.ProxySlot, h datapath.Handoff, steps []step, judged []judged) {
+	answered, ended := false, false
+	for _, st := range steps {
+		if ended {
+			break
+		}
+		switch st.kind {
+		case stepForward:
+			if _, err := s.In.Write(st.data); err != nil {
+				ended = true // the kernel no longer takes it: the connection is closed
+			}
+		case stepAnswer:
+			if !p.answer(s, st) {
+				ended = true
+				continue
+			}
+			answered = true
+		case stepEnd:
+			p.end(s, st, answered)
+			ended = true
+		}
+	}
+	for _, j := range judged {
+		p.record(Record{Handoff: h, Request: j.req, Decision: j.decision, Err: j.err,
+			Answered: answered && j.decision.Verdict != Allow, Ended: ended})
+	}
+}
+
+// answer writes an answer in the server's place if the server has
+// written since the last request it was given (the kernel's test,
+// l7_answer_safe); otherwise it ends the connection, to be reset once
+// the server's answer has gone, and says false.
+func (p *Proxy) answer(s *datapath.ProxySlot, st step) bool {
+	h, err := s.Handoff()
+	if err != nil {
+		return false
+	}
+	seq, known := h.SeqAt(uint64(st.at))
+	owes, seqAllow := h.Owes, h.SeqOwed
+	if st.lastAllowedAt >= 0 {
+		var ok bool
+		seqAllow, ok = h.SeqAt(uint64(st.lastAllowedAt))
+		owes = true
+		known = known && ok
+	}
+	if owes && (!known || seq == seqAllow) {
+		s.End(h, known, seq, owes)
+		return false
+	}
+	text := answer403
+	switch {
+	case st.status != 403:
+		text = answer400
+	case st.close:
+		text = answer403Close
+	}
+	if _, err := s.Answer.Write([]byte(text)); err != nil {
+		s.End(h, known, seq, false)
+		return false
+	}
+	return true
+}
+
+// end ends the connection: reset once what the server owes, and the
+// answer just written, have gone.
+func (p *Proxy) end(s *datapath.ProxySlot, st step, answered bool) {
+	h, err := s.Handoff()
+	if err != nil {
+		return
+	}
+	seq, known := h.SeqAt(uint64(st.at))
+	owes := answered
+	if !answered && st.lastAllowedAt >= 0 {
+		seqAllow, ok := h.SeqAt(uint64(st.lastAllowedAt))
+		owes = !ok || seqAllow == seq
+	} else if !answered && h.Owes {
+		owes = seq == h.SeqOwed
+	}
+	if err := s.End(h, known, seq, owes); err != nil {
+		p.log.Warn("end a handed connection", "slot", s.Slot, "err", err)
+	}
+}
+
+var _ Opener = (*datapath.L7Proxy)(nil)

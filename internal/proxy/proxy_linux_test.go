@@ -1,0 +1,271 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/testutil"
+)
+
+// server is an HTTP server whose listener was made inside the cgroup the
+// L7 programs watch, answering "<method> <path>" and remembering what it
+// served.
+type server struct {
+	addr string
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *server) served() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.seen, "\n")
+}
+
+// listenIn makes a listener as a process in cgroup cg does: the process
+// moves into cg for the listen and back to root after. Accepted sockets
+// keep their listener's cgroup.
+func listenIn(t *testing.T, root, cg string) net.Listener {
+	t.Helper()
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), pid, 0); err != nil {
+		t.Fatal(err)
+	}
+	ln, lerr := net.Listen("tcp4", "127.0.0.1:0")
+	if err := os.WriteFile(filepath.Join(root, "cgroup.procs"), pid, 0); err != nil {
+		t.Fatal(err)
+	}
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	return ln
+}
+
+// handedSetup enforces rules on a server's port, with the proxy serving
+// slots hand-off slots.
+func handedSetup(t *testing.T, rules []l7.Rule, slots int) (*server, *datapath.L7Sockets, *[]Record) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	root, cg := testutil.Cgroup2(t)
+	s, err := datapath.AttachL7Sockets(cg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ln := listenIn(t, root, cg)
+	srv := &server{addr: ln.Addr().String()}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		srv.mu.Lock()
+		srv.seen = append(srv.seen, r.Method+" "+r.URL.Path)
+		srv.mu.Unlock()
+		fmt.Fprintf(w, "%s %s", r.Method, r.URL.Path)
+	})}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+
+	k, err := l7.CompileKernel(rules, s.HashKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteHTTPSet(1, k); err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	if err := s.EnforceHTTP(port, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := l7.Compile(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sets Matchers
+	sets.Put(1, m)
+	judge := NewSetJudge(sets.Get)
+	var (
+		mu      sync.Mutex
+		records []Record
+	)
+	opener := s.Proxy()
+	t.Cleanup(func() { opener.Close() })
+	px := New(judge, opener, func(r Record) {
+		mu.Lock()
+		records = append(records, r)
+		mu.Unlock()
+	}, slog.New(slog.DiscardHandler))
+	if err := px.Start(slots); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	return srv, s, &records
+}
+
+// converse writes each piece on c, 30 ms apart, and returns what came back
+// after each (read until 300 ms of quiet).
+func converse(t *testing.T, c net.Conn, pieces ...string) []string {
+	t.Helper()
+	var out []string
+	buf := make([]byte, 64<<10)
+	for _, p := range pieces {
+		if _, err := c.Write([]byte(p)); err != nil {
+			out = append(out, "write: "+err.Error())
+			continue
+		}
+		var got []byte
+		for {
+			c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			n, err := c.Read(buf)
+			got = append(got, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		out = append(out, string(got))
+	}
+	return out
+}
+
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+var handedRules = []l7.Rule{
+	{Method: "GET", Path: &l7.PathMatch{Type: l7.PathRegularExpression, Value: "/items/[0-9]+"}},
+	{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
+}
+
+// TestHandedConnections: what the kernel cannot judge is judged in user
+// space on the same connection, with real sockets: a head split over two
+// writes is assembled and served; a request only a regular expression can
+// allow is served or answered 403; after a 403 the connection goes on; a
+// denied split head never reaches the server; a slot serves connection
+// after connection; and no request of the smuggling corpus, cut in two
+// anywhere, reaches the server unless the rules allow it.
+func TestHandedConnections(t *testing.T) {
+	srv, s, _ := handedSetup(t, handedRules, 4)
+
+	c := dial(t, srv.addr)
+	got := converse(t, c,
+		"GET /ite", "ms/42 HTTP/1.1\r\nHost: h\r\n\r\n", // split: handed
+		"GET /items/43 HTTP/1.1\r\nHost: h\r\n\r\n", // read in user space from now on
+		"GET /secret HTTP/1.1\r\nHost: h\r\n\r\n",
+		"POST /v1/request-landing HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nland")
+	want := []string{"", "GET /items/42", "GET /items/43", "HTTP/1.1 403 Forbidden", "POST /v1/request-landing"}
+	for i, w := range want {
+		if w == "" && got[i] != "" || !strings.Contains(got[i], w) {
+			t.Fatalf("step %d: got %q, want %q", i, got[i], w)
+		}
+	}
+
+	// One write, a path only the regular expression can allow: the
+	// kernel leaves it to user space.
+	if got := converse(t, dial(t, srv.addr), "GET /items/7 HTTP/1.1\r\nHost: h\r\n\r\n", "GET /items/x HTTP/1.1\r\nHost: h\r\n\r\n"); !strings.Contains(got[0], "GET /items/7") || !strings.HasPrefix(got[1], "HTTP/1.1 403 ") {
+		t.Fatalf("regular expression: %q", got)
+	}
+
+	// A denied split head never reaches the server.
+	if got := converse(t, dial(t, srv.addr), "GET /sec", "ret-split HTTP/1.1\r\nHost: h\r\n\r\n"); !strings.HasPrefix(got[1], "HTTP/1.1 403 ") {
+		t.Fatalf("denied split head: %q", got)
+	}
+
+	// More connections than slots, one after another: each slot serves
+	// one, then a fresh pair serves the next.
+	for i := range 10 {
+		c, err := net.Dial("tcp4", srv.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := fmt.Sprintf("/items/%d", 100+i)
+		got := converse(t, c, "GET "+path[:5], path[5:]+" HTTP/1.1\r\nHost: h\r\n\r\n")
+		c.Close()
+		if !strings.Contains(got[1], "GET "+path) {
+			t.Fatalf("connection %d: %q", i, got)
+		}
+		time.Sleep(250 * time.Millisecond) // the slot sees the close
+	}
+
+	if list := srv.served(); strings.Contains(list, "secret") || strings.Contains(list, "/items/x") {
+		t.Fatalf("a denied request reached the server:\n%s", list)
+	}
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stats %+v", st)
+	if st.Handed < 13 || st.ProxyForwarded == 0 || st.ProxyAnswered < 3 {
+		t.Fatalf("counters %+v: want 13 connections handed, bytes forwarded, 3 answers", st)
+	}
+}
+
+// TestHandedSmuggling: every stream of the smuggling corpus, cut in two
+// at several places (so the kernel hands it over mid-head), through the
+// proxy: the server never serves /admin, which no rule allows.
+func TestHandedSmuggling(t *testing.T) {
+	rules := []l7.Rule{
+		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
+		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
+		handedRules[0],
+	}
+	srv, s, records := handedSetup(t, rules, 64)
+	type cut struct {
+		stream []byte
+		at     int
+	}
+	var cuts []cut
+	for _, stream := range testutil.SmugglingStreams(t) {
+		for _, at := range []int{1, len(stream) / 3, len(stream) / 2, len(stream) - 2} {
+			if at > 0 && at < len(stream) {
+				cuts = append(cuts, cut{stream, at})
+			}
+		}
+	}
+	for len(cuts) > 0 {
+		batch := cuts[:min(32, len(cuts))]
+		cuts = cuts[len(batch):]
+		var wg sync.WaitGroup
+		for _, c := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				conn, err := net.Dial("tcp4", srv.addr)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				converse(t, conn, string(c.stream[:c.at]), string(c.stream[c.at:]))
+			}()
+		}
+		wg.Wait()
+		time.Sleep(300 * time.Millisecond) // the slots see the closes
+	}
+	if list := srv.served(); strings.Contains(list, "/admin") {
+		t.Fatalf("a smuggled request reached the server:\n%s", list)
+	}
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stats %+v, %d requests judged in user space", st, len(*records))
+	if st.Handed < 100 {
+		t.Fatalf("only %d streams handed to the proxy: the test did not exercise it", st.Handed)
+	}
+}
