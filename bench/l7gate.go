@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/lab"
+	"github.com/weirnet/weir/internal/proxy"
 )
 
 // The l7-gate scenario measures what routing an accepted socket's
@@ -44,6 +46,11 @@ const (
 	// path (agent.RequestRecorder) as it comes.
 	l7GatePlainNew = "no policy, new paths"
 	l7GateHTTP1New = "kernel HTTP, 1 rule, new paths"
+	// One rule with a regular expression, which the kernel leaves to
+	// user space: every connection is handed to the proxy
+	// (internal/proxy) at its first request, which judges all of its
+	// requests from then on.
+	l7GateUser     = "user-space HTTP, 1 regex rule"
 	l7GateConns    = 100
 	l7GatePortOff  = 8080
 	l7GatePortStr  = 8081
@@ -52,10 +59,13 @@ const (
 	l7GatePortH40  = 8084
 	l7GatePortOffN = 8085
 	l7GatePortH1N  = 8086
+	l7GatePortUser = 8087
+	// l7GateSlots are the proxy's hand-off slots: one per connection.
+	l7GateSlots = 2 * l7GateConns
 )
 
 // l7GateSetups are the setups in report order.
-var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GatePlainNew, l7GateHTTP1New}
+var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateUser, l7GatePlainNew, l7GateHTTP1New}
 
 // l7GateBaseline is the setup a setup's ratio is taken to: the plain
 // port with the same requests.
@@ -117,6 +127,13 @@ type l7GateSetup struct {
 	mode     datapath.L7Mode // 0: plain
 	rules    int             // L7HTTP: the set's rule count
 	newPaths bool            // every request to its own path (l7GateNewPaths)
+	regex    bool            // L7HTTP: the set is l7GateRegexRules, judged in user space
+}
+
+// l7GateRegexRules is one rule wrk's GET / meets only by its regular
+// expression, which the kernel leaves to user space.
+func l7GateRegexRules() []l7.Rule {
+	return []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathRegularExpression, Value: "/[a-z0-9/]*"}}}
 }
 
 func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
@@ -140,10 +157,10 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, socks.Close()) }()
-	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0, 0, false}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser, 0, false},
-		{l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict, 0, false}, {l7GateHTTP1, l7GatePortH1, datapath.L7HTTP, 1, false},
-		{l7GateHTTP40, l7GatePortH40, datapath.L7HTTP, 40, false},
-		{l7GatePlainNew, l7GatePortOffN, 0, 0, true}, {l7GateHTTP1New, l7GatePortH1N, datapath.L7HTTP, 1, true}}
+	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0, 0, false, false}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser, 0, false, false},
+		{l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict, 0, false, false}, {l7GateHTTP1, l7GatePortH1, datapath.L7HTTP, 1, false, false},
+		{l7GateHTTP40, l7GatePortH40, datapath.L7HTTP, 40, false, false}, {l7GateUser, l7GatePortUser, datapath.L7HTTP, 1, false, true},
+		{l7GatePlainNew, l7GatePortOffN, 0, 0, true, false}, {l7GateHTTP1New, l7GatePortH1N, datapath.L7HTTP, 1, true, false}}
 	script, err := os.CreateTemp("", "weir-l7gate-*.lua")
 	if err != nil {
 		return err
@@ -158,6 +175,11 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, records.close()) }()
+	handed, err := startL7GateProxy(socks)
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, handed.close()) }()
 	var ports []int
 	for i, s := range setups {
 		ports = append(ports, s.port)
@@ -165,7 +187,16 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		case 0:
 			continue
 		case datapath.L7HTTP:
-			k, err := l7.CompileKernel(l7GateRules(s.rules), socks.HashKey())
+			rules := l7GateRules(s.rules)
+			if s.regex {
+				rules = l7GateRegexRules()
+				m, err := l7.Compile(rules)
+				if err != nil {
+					return err
+				}
+				handed.matchers.Put(uint32(i), m)
+			}
+			k, err := l7.CompileKernel(rules, socks.HashKey())
 			if err != nil {
 				return err
 			}
@@ -195,7 +226,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		if err != nil {
 			return wrkRun{}, err
 		}
-		recordsBefore := records.count.Load()
+		recordsBefore, proxiedBefore := records.count.Load(), handed.allowed.Load()
 		lua := ""
 		if s.newPaths {
 			lua = script.Name()
@@ -212,7 +243,20 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		w.judged = float64(after.Allowed - before.Allowed)
 		w.recordsLost = float64(after.EventsLost - before.EventsLost)
 		w.records = float64(records.count.Load() - recordsBefore)
-		if s.mode == datapath.L7HTTP {
+		w.proxied = float64(handed.allowed.Load() - proxiedBefore)
+		if s.regex {
+			// Every connection handed at its first request, every
+			// request allowed by the proxy, none closed.
+			if n := after.Denied + after.Refused + after.Split + after.Closed - before.Denied - before.Refused - before.Split - before.Closed; n != 0 {
+				return w, fmt.Errorf("%s: %d requests or connections were not handed and allowed (%+v)", s.name, n, after)
+			}
+			if got := after.Handed - before.Handed; got < l7GateConns {
+				return w, fmt.Errorf("%s: %d of %d connections handed to the proxy", s.name, got, l7GateConns)
+			}
+			if w.proxied < w.rps*d.Seconds()*0.9 {
+				return w, fmt.Errorf("%s: %v requests allowed by the proxy for %.0f req/s over %v", s.name, w.proxied, w.rps, d)
+			}
+		} else if s.mode == datapath.L7HTTP {
 			// Every request read and allowed, no connection cut short.
 			if n := after.Denied + after.Refused + after.Punted + after.Split + after.Closed - before.Denied - before.Refused - before.Punted - before.Split - before.Closed; n != 0 {
 				return w, fmt.Errorf("%s: %d requests or connections were not simply allowed (%+v)", s.name, n, after)
@@ -247,7 +291,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 				break
 			}
 			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined,
-				"requests_judged": w.judged, "records": w.records, "records_lost": w.recordsLost} {
+				"requests_judged": w.judged, "records": w.records, "records_lost": w.recordsLost, "requests_proxied": w.proxied} {
 				res.Samples = append(res.Samples, sample{Setup: s.name, Path: l7GatePath, Metric: metric, Rep: rep, Value: v})
 			}
 			fmt.Fprintf(out, "rep %d %-20s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, s.name, w.rps, w.p50, w.p99, w.errors)
@@ -265,7 +309,32 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 type wrkRun struct {
 	rps, p50, p99, errors, joined, judged float64
 	records, recordsLost                  float64 // request records read, and lost by a full ring
+	proxied                               float64 // requests the proxy allowed
 }
+
+// l7GateProxy is the proxy judging the handed connections, counting the
+// requests it allows.
+type l7GateProxy struct {
+	matchers proxy.Matchers
+	opener   *datapath.L7Proxy
+	px       *proxy.Proxy
+	allowed  atomic.Uint64
+}
+
+func startL7GateProxy(socks *datapath.L7Sockets) (*l7GateProxy, error) {
+	h := &l7GateProxy{opener: socks.Proxy()}
+	h.px = proxy.New(proxy.NewSetJudge(h.matchers.Get), h.opener, func(r proxy.Record) {
+		if r.Decision.Verdict == proxy.Allow {
+			h.allowed.Add(1)
+		}
+	}, slog.New(slog.DiscardHandler))
+	if err := h.px.Start(l7GateSlots); err != nil {
+		return nil, errors.Join(err, h.close())
+	}
+	return h, nil
+}
+
+func (h *l7GateProxy) close() error { return errors.Join(h.px.Close(), h.opener.Close()) }
 
 // requestRecords drains the path's request records through the agent's
 // record path (agent.RequestRecorder) into a flow store of its own, as
@@ -474,7 +543,7 @@ func (r *result) judgeL7Gate() {
 		setup string
 		want  float64
 	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules},
-		{l7GateHTTP1New, l7WantOneRule}} {
+		{l7GateUser, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule}} {
 		if math.IsNaN(r.median(t.setup, l7GatePath, "rps")) {
 			continue // a result from before the setup existed
 		}
@@ -494,7 +563,8 @@ func (r *result) l7GateMarkdown() string {
 	fmt.Fprintf(&b, "nginx (one worker, CPU 1, a fixed 3-byte body) in one network namespace, wrk (one thread, %d keep-alive connections, CPU 0) in another, over a veth pair; "+
 		"one nginx listens on a port per setup: one left alone, one whose accepted sockets join bpf/l7.c's strparser socket hash and one its skb-verdict hash, "+
 		"both verdicts passing everything, and two its HTTP hash, whose verdict reads every request in the kernel and judges it against a set of 1 or of 40 HTTP rules "+
-		"(wrk's GET / matches the last; every request judged and allowed is checked). "+
+		"(wrk's GET / matches the last; every request judged and allowed is checked), and one whose single rule has a regular expression, which the kernel leaves to user space: "+
+		"each connection is handed to the proxy (internal/proxy, in the bench process, one slot per connection) at its first request, and the proxy judges and forwards every request after (each allowed request counted). "+
 		"The two new-paths setups send every request to a path of its own (wrk's Lua script GET /item/<n>), so on the HTTP port each request is a record of its own, "+
 		"drained as it comes through the agent's record path (explained and counted into a flow store) by the bench process; on the others, the repeated GET / is one record a second per connection. "+
 		"%d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy with the same requests).\n\n",
@@ -512,6 +582,7 @@ func (r *result) l7GateMarkdown() string {
 		{"requests_judged", "requests read and allowed in the kernel (per run)", "%.0f"},
 		{"records", "request records read by the agent's record path (per run)", "%.0f"},
 		{"records_lost", "request records lost to a full ring (per run)", "%.0f"},
+		{"requests_proxied", "requests allowed by the user-space proxy (per run)", "%.0f"},
 	} {
 		fmt.Fprintf(&b, "| %s |", m.title)
 		for _, s := range setups {

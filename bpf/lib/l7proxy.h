@@ -30,6 +30,7 @@
  *                        (Q's own local port is the proxy listener's, shared)
  *   weir_l7_handoff      array by slot: the connection a slot serves
  *   weir_l7_free         queue of the free slots, filled by the proxy
+ *   weir_l7_proxy_read   array by slot: bytes the proxy has read (the bound)
  *
  * All pinned: sockets keep the programs (and so the maps) they joined
  * with, and a restarted agent must find the same ones.
@@ -108,6 +109,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_handoff SEC(".maps");
 
+/* How many bytes of its connection's stream each slot's proxy has read,
+ * written by the proxy alone (the kernel writes weir_l7_handoff): the
+ * verdict closes a handed connection whose redirected bytes run more
+ * than L7_PROXY_BACKLOG ahead of it. S's TCP takes each skb it redirects,
+ * so its receive window stays open whatever the proxy keeps up with:
+ * this is the bound. */
+#define L7_PROXY_BACKLOG (4U << 20)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, L7_PROXY_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_proxy_read SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_QUEUE);
 	__uint(max_entries, L7_PROXY_SLOTS);
@@ -130,13 +147,19 @@ __always_inline_fn struct l7_handoff *l7_slot_of(__u32 conn_slot)
  * marking where it begins and how far the server had written. */
 __always_inline_fn int l7_to_proxy(struct __sk_buff *skb, __u32 conn_slot, struct l7_handoff *h)
 {
-	__u32 p = (conn_slot - 1) * 2;
+	__u32 slot = conn_slot - 1;
+	__u32 p = slot * 2;
 	__u32 i = h->marks_next % L7_SEQ_MARKS;
+	__u64 *read = bpf_map_lookup_elem(&weir_l7_proxy_read, &slot);
 	__u32 seq;
 	int r;
 
 	if (h->state != L7_SLOT_ACTIVE)
 		return SK_DROP;
+	if (!read || h->redirected + skb->len - *read > L7_PROXY_BACKLOG) {
+		l7_count(L7_STAT_PROXY_BEHIND, 1);
+		return SK_DROP;
+	}
 	if (l7_write_seq(skb, &seq) == 0) {
 		h->marks[i].offset = h->redirected;
 		h->marks[i].seq = seq;

@@ -89,6 +89,7 @@ enum {
 	L7_STAT_HANDED,     /* connections handed to user space (l7proxy.h) */
 	L7_STAT_PROXY_FORWARDED, /* bytes the proxy wrote back into servers' sockets */
 	L7_STAT_PROXY_ANSWERED,  /* answers the proxy sent in servers' place */
+	L7_STAT_PROXY_BEHIND,    /* handed connections closed: the proxy fell L7_PROXY_BACKLOG behind */
 	L7_STAT_MAX,
 };
 

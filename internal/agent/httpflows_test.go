@@ -12,6 +12,7 @@ import (
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
+	"github.com/weirnet/weir/internal/proxy"
 )
 
 // deathstarNames are the names of a node whose deathstar pod a
@@ -244,5 +245,35 @@ func BenchmarkRecordNewConnections(b *testing.B) {
 	}
 	if len(h.texts) > maxRequestTexts {
 		b.Fatalf("%d requests remembered, bound %d", len(h.texts), maxRequestTexts)
+	}
+}
+
+// TestProxyRecordsSayUserSpace: the proxy's records of requests it judged
+// in user space name the rule as the kernel's do, and say where they
+// were judged; the kernel's record of the hand-off says it handed the
+// connection over.
+func TestProxyRecordsSayUserSpace(t *testing.T) {
+	names, set := deathstarNames()
+	h := newHTTPFlows("n1", set)
+	p := l7.NewParser(l7.Limits{})
+	reqs, err := p.Feed([]byte("POST /v1/request-landing HTTP/1.1\r\nHost: deathstar.empire\r\nConnection: close\r\n\r\n"))
+	if err != nil || len(reqs) != 1 {
+		t.Fatal(reqs, err)
+	}
+	handoff := datapath.Handoff{Active: true, Cookie: 42, Server: netip.MustParseAddrPort("10.244.1.7:80"),
+		Client: netip.MustParseAddrPort("10.244.2.9:40000"), Sets: [3]uint32{103}}
+	f := h.explain(names, proxyEvent(proxy.Record{Handoff: handoff, Request: reqs[0], Decision: proxy.Decision{Verdict: proxy.Allow, Set: 103, Rule: 0}}))
+	if f.Verdict != "allowed" || f.Pod != "empire/deathstar-0" || f.HTTP.Method != "POST" || f.HTTP.Target != "/v1/request-landing" ||
+		f.Rule != "weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing) (judged in user space)" {
+		t.Fatalf("the proxy's allowed record: %q %+v %+v", f.Rule, f, f.HTTP)
+	}
+	f = h.explain(names, proxyEvent(proxy.Record{Handoff: handoff, Request: reqs[0], Decision: proxy.Decision{Verdict: proxy.Deny}, Answered: true}))
+	if f.Verdict != "denied" || f.HTTP.Status != 403 || !strings.HasSuffix(f.Rule, "(judged in user space)") {
+		t.Fatalf("the proxy's denied record: %q %+v", f.Rule, f.HTTP)
+	}
+	ev := requestRecord(datapath.L7Split, "POST /v1/req")
+	ev.Handed = true
+	if f = h.explain(names, ev); f.Verdict != "unjudged" || !strings.Contains(f.Rule, "handed to user space") {
+		t.Fatalf("the kernel's record of a hand-off: %q", f.Rule)
 	}
 }

@@ -311,7 +311,7 @@ func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
 		"heads_punted": st.Punted, "heads_split": st.Split, "answered": st.Answered,
 		"connections_closed": st.Closed, "skbs_without_state": st.NoState, "records_lost": st.EventsLost,
 		"denials_pipelined": st.Pipelined, "connections_reset": st.Reset, "resets_unlisted": st.ResetUnlisted,
-		"connections_handed": st.Handed, "proxy_forwarded_bytes": st.ProxyForwarded, "proxy_answered": st.ProxyAnswered,
+		"connections_handed": st.Handed, "proxy_forwarded_bytes": st.ProxyForwarded, "proxy_answered": st.ProxyAnswered, "proxy_behind": st.ProxyBehind,
 	} {
 		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}

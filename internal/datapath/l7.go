@@ -71,6 +71,9 @@ type L7Stats struct {
 	// ProxyForwarded are bytes the proxy wrote back into servers'
 	// sockets, ProxyAnswered the answers it sent in their place.
 	ProxyForwarded, ProxyAnswered uint64
+	// ProxyBehind are handed connections closed because the proxy fell
+	// 4 MiB behind their stream.
+	ProxyBehind uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -252,7 +255,7 @@ func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
 		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined,
-		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered}
+		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered, &out.ProxyBehind}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

@@ -284,6 +284,7 @@ const (
 	l7MapWeirL7Ports             = "weir_l7_ports"
 	l7MapWeirL7Proxy             = "weir_l7_proxy"
 	l7MapWeirL7ProxyPorts        = "weir_l7_proxy_ports"
+	l7MapWeirL7ProxyRead         = "weir_l7_proxy_read"
 	l7MapWeirL7Scratch           = "weir_l7_scratch"
 	l7MapWeirL7Sets              = "weir_l7_sets"
 	l7MapWeirL7Skb               = "weir_l7_skb"
@@ -380,6 +381,7 @@ type l7MapSpecs struct {
 	WeirL7Ports       *ebpf.MapSpec `ebpf:"weir_l7_ports"`
 	WeirL7Proxy       *ebpf.MapSpec `ebpf:"weir_l7_proxy"`
 	WeirL7ProxyPorts  *ebpf.MapSpec `ebpf:"weir_l7_proxy_ports"`
+	WeirL7ProxyRead   *ebpf.MapSpec `ebpf:"weir_l7_proxy_read"`
 	WeirL7Scratch     *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
 	WeirL7Sets        *ebpf.MapSpec `ebpf:"weir_l7_sets"`
 	WeirL7Skb         *ebpf.MapSpec `ebpf:"weir_l7_skb"`
@@ -440,6 +442,7 @@ type l7Maps struct {
 	WeirL7Ports       *ebpf.Map `ebpf:"weir_l7_ports"`
 	WeirL7Proxy       *ebpf.Map `ebpf:"weir_l7_proxy"`
 	WeirL7ProxyPorts  *ebpf.Map `ebpf:"weir_l7_proxy_ports"`
+	WeirL7ProxyRead   *ebpf.Map `ebpf:"weir_l7_proxy_read"`
 	WeirL7Scratch     *ebpf.Map `ebpf:"weir_l7_scratch"`
 	WeirL7Sets        *ebpf.Map `ebpf:"weir_l7_sets"`
 	WeirL7Skb         *ebpf.Map `ebpf:"weir_l7_skb"`
@@ -462,6 +465,7 @@ func (m *l7Maps) Close() error {
 		m.WeirL7Ports,
 		m.WeirL7Proxy,
 		m.WeirL7ProxyPorts,
+		m.WeirL7ProxyRead,
 		m.WeirL7Scratch,
 		m.WeirL7Sets,
 		m.WeirL7Skb,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -27,7 +28,11 @@ const (
 // connection is closed, as before the proxy existed.
 type L7Proxy struct {
 	objs *l7Objects
-	ln   net.Listener
+	// mu makes one pair at a time: a pair's two ends must be the two
+	// ends of one connection (what Q writes is steered by its peer's
+	// port), so no dial may take another's accept.
+	mu sync.Mutex
+	ln net.Listener
 }
 
 // Proxy is the standalone path's hand-off side.
@@ -106,6 +111,8 @@ func (p *L7Proxy) OpenSlot(slot uint32) (_ *ProxySlot, retErr error) {
 	if slot >= L7ProxySlots {
 		return nil, fmt.Errorf("proxy slot %d: there are %d", slot, L7ProxySlots)
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.ln == nil {
 		ln, err := net.Listen("tcp4", "127.0.0.1:0")
 		if err != nil {
@@ -117,7 +124,7 @@ func (p *L7Proxy) OpenSlot(slot uint32) (_ *ProxySlot, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy slot %d: %w", slot, err)
 	}
-	answer, err := p.ln.Accept()
+	answer, err := p.acceptPeerOf(in)
 	if err != nil {
 		in.Close()
 		return nil, fmt.Errorf("proxy slot %d: %w", slot, err)
@@ -130,6 +137,9 @@ func (p *L7Proxy) OpenSlot(slot uint32) (_ *ProxySlot, retErr error) {
 	}()
 	if err := p.objs.WeirL7Handoff.Put(slot, l7L7Handoff{}); err != nil {
 		return nil, fmt.Errorf("proxy slot %d: clear its record: %w", slot, err)
+	}
+	if err := s.Read(0); err != nil {
+		return nil, err
 	}
 	for i, c := range []*net.TCPConn{s.In, s.Answer} {
 		if err := putSocket(p.objs.WeirL7Proxy, slot*2+uint32(i), c); err != nil {
@@ -144,6 +154,24 @@ func (p *L7Proxy) OpenSlot(slot uint32) (_ *ProxySlot, retErr error) {
 		return nil, fmt.Errorf("proxy slot %d: offer it: %w", slot, err)
 	}
 	return s, nil
+}
+
+// acceptPeerOf accepts in's other end. Whatever else reached the
+// loopback listener first (another process of the node's namespace) is
+// closed: a pair made of two connections would steer one connection's
+// answers into another.
+func (p *L7Proxy) acceptPeerOf(in net.Conn) (net.Conn, error) {
+	for range 8 {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if c.RemoteAddr().String() == in.LocalAddr().String() {
+			return c, nil
+		}
+		c.Close()
+	}
+	return nil, errors.New("the pair's listener keeps accepting strangers")
 }
 
 // putSocket puts c in a socket map under key.
@@ -265,12 +293,26 @@ const (
 	closingOwes = 2
 )
 
+// Read tells the kernel how many bytes of its connection's stream the
+// slot has read: the kernel closes a connection whose stream runs
+// L7_PROXY_BACKLOG (4 MiB) ahead of it (the proxy cannot keep up, and
+// S's receive window no longer holds the client back).
+func (s *ProxySlot) Read(n uint64) error {
+	if err := s.p.objs.WeirL7ProxyRead.Put(s.Slot, n); err != nil {
+		return fmt.Errorf("proxy slot %d: note what it read: %w", s.Slot, err)
+	}
+	return nil
+}
+
 // Recycle offers the slot to the kernel again once the connection it
 // served has closed and its stream is read to the end: the record is
 // cleared first, so nothing of the last connection carries over.
 func (s *ProxySlot) Recycle() error {
 	if err := s.p.objs.WeirL7Handoff.Put(s.Slot, l7L7Handoff{}); err != nil {
 		return fmt.Errorf("recycle proxy slot %d: %w", s.Slot, err)
+	}
+	if err := s.Read(0); err != nil {
+		return err
 	}
 	if err := s.p.objs.WeirL7Free.Update(nil, s.Slot, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("recycle proxy slot %d: %w", s.Slot, err)
@@ -299,6 +341,8 @@ func (s *ProxySlot) Close() error {
 
 // Close closes the listener the slots' pairs were made with.
 func (p *L7Proxy) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.ln == nil {
 		return nil
 	}

@@ -6,46 +6,15 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/weirnet/weir/internal/testutil"
 )
 
 // smugglingCase is one line of testdata/smuggling.txt.
-type smugglingCase struct {
-	name   string
-	answer int // 400, 403 or 200
-	stream []byte
-}
+type smugglingCase = testutil.SmugglingCase
 
-func readSmugglingCorpus(t *testing.T) []smugglingCase {
-	t.Helper()
-	data, err := os.ReadFile("testdata/smuggling.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cases []smugglingCase
-	for i, line := range strings.Split(string(data), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.SplitN(line, "\t", 3)
-		if len(f) != 3 {
-			t.Fatalf("smuggling.txt:%d: want name, answer and stream separated by tabs", i+1)
-		}
-		answer, err := strconv.Atoi(f[1])
-		if err != nil {
-			t.Fatalf("smuggling.txt:%d: answer %q: %v", i+1, f[1], err)
-		}
-		stream, err := strconv.Unquote(f[2])
-		if err != nil {
-			t.Fatalf("smuggling.txt:%d: stream: %v", i+1, err)
-		}
-		cases = append(cases, smugglingCase{name: f[0], answer: answer, stream: []byte(stream)})
-	}
-	return cases
-}
+func readSmugglingCorpus(t *testing.T) []smugglingCase { return testutil.SmugglingCorpus(t) }
 
 // corpusRules are the rules every corpus case runs under.
 var corpusRules = []Rule{
@@ -69,10 +38,10 @@ func TestSmugglingCorpus(t *testing.T) {
 	}
 	bypasses := 0
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			passed, allowed, answer := judgeStream(t, m, c.stream)
-			if answer != c.answer {
-				t.Errorf("answer %d, want %d", answer, c.answer)
+		t.Run(c.Name, func(t *testing.T) {
+			passed, allowed, answer := judgeStream(t, m, c.Stream)
+			if answer != c.Answer {
+				t.Errorf("answer %d, want %d", answer, c.Answer)
 			}
 			n := countBypasses(t, passed, allowed)
 			if n > 0 {

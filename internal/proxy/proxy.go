@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/weirnet/weir/internal/datapath"
@@ -163,6 +165,9 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot) error {
 		n, err := s.In.Read(buf)
 		if n > 0 {
 			read += uint64(n)
+			if err := s.Read(read); err != nil {
+				return err
+			}
 			if st == nil {
 				if h, err = s.Handoff(); err != nil {
 					return err
@@ -204,8 +209,11 @@ func (p *Proxy) run(s *datapath.ProxySlot, h datapath.Handoff, steps []step, jud
 		}
 		switch st.kind {
 		case stepForward:
-			if _, err := s.In.Write(st.data); err != nil {
-				ended = true // the kernel no longer takes it: the connection is closed
+			if err := writeAll(s.In, st.data); err != nil {
+				// The kernel no longer takes it (the connection
+				// closed), or the server's socket cannot: end it.
+				p.end(s, step{kind: stepEnd, at: -1, lastAllowedAt: -1}, false)
+				ended = true
 			}
 		case stepAnswer:
 			if !p.answer(s, st) {
@@ -221,6 +229,28 @@ func (p *Proxy) run(s *datapath.ProxySlot, h datapath.Handoff, steps []step, jud
 	for _, j := range judged {
 		p.record(Record{Handoff: h, Request: j.req, Decision: j.decision, Err: j.err,
 			Answered: answered && j.decision.Verdict != Allow, Ended: ended})
+	}
+}
+
+// writeRetry bounds how long a write waits for the kernel to find memory
+// for the server socket's queue (bpf_tcp_ingress fails with ENOMEM under
+// memory pressure, and nothing tells when it would succeed).
+const writeRetry = 2 * time.Second
+
+// writeAll writes b, retrying what the kernel could not queue for lack
+// of memory.
+func writeAll(c *net.TCPConn, b []byte) error {
+	deadline := time.Now().Add(writeRetry)
+	for {
+		n, err := c.Write(b)
+		b = b[n:]
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.ENOMEM) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -160,7 +160,7 @@ var handedRules = []l7.Rule{
 // after connection; and no request of the smuggling corpus, cut in two
 // anywhere, reaches the server unless the rules allow it.
 func TestHandedConnections(t *testing.T) {
-	srv, s, _ := handedSetup(t, handedRules, 4)
+	srv, s, records := handedSetup(t, handedRules, 4)
 
 	c := dial(t, srv.addr)
 	got := converse(t, c,
@@ -212,6 +212,15 @@ func TestHandedConnections(t *testing.T) {
 	t.Logf("stats %+v", st)
 	if st.Handed < 13 || st.ProxyForwarded == 0 || st.ProxyAnswered < 3 {
 		t.Fatalf("counters %+v: want 13 connections handed, bytes forwarded, 3 answers", st)
+	}
+	// The records name the connection as the kernel's do.
+	if len(*records) < 16 {
+		t.Fatalf("%d requests recorded by the proxy, want every one it judged", len(*records))
+	}
+	for _, r := range *records {
+		if r.Handoff.Server.String() != srv.addr || !r.Handoff.Client.Addr().IsLoopback() || r.Handoff.Cookie == 0 || r.Handoff.Sets != [3]uint32{1} {
+			t.Fatalf("record of %v: handed connection %+v, want the server %s and its client", r.Request, r.Handoff, srv.addr)
+		}
 	}
 }
 
