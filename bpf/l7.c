@@ -310,7 +310,10 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 why)
 	if (bpf_map_pop_elem(&weir_l7_free, &slot))
 		return -1;
 	h = bpf_map_lookup_elem(&weir_l7_handoff, &slot);
-	if (!h)
+	/* A slot offered twice (its pair replaced while it was queued) is
+	 * serving, or has served, another connection: it is not taken, and
+	 * this connection is closed rather than share a stream. */
+	if (!h || h->state != L7_SLOT_FREE)
 		return -1;
 	__builtin_memset(h, 0, sizeof(*h));
 	h->cookie = w->cookie;

@@ -14,15 +14,16 @@
  *     redirects them with BPF_F_INGRESS into S's receive queue, where the
  *     server reads them as the client's;
  *   - its answers (403, 400) to Q: l7_proxy_msg sends them on S's egress,
- *     to the client, but only if the server has written since the last
- *     request went to it (the write fails with EACCES otherwise: an
- *     answer of ours would overtake the server's).
+ *     to the client. The proxy writes one only if the server had written
+ *     since the last request it let go arrived (the seq marks below);
+ *     nothing here checks it again.
  *
  * Responses never pass the proxy. S stays the application's socket with
  * the client as its peer, so nothing about the connection changes but
- * who reads its requests first. A slot serves one connection for the
- * rest of its life; when S closes, the slot is marked closed and the
- * proxy recycles it once it has read all that was redirected to P.
+ * who reads its requests first. A slot serves one connection; when S
+ * closes, the slot is marked closed and the proxy, once it has read all
+ * that was redirected to P, offers the slot again with a fresh pair. A
+ * slot popped while not free (offered twice) is never taken.
  *
  *   weir_l7_proxy        sockhash: key slot*2 is P, slot*2+1 is Q
  *   weir_l7_proxy_ports  P's local port -> its slot: what P writes has it as

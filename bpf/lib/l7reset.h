@@ -35,6 +35,7 @@
 /* Flags of a listed socket. */
 #define L7_CLOSING_SEQ 1  /* seq holds how far the server must have sent */
 #define L7_CLOSING_OWES 2 /* the server owed an answer at the close: wait until it writes */
+#define L7_CLOSING_GRACE 4 /* what the server owes is unknown: wait out the grace */
 
 /* l7_closing is a socket the verdict closed: its local address (which
  * namespace holds it), when, and what must go out before the reset. */
@@ -104,6 +105,8 @@ __always_inline_fn int l7_closing_ready(const struct l7_closing *e, struct tcp_s
 
 	if (now - e->since_ns >= L7_RESET_GRACE_NS)
 		return 1;
+	if (e->flags & L7_CLOSING_GRACE)
+		return 0;
 	if (!(e->flags & L7_CLOSING_SEQ))
 		return 1; /* nothing known to wait for */
 	written = tp->write_seq;

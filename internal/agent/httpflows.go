@@ -333,8 +333,9 @@ func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
 		}
 	}
 	if err := a.startL7Proxy(ctx, node, record); err != nil {
-		rd.Close()
-		return err
+		// Not fatal: with no slot offered, the kernel closes (and
+		// resets) what it would have handed over, as before the proxy.
+		a.log.Warn("L7 proxy not running: connections the kernel cannot judge are closed", "err", err)
 	}
 	go readUntilClosed(ctx, a.log, "request record", rd.Read, rd.Close, record)
 	return nil

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -120,7 +121,7 @@ func (p *L7Proxy) OpenSlot(slot uint32) (_ *ProxySlot, retErr error) {
 		}
 		p.ln = ln
 	}
-	in, err := net.Dial("tcp4", p.ln.Addr().String())
+	in, err := net.DialTimeout("tcp4", p.ln.Addr().String(), 2*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("proxy slot %d: %w", slot, err)
 	}
@@ -273,7 +274,9 @@ func (s *ProxySlot) End(h Handoff, haveSeq bool, seq uint32, owes bool) error {
 	if err != nil {
 		return err
 	}
-	e := l7L7Closing{SinceNs: now, Local: rec.Key.Local}
+	// Not knowing how far the server had written, wait out the grace
+	// rather than cut an answer it still owes.
+	e := l7L7Closing{SinceNs: now, Local: rec.Key.Local, Flags: closingGrace}
 	if haveSeq {
 		e.Seq = seq
 		e.Flags = closingSeq
@@ -289,8 +292,9 @@ func (s *ProxySlot) End(h Handoff, haveSeq bool, seq uint32, owes bool) error {
 
 // The flags of a weir_l7_closing entry (L7_CLOSING_*, bpf/lib/l7reset.h).
 const (
-	closingSeq  = 1
-	closingOwes = 2
+	closingSeq   = 1
+	closingOwes  = 2
+	closingGrace = 4
 )
 
 // Read tells the kernel how many bytes of its connection's stream the
@@ -300,22 +304,6 @@ const (
 func (s *ProxySlot) Read(n uint64) error {
 	if err := s.p.objs.WeirL7ProxyRead.Put(s.Slot, n); err != nil {
 		return fmt.Errorf("proxy slot %d: note what it read: %w", s.Slot, err)
-	}
-	return nil
-}
-
-// Recycle offers the slot to the kernel again once the connection it
-// served has closed and its stream is read to the end: the record is
-// cleared first, so nothing of the last connection carries over.
-func (s *ProxySlot) Recycle() error {
-	if err := s.p.objs.WeirL7Handoff.Put(s.Slot, l7L7Handoff{}); err != nil {
-		return fmt.Errorf("recycle proxy slot %d: %w", s.Slot, err)
-	}
-	if err := s.Read(0); err != nil {
-		return err
-	}
-	if err := s.p.objs.WeirL7Free.Update(nil, s.Slot, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("recycle proxy slot %d: %w", s.Slot, err)
 	}
 	return nil
 }

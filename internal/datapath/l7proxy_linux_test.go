@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/weirnet/weir/internal/l7"
 )
 
@@ -74,17 +76,7 @@ func TestProxySlotPairs(t *testing.T) {
 // is closed once its stream runs 4 MiB ahead: the server socket's window
 // no longer holds the client back, so this bound does.
 func TestProxyBacklogBound(t *testing.T) {
-	s, cg := attachL7ForTest(t)
-	const port = 18670
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	serveHTTPRules(t, s, cg, addr, port, 1, []l7.Rule{{Method: "POST", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}}})
-	p := s.Proxy()
-	defer p.Close()
-	slot, err := p.OpenSlot(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slot.Close() // never read: a proxy that cannot keep up
+	s, addr, slot := oneSlotServer(t, 18670, "POST") // slot never read: a proxy that cannot keep up
 	c, err := net.Dial("tcp4", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -126,4 +118,62 @@ func TestProxyBacklogBound(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestProxySlotOfferedTwice: a slot in the free queue twice (its pair
+// replaced while it was queued) serves one connection only: the second
+// connection to pop it is closed, never given a stream another
+// connection is using.
+func TestProxySlotOfferedTwice(t *testing.T) {
+	s, addr, slot := oneSlotServer(t, 18671, "GET")
+	if err := s.objs.WeirL7Free.Update(nil, uint32(0), ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	for i := range 2 {
+		c, err := net.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+		c.Write([]byte("GET /pub"))
+		time.Sleep(30 * time.Millisecond)
+		c.Write([]byte(fmt.Sprintf("lic/%d HTTP/1.1\r\nHost: h\r\n\r\n", i)))
+		time.Sleep(30 * time.Millisecond)
+	}
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := slot.Handoff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Handed != 1 || st.Closed != 1 || !h.Active {
+		t.Fatalf("counters %+v, slot %+v: want the first connection handed and the second closed", st, h)
+	}
+	buf := make([]byte, 256)
+	slot.In.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	n, _ := slot.In.Read(buf)
+	if got := string(buf[:n]); got != "GET /public/0 HTTP/1.1\r\nHost: h\r\n\r\n" {
+		t.Fatalf("the slot's stream: %q, want the first connection's alone", got)
+	}
+}
+
+// oneSlotServer serves HTTP on port, allowing method on /public, with
+// one hand-off slot offered and no proxy reading it.
+func oneSlotServer(t *testing.T, port uint16, method string) (*L7Sockets, string, *ProxySlot) {
+	t.Helper()
+	s, cg := attachL7ForTest(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	serveHTTPRules(t, s, cg, addr, port, 1, []l7.Rule{{Method: method, Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}}})
+	p := s.Proxy()
+	t.Cleanup(func() { p.Close() })
+	slot, err := p.OpenSlot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slot.Close() })
+	return s, addr, slot
 }

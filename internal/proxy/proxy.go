@@ -136,16 +136,29 @@ func (p *Proxy) serve(s *datapath.ProxySlot) {
 			p.log.Warn("proxy slot failed", "slot", s.Slot, "err", err)
 		}
 		s.Close()
-		next, err := p.opener.OpenSlot(s.Slot)
-		if err != nil {
-			p.log.Warn("proxy slot lost", "slot", s.Slot, "err", err)
-			return
-		}
-		if !p.adopt(next) {
+		next := p.reopen(s.Slot)
+		if next == nil || !p.adopt(next) {
 			return
 		}
 		s = next
 	}
+}
+
+// reopen makes a fresh pair for slot, retrying (with a growing pause)
+// until it can or the proxy closes: while it cannot, the slot is not
+// offered and the kernel closes what it would have handed over.
+func (p *Proxy) reopen(slot uint32) *datapath.ProxySlot {
+	pause := 10 * time.Millisecond
+	for !p.isClosed() {
+		s, err := p.opener.OpenSlot(slot)
+		if err == nil {
+			return s
+		}
+		p.log.Warn("proxy slot not offered", "slot", slot, "err", err, "retry", pause)
+		time.Sleep(pause)
+		pause = min(2*pause, 10*time.Second)
+	}
+	return nil
 }
 
 // serveConnection serves the connection handed to s until it has closed
@@ -172,6 +185,11 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot) error {
 				if h, err = s.Handoff(); err != nil {
 					return err
 				}
+				if !h.Active {
+					// Bytes with no connection handed: the slot was
+					// offered twice, or cleared. Never judge them.
+					return fmt.Errorf("proxy slot %d: %d bytes for no connection", s.Slot, n)
+				}
 				st = newStream(p.judge, h.Sets, h.Prefix)
 			}
 			steps, judged := st.feed(buf[:n])
@@ -184,6 +202,9 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot) error {
 		now, err := s.Handoff()
 		if err != nil {
 			return err
+		}
+		if now.Cookie != h.Cookie {
+			return fmt.Errorf("proxy slot %d: taken by another connection", s.Slot)
 		}
 		if !now.Closed {
 			continue
