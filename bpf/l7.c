@@ -122,9 +122,9 @@ __always_inline_fn int l7_sock_key_of(struct bpf_sock_ops *ctx, struct l7_sock_k
 /* l7_slot_closed tells the proxy its slot's connection has closed. */
 __always_inline_fn void l7_slot_closed(__u16 conn_slot, __u64 cookie)
 {
-	struct l7_handoff *h = l7_slot_of(conn_slot);
+	struct l7_handoff *h = l7_slot_serving(conn_slot, cookie);
 
-	if (h && h->cookie == cookie)
+	if (h)
 		h->state = L7_SLOT_CLOSED;
 }
 
@@ -251,13 +251,20 @@ __always_inline_fn void l7_list_closed(struct __sk_buff *skb, __u64 cookie, stru
 	l7_closing_list(cookie, skb->local_ip4, have, seq, answer_len, owes);
 }
 
-/* l7_close drops this skb and every later one of the connection, and
- * lists it for reset. */
-__always_inline_fn int l7_close(struct __sk_buff *skb, __u64 cookie, struct l7_conn *c)
+/* l7_mark_closed makes every later skb of the connection dropped and
+ * lists it for reset once answer_len bytes written in the server's place
+ * (0: none) have gone out. */
+__always_inline_fn void l7_mark_closed(struct __sk_buff *skb, __u64 cookie, struct l7_conn *c, __u32 answer_len)
 {
 	c->closed = 1;
 	l7_count(L7_STAT_CLOSED, 1);
-	l7_list_closed(skb, cookie, c, 0);
+	l7_list_closed(skb, cookie, c, answer_len);
+}
+
+/* l7_close drops this skb and every later one of the connection. */
+__always_inline_fn int l7_close(struct __sk_buff *skb, __u64 cookie, struct l7_conn *c)
+{
+	l7_mark_closed(skb, cookie, c, 0);
 	return SK_DROP;
 }
 
@@ -301,7 +308,7 @@ __always_inline_fn __u8 l7_walk_verdict(__u8 outcome)
  * on: its first prefix bytes were allowed here, a head begins after them.
  * It returns SK_PASS (the skb redirected), or -1 when no slot is free or
  * the redirect fails: the caller closes the connection as before. */
-__always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 why)
+__always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix)
 {
 	struct l7_conn *c = w->conn;
 	struct l7_handoff *h;
@@ -324,7 +331,6 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 why)
 	h->prefix = prefix;
 	h->owes = c->outstanding;
 	h->seq_owed = c->seq_at_allow;
-	h->why = why;
 	h->state = L7_SLOT_ACTIVE;
 	c->slot = slot + 1;
 	if (l7_to_proxy(w->skb, c->slot, h) != SK_PASS) {
@@ -338,9 +344,9 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 why)
 /* l7_try_hand_off hands what the kernel cannot judge to user space, with
  * its record; on failure the connection is closed, as it was before the
  * proxy existed. */
-__always_inline_fn int l7_try_hand_off(struct l7_walk *w, __u8 ev_verdict, __u8 why)
+__always_inline_fn int l7_try_hand_off(struct l7_walk *w, __u8 ev_verdict)
 {
-	if (w->head_pos != L7_NO_HEAD && l7_hand_off(w, w->head_pos, why) == SK_PASS) {
+	if (w->head_pos != L7_NO_HEAD && l7_hand_off(w, w->head_pos) == SK_PASS) {
 		l7_record_stop(w, ev_verdict, L7_EVF_HANDED);
 		return SK_PASS;
 	}
@@ -373,14 +379,12 @@ int l7_http_verdict(struct __sk_buff *skb)
 		/* Handed to user space: every later skb goes to the proxy,
 		 * but for an empty one (a FIN's), which carries nothing to
 		 * judge and which the proxy's socket cannot read. */
-		struct l7_handoff *h = l7_slot_of(c->slot);
+		struct l7_handoff *h;
 
 		if (!skb->len)
 			return SK_PASS;
-
-		/* The slot must still serve this socket: a slot is offered
-		 * again only with a new record. */
-		if (h && h->cookie == cookie && l7_to_proxy(skb, c->slot, h) == SK_PASS)
+		h = l7_slot_serving(c->slot, cookie);
+		if (h && l7_to_proxy(skb, c->slot, h) == SK_PASS)
 			return SK_PASS;
 		return l7_close(skb, cookie, c);
 	}
@@ -410,7 +414,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 			 * that end it could make a denied request of it. User
 			 * space assembles it. */
 			l7_count(L7_STAT_SPLIT, 1);
-			return l7_try_hand_off(&w, L7_EV_SPLIT, 0);
+			return l7_try_hand_off(&w, L7_EV_SPLIT);
 		}
 		return SK_PASS;
 	}
@@ -420,7 +424,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 	 * protocols is in its answer, which the proxy does not see. */
 	if ((w.outcome == L7_WALK_PUNT && w.punt_why != L7_EVF_UPGRADE) ||
 	    (w.outcome == L7_WALK_DENY && w.head_pos != 0 && w.head_pos != L7_NO_HEAD))
-		return l7_try_hand_off(&w, l7_walk_verdict(w.outcome), w.punt_why);
+		return l7_try_hand_off(&w, l7_walk_verdict(w.outcome));
 	/* Answer in place only what begins the skb: anything before it in
 	 * the skb was allowed and would be lost. */
 	r = -1;
@@ -442,12 +446,9 @@ int l7_http_verdict(struct __sk_buff *skb)
 	keep = r == 0 && w.outcome == L7_WALK_DENY && w.pos == w.len && c->s.state == HS_IDLE;
 	/* Recorded before the answer writes over the request. */
 	l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_ANSWERED | (keep ? 0 : L7_EVF_CLOSED));
-	if (!keep) {
-		/* Listed before the answer is sent: the reset waits for it. */
-		c->closed = 1;
-		l7_count(L7_STAT_CLOSED, 1);
-		l7_list_closed(skb, cookie, c, skb->len);
-	}
+	/* Listed before the answer is sent: the reset waits for it. */
+	if (!keep)
+		l7_mark_closed(skb, cookie, c, skb->len);
 	l7_answer(skb, w.outcome == L7_WALK_DENY ? 403 : 400);
 	l7_count(L7_STAT_ANSWERED, 1);
 	return bpf_sk_redirect_hash(skb, &weir_l7_http, &key, 0);
@@ -502,11 +503,9 @@ int l7_proxy_msg(struct sk_msg_md *msg)
 		return SK_DROP;
 	key = h->key;
 	if (answer) {
-		__sync_fetch_and_add(&h->answered, msg->size);
 		l7_count(L7_STAT_PROXY_ANSWERED, 1);
 		return bpf_msg_redirect_hash(msg, &weir_l7_http, &key, 0);
 	}
-	__sync_fetch_and_add(&h->forwarded, msg->size);
 	l7_count(L7_STAT_PROXY_FORWARDED, msg->size);
 	return bpf_msg_redirect_hash(msg, &weir_l7_http, &key, BPF_F_INGRESS);
 }

@@ -76,12 +76,9 @@ struct l7_handoff {
 	__u32 prefix;             /* bytes forwarded unjudged */
 	__u32 seq_owed;           /* S's write_seq when the kernel last let a request go */
 	__u64 redirected;         /* bytes redirected to P */
-	__u64 forwarded;          /* bytes written back into S */
-	__u64 answered;           /* bytes of answers sent on S's egress */
 	__u8 state;
 	__u8 owes;                /* seq_owed is valid: a request went and the server had not answered at the hand-off */
-	__u8 why;                 /* L7_EVF_* of the hand-off */
-	__u8 pad;
+	__u8 pad[2];
 	__u32 marks_next;         /* the next mark to write, mod L7_SEQ_MARKS */
 	struct l7_seq_mark marks[L7_SEQ_MARKS];
 };
@@ -133,15 +130,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_free SEC(".maps");
 
-/* l7_slot_of returns the slot a connection's reader state names, NULL
- * when it is not handed. conn_slot is slot+1, 0 for none. */
-__always_inline_fn struct l7_handoff *l7_slot_of(__u32 conn_slot)
+/* l7_slot_serving returns the slot a connection's reader state names
+ * (conn_slot is slot+1, 0 for none) if it still serves that socket
+ * (cookie), else NULL: a slot is offered again only with a new record. */
+__always_inline_fn struct l7_handoff *l7_slot_serving(__u32 conn_slot, __u64 cookie)
 {
 	__u32 slot = conn_slot - 1;
+	struct l7_handoff *h;
 
 	if (!conn_slot)
 		return NULL;
-	return bpf_map_lookup_elem(&weir_l7_handoff, &slot);
+	h = bpf_map_lookup_elem(&weir_l7_handoff, &slot);
+	return h && h->cookie == cookie ? h : NULL;
 }
 
 /* l7_to_proxy redirects an skb of a handed connection to its slot's P,

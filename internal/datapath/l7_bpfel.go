@@ -179,12 +179,9 @@ type l7L7Handoff struct {
 	Prefix     uint32
 	SeqOwed    uint32
 	Redirected uint64
-	Forwarded  uint64
-	Answered   uint64
 	State      uint8
 	Owes       uint8
-	Why        uint8
-	Pad        uint8
+	Pad        [2]uint8
 	MarksNext  uint32
 	Marks      [8]struct {
 		_      structs.HostLayout

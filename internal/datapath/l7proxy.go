@@ -207,10 +207,9 @@ type Handoff struct {
 	// go when it handed the connection; SeqOwed is how far it had written.
 	Owes    bool
 	SeqOwed uint32
-	// Redirected, Forwarded and Answered count the bytes sent to the
-	// proxy, written back into the server socket, and answered.
-	Redirected, Forwarded, Answered uint64
-	marks                           []seqMark
+	// Redirected counts the bytes sent to the proxy.
+	Redirected uint64
+	marks      []seqMark
 }
 
 type seqMark struct {
@@ -229,7 +228,7 @@ func (s *ProxySlot) Handoff() (Handoff, error) {
 		Server: netip.AddrPortFrom(addrOfBE32(h.Key.Local), h.Key.LocalPort),
 		Client: netip.AddrPortFrom(addrOfBE32(h.Key.Remote), h.Key.RemotePort),
 		Sets:   h.Sets, Prefix: h.Prefix, Owes: h.Owes != 0, SeqOwed: h.SeqOwed,
-		Redirected: h.Redirected, Forwarded: h.Forwarded, Answered: h.Answered,
+		Redirected: h.Redirected,
 	}
 	for _, m := range h.Marks {
 		if m.Valid != 0 {

@@ -126,8 +126,9 @@ func (p *Proxy) Close() error {
 // serve runs one slot: a connection at a time, then a fresh pair.
 func (p *Proxy) serve(s *datapath.ProxySlot) {
 	defer p.wg.Done()
+	buf := make([]byte, 16<<10)
 	for {
-		if err := p.serveConnection(s); err != nil {
+		if err := p.serveConnection(s, buf); err != nil {
 			if p.isClosed() {
 				return
 			}
@@ -163,8 +164,7 @@ func (p *Proxy) reopen(slot uint32) *datapath.ProxySlot {
 
 // serveConnection serves the connection handed to s until it has closed
 // and its stream is read; an error means the slot itself is closed.
-func (p *Proxy) serveConnection(s *datapath.ProxySlot) error {
-	buf := make([]byte, 64<<10)
+func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 	var (
 		st      *stream
 		h       datapath.Handoff
@@ -275,6 +275,22 @@ func writeAll(c *net.TCPConn, b []byte) error {
 	}
 }
 
+// progress is how far the server had written when the skb holding the
+// head of st's request arrived (known: the slot still remembers it), and
+// whether it then still owed an answer to the last request it was given
+// (always, when unknown).
+func progress(h datapath.Handoff, st step) (seq uint32, known, owes bool) {
+	seq, known = h.SeqAt(uint64(st.at))
+	switch {
+	case st.lastAllowedAt >= 0:
+		seqAllow, ok := h.SeqAt(uint64(st.lastAllowedAt))
+		return seq, known && ok, !known || !ok || seq == seqAllow
+	case h.Owes:
+		return seq, known, !known || seq == h.SeqOwed
+	}
+	return seq, known, false
+}
+
 // answer writes an answer in the server's place if the server has
 // written since the last request it was given (the kernel's test,
 // l7_answer_safe); otherwise it ends the connection, to be reset once
@@ -284,16 +300,9 @@ func (p *Proxy) answer(s *datapath.ProxySlot, st step) bool {
 	if err != nil {
 		return false
 	}
-	seq, known := h.SeqAt(uint64(st.at))
-	owes, seqAllow := h.Owes, h.SeqOwed
-	if st.lastAllowedAt >= 0 {
-		var ok bool
-		seqAllow, ok = h.SeqAt(uint64(st.lastAllowedAt))
-		owes = true
-		known = known && ok
-	}
-	if owes && (!known || seq == seqAllow) {
-		s.End(h, known, seq, owes)
+	seq, known, owes := progress(h, st)
+	if owes {
+		s.End(h, known, seq, true)
 		return false
 	}
 	text := answer403
@@ -317,15 +326,8 @@ func (p *Proxy) end(s *datapath.ProxySlot, st step, answered bool) {
 	if err != nil {
 		return
 	}
-	seq, known := h.SeqAt(uint64(st.at))
-	owes := answered
-	if !answered && st.lastAllowedAt >= 0 {
-		seqAllow, ok := h.SeqAt(uint64(st.lastAllowedAt))
-		owes = !ok || seqAllow == seq
-	} else if !answered && h.Owes {
-		owes = seq == h.SeqOwed
-	}
-	if err := s.End(h, known, seq, owes); err != nil {
+	seq, known, owes := progress(h, st)
+	if err := s.End(h, known, seq, owes || answered); err != nil {
 		p.log.Warn("end a handed connection", "slot", s.Slot, "err", err)
 	}
 }
