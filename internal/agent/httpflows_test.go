@@ -262,12 +262,12 @@ func TestProxyRecordsSayUserSpace(t *testing.T) {
 	}
 	handoff := datapath.Handoff{Active: true, Cookie: 42, Server: netip.MustParseAddrPort("10.244.1.7:80"),
 		Client: netip.MustParseAddrPort("10.244.2.9:40000"), Sets: [3]uint32{103}}
-	f := h.explain(names, proxyEvent(proxy.Record{Handoff: handoff, Request: reqs[0], Decision: proxy.Decision{Verdict: proxy.Allow, Set: 103, Rule: 0}}))
+	f := h.explain(names, proxyEvent(proxy.Record{Handoff: handoff, Sets: handoff.Sets, Request: reqs[0], Decision: proxy.Decision{Verdict: proxy.Allow, Set: 103, Rule: 0}}))
 	if f.Verdict != "allowed" || f.Pod != "empire/deathstar-0" || f.HTTP.Method != "POST" || f.HTTP.Target != "/v1/request-landing" ||
 		f.Rule != "weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing) (judged in user space)" {
 		t.Fatalf("the proxy's allowed record: %q %+v %+v", f.Rule, f, f.HTTP)
 	}
-	f = h.explain(names, proxyEvent(proxy.Record{Handoff: handoff, Request: reqs[0], Decision: proxy.Decision{Verdict: proxy.Deny}, Answered: true}))
+	f = h.explain(names, proxyEvent(proxy.Record{Handoff: handoff, Sets: handoff.Sets, Request: reqs[0], Decision: proxy.Decision{Verdict: proxy.Deny}, Answered: true}))
 	if f.Verdict != "denied" || f.HTTP.Status != 403 || !strings.HasSuffix(f.Rule, "(judged in user space)") {
 		t.Fatalf("the proxy's denied record: %q %+v", f.Rule, f.HTTP)
 	}

@@ -31,8 +31,10 @@ func (a *Agent) startL7Proxy(ctx context.Context, node *datapath.Node, record fu
 		opener.Close()
 		return fmt.Errorf("start the L7 proxy: %w", err)
 	}
+	a.metrics.proxy.Store(px)
 	go func() {
 		<-ctx.Done()
+		a.metrics.proxy.Store(nil)
 		px.Close()
 		opener.Close()
 	}()
@@ -43,7 +45,7 @@ func (a *Agent) startL7Proxy(ctx context.Context, node *datapath.Node, record fu
 func proxyEvent(r proxy.Record) datapath.L7Event {
 	ev := datapath.L7Event{
 		Time: time.Now(), Cookie: r.Handoff.Cookie, Client: r.Handoff.Client, Server: r.Handoff.Server,
-		Sets: r.Handoff.Sets, Set: r.Decision.Set, Rule: r.Decision.Rule, Count: 1,
+		Sets: r.Sets, Set: r.Decision.Set, Rule: r.Decision.Rule, Count: 1,
 		Answered: r.Answered, Closed: r.Ended, Proxied: true,
 	}
 	switch {

@@ -17,6 +17,7 @@ import (
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/policy"
+	"github.com/weirnet/weir/internal/proxy"
 )
 
 // PathMetrics is where the agent serves its Prometheus metrics: on the
@@ -63,6 +64,11 @@ const (
 
 	metricHTTPRequests = "weir_http_requests_total"
 	metricL7           = "weir_l7_total"
+	// weir_l7_proxy_ended_total{reason}: handed connections the node's
+	// proxy ended for a limit (internal/proxy.Limits); weir_l7_proxy_busy_slots:
+	// its slots serving a connection.
+	metricProxyEnded = "weir_l7_proxy_ended_total"
+	metricProxyBusy  = "weir_l7_proxy_busy_slots"
 
 	metricFlowBytes         = "weir_flowstore_bytes"
 	metricFlowSegments      = "weir_flowstore_segments"
@@ -90,6 +96,8 @@ type metrics struct {
 	reconcileErrors prometheus.Counter
 	maps            *mapFill
 	httpRequests    *prometheus.CounterVec
+	// proxy is the node's L7 proxy once it runs.
+	proxy atomic.Pointer[proxy.Proxy]
 }
 
 func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
@@ -108,7 +116,7 @@ func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
 	}
 	m.verdicts.src, _ = dp.(verdictCounter)
 	l7src, _ := dp.(l7Counter)
-	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors, m.httpRequests, l7Collector{l7src},
+	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors, m.httpRequests, l7Collector{l7src}, proxyCollector{&m.proxy},
 		datapathCollector{dp}, flowStoreCollector{flows}, m.maps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -315,6 +323,32 @@ func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}
+}
+
+// proxyCollector serves the L7 proxy's counters when scraped.
+type proxyCollector struct{ px *atomic.Pointer[proxy.Proxy] }
+
+var (
+	proxyEndedDesc = prometheus.NewDesc(metricProxyEnded,
+		"Handed connections the node's L7 proxy ended for a limit: head_timeout (a request head not whole in time), idle, client_share (a client over its share of the slots while few are free).", []string{"reason"}, nil)
+	proxyBusyDesc = prometheus.NewDesc(metricProxyBusy, "Slots of the node's L7 proxy serving a connection.", nil, nil)
+)
+
+func (c proxyCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- proxyEndedDesc
+	ch <- proxyBusyDesc
+}
+
+func (c proxyCollector) Collect(ch chan<- prometheus.Metric) {
+	px := c.px.Load()
+	if px == nil {
+		return
+	}
+	st := px.Stats()
+	for reason, v := range map[string]uint64{"head_timeout": st.HeadTimeouts, "idle": st.IdleEnds, "client_share": st.ClientShareEnds} {
+		ch <- prometheus.MustNewConstMetric(proxyEndedDesc, prometheus.CounterValue, float64(v), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(proxyBusyDesc, prometheus.GaugeValue, float64(st.Busy))
 }
 
 // flowStoreCollector reads the flow store's statistics when scraped.

@@ -169,13 +169,37 @@ func (s *L7Sockets) EnforcePort(port uint16, mode L7Mode) error {
 
 // EnforceHTTP judges the requests of sockets accepted on port from now on
 // against HTTP set set, which WriteHTTPSet must have written (a set not
-// written denies every request).
+// written denies every request), and the next requests of those open on
+// it too, as a policy change does.
 func (s *L7Sockets) EnforceHTTP(port uint16, set uint32) error {
 	if set == 0 {
 		return errors.New("HTTP set 0 is no set: number sets from 1")
 	}
 	if err := s.objs.WeirL7Ports.Put(port, l7L7Port{Mode: uint8(L7HTTP), Set: set}); err != nil {
 		return fmt.Errorf("enforce HTTP rules on port %d: %w", port, err)
+	}
+	var (
+		k    l7L7SockKey
+		f    l7L7Flow
+		open []l7L7SockKey
+	)
+	it := s.objs.WeirL7Flows.Iterate()
+	for it.Next(&k, &f) {
+		if k.LocalPort == port {
+			open = append(open, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("find the connections open on port %d: %w", port, err)
+	}
+	for _, k := range open {
+		if err := s.objs.WeirL7Flows.Lookup(k, &f); err != nil {
+			continue // closed meanwhile
+		}
+		f.Sets = [3]uint32{set}
+		if err := s.objs.WeirL7Flows.Update(k, f, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("restrict a connection open on port %d: %w", port, err)
+		}
 	}
 	return nil
 }

@@ -210,6 +210,7 @@ type Handoff struct {
 	// Redirected counts the bytes sent to the proxy.
 	Redirected uint64
 	marks      []seqMark
+	key        l7L7SockKey
 }
 
 type seqMark struct {
@@ -228,7 +229,7 @@ func (s *ProxySlot) Handoff() (Handoff, error) {
 		Server: netip.AddrPortFrom(addrOfBE32(h.Key.Local), h.Key.LocalPort),
 		Client: netip.AddrPortFrom(addrOfBE32(h.Key.Remote), h.Key.RemotePort),
 		Sets:   h.Sets, Prefix: h.Prefix, Owes: h.Owes != 0, SeqOwed: h.SeqOwed,
-		Redirected: h.Redirected,
+		Redirected: h.Redirected, key: h.Key,
 	}
 	for _, m := range h.Marks {
 		if m.Valid != 0 {
@@ -236,6 +237,22 @@ func (s *ProxySlot) Handoff() (Handoff, error) {
 		}
 	}
 	return out, nil
+}
+
+// FlowSets are the HTTP sets the connection is restricted to now, as
+// the kernel's verdict reads them for every skb (weir_l7_flows, which
+// policy rewrites when it changes): false when its entry is gone, which
+// closes a connection.
+func (s *ProxySlot) FlowSets(h Handoff) ([3]uint32, bool, error) {
+	var f l7L7Flow
+	err := s.p.objs.WeirL7Flows.Lookup(h.key, &f)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return [3]uint32{}, false, nil
+	}
+	if err != nil {
+		return [3]uint32{}, false, fmt.Errorf("read the HTTP sets of handed connection %v: %w", h.Client, err)
+	}
+	return f.Sets, true, nil
 }
 
 // SeqAt is how far the server had written when the skb holding stream

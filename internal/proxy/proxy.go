@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"syscall"
@@ -31,11 +32,44 @@ const pollClosed = 200 * time.Millisecond
 // the kernel redirected and it has not read yet before it gives them up.
 const drainWait = 2 * time.Second
 
+// Limits bound what handed connections hold of the node's slots, which
+// are few: without them a client sending half a head and waiting, or
+// opening connection after connection, would hold every slot, and what
+// the kernel hands over then is closed.
+type Limits struct {
+	// HeadTimeout: a request head begun must be whole within it, else
+	// the connection ends (its request is recorded refused, status 408).
+	HeadTimeout time.Duration
+	// IdleTimeout: a connection that sends nothing for it ends.
+	IdleTimeout time.Duration
+	// ClientShare: while a quarter of the slots or fewer are free, a
+	// connection handed from a client address already holding this many
+	// slots ends at once.
+	ClientShare int
+}
+
+// DefaultLimits are the limits of a proxy serving slots slots: a head
+// whole within 10 s (nginx waits 60 s, but holds no scarce slot), a
+// minute of silence (nginx's keep-alive is 75 s), an eighth of the
+// slots for one client under pressure.
+func DefaultLimits(slots int) Limits {
+	return Limits{HeadTimeout: 10 * time.Second, IdleTimeout: time.Minute, ClientShare: max(4, slots/8)}
+}
+
+// Stats count what the limits did, and the slots serving a connection.
+type Stats struct {
+	Busy                                    int
+	HeadTimeouts, IdleEnds, ClientShareEnds uint64
+}
+
 // Record is a request the proxy judged, for the flow records.
 type Record struct {
 	Handoff datapath.Handoff
 	// Request is nil for a stream refused before a head was read whole.
-	Request  *l7.Request
+	Request *l7.Request
+	// Sets are the HTTP sets it was judged against (policy may have
+	// changed them since the hand-off).
+	Sets     [3]uint32
 	Decision Decision
 	Err      *l7.RequestError
 	// Answered: a 403 or 400 was sent in the server's place; Ended: the
@@ -59,10 +93,15 @@ type Proxy struct {
 	record func(Record)
 	log    *slog.Logger
 
+	limits Limits
+
 	mu     sync.Mutex
 	slots  map[uint32]*datapath.ProxySlot
 	closed bool
-	wg     sync.WaitGroup
+	// held counts the slots serving each client address.
+	held  map[netip.Addr]int
+	stats Stats
+	wg    sync.WaitGroup
 }
 
 // New is a proxy judging with judge, opening slots with opener, giving
@@ -71,11 +110,26 @@ func New(judge Judge, opener Opener, record func(Record), log *slog.Logger) *Pro
 	if record == nil {
 		record = func(Record) {}
 	}
-	return &Proxy{judge: judge, opener: opener, record: record, log: log, slots: map[uint32]*datapath.ProxySlot{}}
+	return &Proxy{judge: judge, opener: opener, record: record, log: log,
+		slots: map[uint32]*datapath.ProxySlot{}, held: map[netip.Addr]int{}}
+}
+
+// SetLimits sets the limits Start would otherwise take from
+// DefaultLimits; call it before Start.
+func (p *Proxy) SetLimits(l Limits) { p.limits = l }
+
+// Stats reads the proxy's counters.
+func (p *Proxy) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
 }
 
 // Start opens slots 0..n-1 and serves them until Close.
 func (p *Proxy) Start(n int) error {
+	if p.limits == (Limits{}) {
+		p.limits = DefaultLimits(n)
+	}
 	for i := range n {
 		s, err := p.opener.OpenSlot(uint32(i))
 		if err != nil {
@@ -101,6 +155,31 @@ func (p *Proxy) adopt(s *datapath.ProxySlot) bool {
 	}
 	p.slots[s.Slot] = s
 	return true
+}
+
+// take counts a slot as serving client; false when the client already
+// holds its share while a quarter of the slots or fewer are free (the
+// slot is not counted then).
+func (p *Proxy) take(client netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.slots)
+	if n-p.stats.Busy <= n/4 && p.held[client] >= p.limits.ClientShare {
+		p.stats.ClientShareEnds++
+		return false
+	}
+	p.held[client]++
+	p.stats.Busy++
+	return true
+}
+
+func (p *Proxy) release(client netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held[client]--; p.held[client] <= 0 {
+		delete(p.held, client)
+	}
+	p.stats.Busy--
 }
 
 func (p *Proxy) isClosed() bool {
@@ -170,6 +249,9 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 		h       datapath.Handoff
 		read    uint64
 		drained time.Time
+		// lastByte is when the connection last sent; headSince when
+		// the head it is still sending began.
+		lastByte, headSince time.Time
 	)
 	for {
 		if st != nil {
@@ -178,6 +260,7 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 		n, err := s.In.Read(buf)
 		if n > 0 {
 			read += uint64(n)
+			lastByte = time.Now()
 			if err := s.Read(read); err != nil {
 				return err
 			}
@@ -191,14 +274,37 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 					return fmt.Errorf("proxy slot %d: %d bytes for no connection", s.Slot, n)
 				}
 				st = newStream(p.judge, h.Sets, h.Prefix)
+				if !p.take(h.Client.Addr()) {
+					p.expire(s, h, st, 503, "the client holds its share of the node's proxy slots")
+				} else {
+					defer p.release(h.Client.Addr())
+				}
 			}
+			// Policy reaches a handed connection as it does one the
+			// kernel reads: its next requests are judged against the
+			// sets its flow names now.
+			sets, ok, err := s.FlowSets(h)
+			if err != nil {
+				return err
+			}
+			if !ok && !st.ended {
+				p.expire(s, h, st, 0, "")
+			}
+			st.restrict(sets)
 			steps, judged := st.feed(buf[:n])
 			p.run(s, h, steps, judged)
+			switch {
+			case !st.headPending():
+				headSince = time.Time{}
+			case headSince.IsZero():
+				headSince = lastByte
+			}
 			continue
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return err
 		}
+		p.enforceTimeouts(s, h, st, headSince, lastByte)
 		now, err := s.Handoff()
 		if err != nil {
 			return err
@@ -217,6 +323,41 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 		} else if time.Since(drained) > drainWait {
 			return nil // the rest was lost on the way; a fresh pair follows
 		}
+	}
+}
+
+// enforceTimeouts ends a connection whose head has taken longer than
+// HeadTimeout, or that has sent nothing for IdleTimeout.
+func (p *Proxy) enforceTimeouts(s *datapath.ProxySlot, h datapath.Handoff, st *stream, headSince, lastByte time.Time) {
+	if st.ended {
+		return
+	}
+	switch {
+	case !headSince.IsZero() && time.Since(headSince) > p.limits.HeadTimeout:
+		p.mu.Lock()
+		p.stats.HeadTimeouts++
+		p.mu.Unlock()
+		p.expire(s, h, st, 408, fmt.Sprintf("request head not whole after %v", p.limits.HeadTimeout))
+	case time.Since(lastByte) > p.limits.IdleTimeout:
+		p.mu.Lock()
+		p.stats.IdleEnds++
+		p.mu.Unlock()
+		p.expire(s, h, st, 0, "")
+	}
+}
+
+// expire ends a connection for a limit: nothing more of it reaches the
+// server, and it is reset once the server's answers have gone (no answer
+// is written in its place). A reason is recorded as a refused request,
+// with the status a server would have given (408, 503); an idle
+// connection, which was sending no request, is not recorded.
+func (p *Proxy) expire(s *datapath.ProxySlot, h datapath.Handoff, st *stream, status int, reason string) {
+	at := st.offset - 1
+	st.end(nil)
+	p.end(s, step{kind: stepEnd, at: at, lastAllowedAt: st.lastAllowedAt}, false)
+	if reason != "" {
+		p.record(Record{Handoff: h, Sets: st.sets, Decision: Decision{Verdict: Refuse}, Ended: true,
+			Err: &l7.RequestError{Status: status, Offset: st.offset, Framed: st.sent, Reason: reason}})
 	}
 }
 
@@ -248,7 +389,7 @@ func (p *Proxy) run(s *datapath.ProxySlot, h datapath.Handoff, steps []step, jud
 		}
 	}
 	for _, j := range judged {
-		p.record(Record{Handoff: h, Request: j.req, Decision: j.decision, Err: j.err,
+		p.record(Record{Handoff: h, Request: j.req, Sets: j.sets, Decision: j.decision, Err: j.err,
 			Answered: answered && j.decision.Verdict != Allow, Ended: ended})
 	}
 }

@@ -56,6 +56,14 @@ func listenIn(t *testing.T, root, cg string) net.Listener {
 // handedSetup enforces rules on a server's port, with the proxy serving
 // slots hand-off slots.
 func handedSetup(t *testing.T, rules []l7.Rule, slots int) (*server, *datapath.L7Sockets, *[]Record) {
+	srv, s, records, _ := handedSetupLimited(t, rules, slots, Limits{})
+	return srv, s, records
+}
+
+// handedSetupLimited is handedSetup with the proxy's limits (zero: the
+// defaults), returning the proxy too. Sets 2, 3, ... are written from
+// more, for EnforceHTTP to switch to.
+func handedSetupLimited(t *testing.T, rules []l7.Rule, slots int, limits Limits, more ...[]l7.Rule) (*server, *datapath.L7Sockets, *[]Record, *Proxy) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	root, cg := testutil.Cgroup2(t)
@@ -76,23 +84,25 @@ func handedSetup(t *testing.T, rules []l7.Rule, slots int) (*server, *datapath.L
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
 
-	k, err := l7.CompileKernel(rules, s.HashKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.WriteHTTPSet(1, k); err != nil {
-		t.Fatal(err)
+	var sets Matchers
+	for i, rules := range append([][]l7.Rule{rules}, more...) {
+		k, err := l7.CompileKernel(rules, s.HashKey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteHTTPSet(uint32(i+1), k); err != nil {
+			t.Fatal(err)
+		}
+		m, err := l7.Compile(rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets.Put(uint32(i+1), m)
 	}
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	if err := s.EnforceHTTP(port, 1); err != nil {
 		t.Fatal(err)
 	}
-	m, err := l7.Compile(rules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sets Matchers
-	sets.Put(1, m)
 	judge := NewSetJudge(sets.Get)
 	var (
 		mu      sync.Mutex
@@ -105,11 +115,12 @@ func handedSetup(t *testing.T, rules []l7.Rule, slots int) (*server, *datapath.L
 		records = append(records, r)
 		mu.Unlock()
 	}, slog.New(slog.DiscardHandler))
+	px.SetLimits(limits)
 	if err := px.Start(slots); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { px.Close() })
-	return srv, s, &records
+	return srv, s, &records, px
 }
 
 // converse writes each piece on c, 30 ms apart, and returns what came back
@@ -276,5 +287,131 @@ func TestHandedSmuggling(t *testing.T) {
 	t.Logf("stats %+v, %d requests judged in user space", st, len(*records))
 	if st.Handed < 100 {
 		t.Fatalf("only %d streams handed to the proxy: the test did not exercise it", st.Handed)
+	}
+}
+
+// TestProxyLimits: handed connections cannot keep the node's few slots.
+// With one slot, a client that sends half a head and waits loses it after
+// the head timeout (recorded 408, reset, and its late rest never served),
+// and the slot serves the next connection; a connection silent for the
+// idle timeout is ended likewise; under pressure a client over its share
+// of the slots is ended at once, another client's connection is not.
+func TestProxyLimits(t *testing.T) {
+	limits := Limits{HeadTimeout: 600 * time.Millisecond, IdleTimeout: 2 * time.Second, ClientShare: 100}
+	srv, s, records, px := handedSetupLimited(t, handedRules, 1, limits)
+	resets := func() int {
+		t.Helper()
+		n, err := s.ResetClosed("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	slow := dial(t, srv.addr)
+	converse(t, slow, "GET /items/1")
+	time.Sleep(limits.HeadTimeout + 2*pollClosed)
+	resets()
+	if got := converse(t, slow, "23 HTTP/1.1\r\nHost: h\r\n\r\n"); got[0] != "" && !strings.HasPrefix(got[0], "write: ") {
+		t.Fatalf("a head finished after the timeout was answered %q", got)
+	}
+	if strings.Contains(srv.served(), "/items/123") {
+		t.Fatal("a head finished after the timeout reached the server")
+	}
+	if rs := *records; len(rs) != 1 || rs[0].Err == nil || rs[0].Err.Status != 408 || !rs[0].Ended {
+		t.Fatalf("records %+v, want one refusal with status 408", rs)
+	}
+	// The only slot is free again once the slot sees the close.
+	time.Sleep(3 * pollClosed)
+	next := dial(t, srv.addr)
+	if got := converse(t, next, "GET /ite", "ms/2 HTTP/1.1\r\nHost: h\r\n\r\n"); !strings.Contains(got[1], "GET /items/2") {
+		t.Fatalf("the slot after a head timeout: %q", got)
+	}
+	// next now waits without a byte: the idle timeout ends it.
+	time.Sleep(limits.IdleTimeout + 2*pollClosed)
+	resets()
+	if got := converse(t, next, "GET /items/3 HTTP/1.1\r\nHost: h\r\n\r\n"); strings.Contains(got[0], "/items/3") {
+		t.Fatalf("an idle connection kept being served: %q", got)
+	}
+	if st := px.Stats(); st.HeadTimeouts != 1 || st.IdleEnds != 1 || st.Busy != 0 {
+		t.Fatalf("stats %+v, want one head timeout, one idle end, no slot busy", st)
+	}
+}
+
+// TestProxyClientShare: while a quarter of the slots or fewer are free, a
+// client address holding its share is refused more; other addresses are
+// not, and without pressure nobody is.
+func TestProxyClientShare(t *testing.T) {
+	srv, _, records, px := handedSetupLimited(t, handedRules, 4, Limits{HeadTimeout: time.Minute, IdleTimeout: time.Minute, ClientShare: 2})
+	hold := func(local string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+		c, err := d.Dial("tcp4", srv.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		converse(t, c, "GET /items/1")
+		return c
+	}
+	// Three slots held by 127.0.0.1, over its share of 2: there was no
+	// pressure while the first three came (free > 1).
+	for range 3 {
+		hold("127.0.0.1")
+	}
+	if st := px.Stats(); st.Busy != 3 || st.ClientShareEnds != 0 {
+		t.Fatalf("stats %+v, want 3 slots busy, none refused", st)
+	}
+	// One slot left (pressure): 127.0.0.1 is over its share, refused.
+	over := hold("127.0.0.1")
+	if got := converse(t, over, "0 HTTP/1.1\r\nHost: h\r\n\r\n"); strings.Contains(got[0], "/items/10") {
+		t.Fatalf("a client over its share was served: %q", got)
+	}
+	time.Sleep(3 * pollClosed) // its slot is recycled
+	// Another address takes the last slot and is served.
+	other := hold("127.0.0.2")
+	if got := converse(t, other, "1 HTTP/1.1\r\nHost: h\r\n\r\n"); !strings.Contains(got[0], "GET /items/11") {
+		t.Fatalf("another client under pressure: %q", got)
+	}
+	st := px.Stats()
+	if st.ClientShareEnds != 1 || st.Busy != 4 {
+		t.Fatalf("stats %+v, want one connection refused for its client's share, 4 slots busy", st)
+	}
+	var refused int
+	for _, r := range *records {
+		if r.Err != nil && r.Err.Status == 503 {
+			refused++
+		}
+	}
+	if refused != 1 {
+		t.Fatalf("records %+v: want one refusal for the client's share", *records)
+	}
+}
+
+// TestHandedConnectionsFollowPolicy: a policy change reaches a handed
+// connection at its next request, as it does one the kernel reads: what
+// the new rules deny is answered 403, what they allow is served, and the
+// record names the sets the request was judged against.
+func TestHandedConnectionsFollowPolicy(t *testing.T) {
+	other := []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathRegularExpression, Value: "/other/[a-z]+"}}}
+	srv, s, records, _ := handedSetupLimited(t, handedRules, 2, Limits{}, other)
+	c := dial(t, srv.addr)
+	if got := converse(t, c, "GET /ite", "ms/42 HTTP/1.1\r\nHost: h\r\n\r\n"); !strings.Contains(got[1], "GET /items/42") {
+		t.Fatalf("before the change: %q", got)
+	}
+	port := uint16(c.RemoteAddr().(*net.TCPAddr).Port)
+	if err := s.EnforceHTTP(port, 2); err != nil {
+		t.Fatal(err)
+	}
+	got := converse(t, c, "GET /items/43 HTTP/1.1\r\nHost: h\r\n\r\n", "GET /other/page HTTP/1.1\r\nHost: h\r\n\r\n")
+	if !strings.HasPrefix(got[0], "HTTP/1.1 403 ") || !strings.Contains(got[1], "GET /other/page") {
+		t.Fatalf("after the change: %q", got)
+	}
+	if strings.Contains(srv.served(), "/items/43") {
+		t.Fatal("a request the new rules deny reached the server")
+	}
+	rs := *records
+	if len(rs) != 3 || rs[0].Sets != [3]uint32{1} || rs[1].Sets != [3]uint32{2} || rs[2].Sets != [3]uint32{2} || rs[2].Decision.Set != 2 {
+		t.Fatalf("records %+v: want set 1, then set 2 twice", rs)
 	}
 }

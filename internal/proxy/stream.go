@@ -80,6 +80,7 @@ type step struct {
 // judged is one request the stream decided, for the record.
 type judged struct {
 	req      *l7.Request
+	sets     [3]uint32 // what it was judged against
 	decision Decision
 	err      *l7.RequestError // a refused stream: req is nil
 }
@@ -135,7 +136,7 @@ func (s *stream) feed(data []byte) ([]step, []judged) {
 	for _, r := range reqs {
 		steps = s.release(steps, s.prefix+r.Start)
 		d := s.judge.Judge(s.sets, r)
-		out = append(out, judged{req: r, decision: d})
+		out = append(out, judged{req: r, sets: s.sets, decision: d})
 		at := s.prefix + r.Start + int64(r.HeadLen) - 1
 		switch {
 		case d.Verdict == Allow && r.Upgrade:
@@ -164,7 +165,7 @@ func (s *stream) feed(data []byte) ([]step, []judged) {
 	if errors.As(err, &re) {
 		steps = s.release(steps, s.prefix+re.Framed)
 		at := s.prefix + re.Offset
-		out = append(out, judged{err: re})
+		out = append(out, judged{err: re, sets: s.sets})
 		steps = append(steps, step{kind: stepAnswer, status: re.Status, at: at, lastAllowedAt: s.lastAllowedAt},
 			step{kind: stepEnd, at: at, lastAllowedAt: s.lastAllowedAt})
 		return steps, s.end(out)
@@ -186,6 +187,20 @@ func (s *stream) release(steps []step, to int64) []step {
 	s.sent = to
 	return steps
 }
+
+// restrict judges the requests whose heads end from now on against sets:
+// policy changed. Header names its rules match on are refused when
+// repeated from now on too (names refused before stay refused).
+func (s *stream) restrict(sets [3]uint32) {
+	if sets == s.sets {
+		return
+	}
+	s.sets = sets
+	s.parser.RefuseRepeated(s.judge.HeaderNames(sets))
+}
+
+// headPending says whether a request head has begun and is not yet whole.
+func (s *stream) headPending() bool { return !s.ended && len(s.held) > 0 }
 
 func (s *stream) end(out []judged) []judged {
 	s.ended = true
