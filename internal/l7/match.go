@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"regexp/syntax"
 	"strings"
 )
 
@@ -155,7 +156,7 @@ func (cr *compiledRule) compilePath(p *PathMatch) error {
 			cr.path = strings.TrimSuffix(canon, "/")
 		}
 	case PathRegularExpression:
-		re, err := regexp.Compile(`^(?:` + p.Value + `)$`)
+		re, err := compileWhole(p.Value)
 		if err != nil {
 			return fmt.Errorf("path regular expression %q: %v", p.Value, err)
 		}
@@ -195,7 +196,7 @@ func compileHeader(h HeaderMatch) (compiledHeader, error) {
 			return ch, fmt.Errorf("header %s: Present takes no value", h.Name)
 		}
 	case HeaderRegularExpression:
-		re, err := regexp.Compile(`^(?:` + h.Value + `)$`)
+		re, err := compileWhole(h.Value)
 		if err != nil {
 			return ch, fmt.Errorf("header %s regular expression %q: %v", h.Name, h.Value, err)
 		}
@@ -287,4 +288,17 @@ func (h *compiledHeader) matches(r *Request) bool {
 		return vs[0] == h.value
 	}
 	return h.re.MatchString(vs[0])
+}
+
+// compileWhole compiles a rule's regular expression to match a whole
+// string. The pattern must stand on its own: wrapped unchecked in
+// ^(?:...)$, a pattern such as ")|(" would close the group and match
+// any string with an empty prefix. A pattern that parses alone has its
+// groups balanced, so the wrapping anchors exactly it (one that quotes
+// to its end, \Q, swallows the wrapping's ")$" and does not compile).
+func compileWhole(pattern string) (*regexp.Regexp, error) {
+	if _, err := syntax.Parse(pattern, syntax.Perl); err != nil {
+		return nil, err
+	}
+	return regexp.Compile(`^(?:` + pattern + `)$`)
 }

@@ -127,6 +127,11 @@ func TestCompileRefuses(t *testing.T) {
 		{Rule{Path: &PathMatch{Type: PathExact, Value: "/%61bc"}}, "sent as it is"},
 		{Rule{Path: &PathMatch{Type: PathExact, Value: "/a;b"}}, "path parameters"},
 		{Rule{Path: &PathMatch{Type: PathRegularExpression, Value: "/(a"}}, "regular expression"},
+		// A pattern that would close the anchoring group around it and
+		// match any path: it does not stand alone.
+		{Rule{Path: &PathMatch{Type: PathRegularExpression, Value: "/admin)|(.*"}}, "regular expression"},
+		{Rule{Headers: []HeaderMatch{{Type: HeaderRegularExpression, Name: "X", Value: ")|("}}}, "regular expression"},
+		{Rule{Path: &PathMatch{Type: PathRegularExpression, Value: `\Q/a`}}, "regular expression"},
 		{Rule{Path: &PathMatch{Type: "Glob", Value: "/a*"}}, "use Exact, PathPrefix or RegularExpression"},
 		{Rule{Hostnames: []string{"api.example.com:80"}}, "without port"},
 		{Rule{Hostnames: []string{"*"}}, "hostname"},
