@@ -46,11 +46,14 @@ const (
 	// path (agent.RequestRecorder) as it comes.
 	l7GatePlainNew = "no policy, new paths"
 	l7GateHTTP1New = "kernel HTTP, 1 rule, new paths"
-	// One rule with a regular expression, which the kernel leaves to
-	// user space: every connection is handed to the proxy
+	// One rule whose path is a regular expression, judged in the kernel
+	// by the set's automaton (bpf/lib/l7dfa.h).
+	l7GateHTTPRegex = "kernel HTTP, 1 path regex rule"
+	// One rule with a header's regular expression, which the kernel
+	// leaves to user space: every connection is handed to the proxy
 	// (internal/proxy) at its first request, which judges all of its
 	// requests from then on.
-	l7GateUser     = "user-space HTTP, 1 regex rule"
+	l7GateUser     = "user-space HTTP, 1 header regex rule"
 	l7GateConns    = 100
 	l7GatePortOff  = 8080
 	l7GatePortStr  = 8081
@@ -60,12 +63,13 @@ const (
 	l7GatePortOffN = 8085
 	l7GatePortH1N  = 8086
 	l7GatePortUser = 8087
+	l7GatePortRe   = 8088
 	// l7GateSlots are the proxy's hand-off slots: one per connection.
 	l7GateSlots = 2 * l7GateConns
 )
 
 // l7GateSetups are the setups in report order.
-var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateUser, l7GatePlainNew, l7GateHTTP1New}
+var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateHTTPRegex, l7GateUser, l7GatePlainNew, l7GateHTTP1New}
 
 // l7GateBaseline is the setup a setup's ratio is taken to: the plain
 // port with the same requests.
@@ -127,13 +131,22 @@ type l7GateSetup struct {
 	mode     datapath.L7Mode // 0: plain
 	rules    int             // L7HTTP: the set's rule count
 	newPaths bool            // every request to its own path (l7GateNewPaths)
-	regex    bool            // L7HTTP: the set is l7GateRegexRules, judged in user space
+	// L7HTTP: set, when not nil, makes the rules in place of
+	// l7GateRules; handed says they are judged in user space.
+	set    func() []l7.Rule
+	handed bool
 }
 
-// l7GateRegexRules is one rule wrk's GET / meets only by its regular
-// expression, which the kernel leaves to user space.
-func l7GateRegexRules() []l7.Rule {
+// l7GatePathRegexRules is one rule wrk's GET / meets only by its path's
+// regular expression, which the kernel's automaton judges.
+func l7GatePathRegexRules() []l7.Rule {
 	return []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathRegularExpression, Value: "/[a-z0-9/]*"}}}
+}
+
+// l7GateHeaderRegexRules is one rule wrk's GET / meets only by its Host
+// header's regular expression, which the kernel leaves to user space.
+func l7GateHeaderRegexRules() []l7.Rule {
+	return []l7.Rule{{Method: "GET", Headers: []l7.HeaderMatch{{Name: "Host", Type: l7.HeaderRegularExpression, Value: "[0-9.]+:[0-9]+"}}}}
 }
 
 func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
@@ -157,10 +170,12 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, socks.Close()) }()
-	setups := []l7GateSetup{{l7GatePlain, l7GatePortOff, 0, 0, false, false}, {l7GateStrp, l7GatePortStr, datapath.L7StrParser, 0, false, false},
-		{l7GateSkb, l7GatePortSkb, datapath.L7SkbVerdict, 0, false, false}, {l7GateHTTP1, l7GatePortH1, datapath.L7HTTP, 1, false, false},
-		{l7GateHTTP40, l7GatePortH40, datapath.L7HTTP, 40, false, false}, {l7GateUser, l7GatePortUser, datapath.L7HTTP, 1, false, true},
-		{l7GatePlainNew, l7GatePortOffN, 0, 0, true, false}, {l7GateHTTP1New, l7GatePortH1N, datapath.L7HTTP, 1, true, false}}
+	setups := []l7GateSetup{{name: l7GatePlain, port: l7GatePortOff}, {name: l7GateStrp, port: l7GatePortStr, mode: datapath.L7StrParser},
+		{name: l7GateSkb, port: l7GatePortSkb, mode: datapath.L7SkbVerdict}, {name: l7GateHTTP1, port: l7GatePortH1, mode: datapath.L7HTTP, rules: 1},
+		{name: l7GateHTTP40, port: l7GatePortH40, mode: datapath.L7HTTP, rules: 40},
+		{name: l7GateHTTPRegex, port: l7GatePortRe, mode: datapath.L7HTTP, rules: 1, set: l7GatePathRegexRules},
+		{name: l7GateUser, port: l7GatePortUser, mode: datapath.L7HTTP, rules: 1, set: l7GateHeaderRegexRules, handed: true},
+		{name: l7GatePlainNew, port: l7GatePortOffN, newPaths: true}, {name: l7GateHTTP1New, port: l7GatePortH1N, mode: datapath.L7HTTP, rules: 1, newPaths: true}}
 	script, err := os.CreateTemp("", "weir-l7gate-*.lua")
 	if err != nil {
 		return err
@@ -188,8 +203,10 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 			continue
 		case datapath.L7HTTP:
 			rules := l7GateRules(s.rules)
-			if s.regex {
-				rules = l7GateRegexRules()
+			if s.set != nil {
+				rules = s.set()
+			}
+			if s.handed {
 				m, err := l7.Compile(rules)
 				if err != nil {
 					return err
@@ -244,7 +261,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		w.recordsLost = float64(after.EventsLost - before.EventsLost)
 		w.records = float64(records.count.Load() - recordsBefore)
 		w.proxied = float64(handed.allowed.Load() - proxiedBefore)
-		if s.regex {
+		if s.handed {
 			// Every connection handed at its first request, every
 			// request allowed by the proxy, none closed.
 			if n := after.Denied + after.Refused + after.Split + after.Closed - before.Denied - before.Refused - before.Split - before.Closed; n != 0 {
@@ -543,7 +560,7 @@ func (r *result) judgeL7Gate() {
 		setup string
 		want  float64
 	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules},
-		{l7GateUser, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule}} {
+		{l7GateHTTPRegex, l7WantOneRule}, {l7GateUser, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule}} {
 		if math.IsNaN(r.median(t.setup, l7GatePath, "rps")) {
 			continue // a result from before the setup existed
 		}
@@ -563,7 +580,8 @@ func (r *result) l7GateMarkdown() string {
 	fmt.Fprintf(&b, "nginx (one worker, CPU 1, a fixed 3-byte body) in one network namespace, wrk (one thread, %d keep-alive connections, CPU 0) in another, over a veth pair; "+
 		"one nginx listens on a port per setup: one left alone, one whose accepted sockets join bpf/l7.c's strparser socket hash and one its skb-verdict hash, "+
 		"both verdicts passing everything, and two its HTTP hash, whose verdict reads every request in the kernel and judges it against a set of 1 or of 40 HTTP rules "+
-		"(wrk's GET / matches the last; every request judged and allowed is checked), and one whose single rule has a regular expression, which the kernel leaves to user space: "+
+		"(wrk's GET / matches the last; every request judged and allowed is checked), one whose single rule's path is a regular expression, judged in the kernel by the set's automaton, "+
+		"and one whose single rule has a Host header's regular expression, which the kernel leaves to user space: "+
 		"each connection is handed to the proxy (internal/proxy, in the bench process, one slot per connection) at its first request, and the proxy judges and forwards every request after (each allowed request counted). "+
 		"The two new-paths setups send every request to a path of its own (wrk's Lua script GET /item/<n>), so on the HTTP port each request is a record of its own, "+
 		"drained as it comes through the agent's record path (explained and counted into a flow store) by the bench process; on the others, the repeated GET / is one record a second per connection. "+

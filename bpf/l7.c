@@ -405,6 +405,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 	w.sets[2] = f->sets[2];
 	w.conn = c;
 	start = c->s.offset;
+	l7_dfa_prepare(&c->s, w.sets);
 	bpf_loop(w.len + 1, l7_step, &w, 0);
 	if (w.outcome == L7_WALK_PASS) {
 		if (w.pos < w.len)
@@ -437,6 +438,10 @@ int l7_http_verdict(struct __sk_buff *skb)
 		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED | L7_EVF_PIPELINED);
 		return l7_close(skb, cookie, c);
 	}
+	/* A denied request too short to hold a 403 in place: the proxy
+	 * answers it, and the connection goes on. */
+	if (r < 0 && w.outcome == L7_WALK_DENY && w.head_pos == 0)
+		return l7_try_hand_off(&w, L7_EV_DENIED);
 	if (r < 0) {
 		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED);
 		return l7_close(skb, cookie, c);

@@ -30,6 +30,7 @@
 #define WEIR_LIB_HTTP_H
 
 #include "common.h"
+#include "l7dfa.h"
 #include "siphash.h"
 
 /* The node's hash key (internal/l7's HashKey), set at load. */
@@ -246,6 +247,15 @@ struct http_state {
 	struct sip hval_ows_hash; /* and through the OWS after it */
 	__u64 hdr_name[HTTP_MAX_HEADERS];
 	__u64 hdr_val[HTTP_MAX_HEADERS];
+	/* The path automata (l7dfa.h) of the sets the head is read for:
+	 * dfa_set[i]'s current row is dfa_row[i] (0: dead, or none),
+	 * stepped by http_path_out. Where a path begins they start from
+	 * what the walker put in dfa_next_set and dfa_start for the skb. */
+	__u32 dfa_set[HTTP_DFA_SETS];
+	__u32 dfa_next_set[HTTP_DFA_SETS];
+	__u16 dfa_row[HTTP_DFA_SETS];
+	__u16 dfa_start[HTTP_DFA_SETS];
+	__u32 dfa_pad;
 };
 
 __always_inline_fn __u64 fnv(__u64 h, __u8 c)
@@ -450,10 +460,55 @@ __always_inline_fn void http_begin_head(struct http_state *s)
 
 /* Path canonicalisation, one target byte at a time (CanonicalPath). */
 
-/* http_path_emit appends one canonical byte to the path's hash. */
-__always_inline_fn void http_path_emit(struct http_state *s, __u8 c)
+/* http_dfa_step moves each live path automaton (l7dfa.h) of s by byte c;
+ * a byte over 127 (never in a canonical path) kills it. A global
+ * function, verified once: stepped where the reader's per-byte work is
+ * already near the verifier's budget, inlined it would not fit. */
+__attribute__((noinline)) int http_dfa_step(struct http_state *s, __u32 c)
+{
+	struct l7_dfa_row *r;
+	__u32 row, col = c;
+	int i;
+
+	if (!s)
+		return 0;
+	/* Mask where clang cannot fold it into the test below: the
+	 * verifier needs the bound on the index itself. */
+	asm volatile("" : "+r"(col));
+	col &= L7_DFA_COLS - 1;
+	for (i = 0; i < HTTP_DFA_SETS; i++) {
+		row = s->dfa_row[i];
+		if (!row)
+			continue;
+		r = bpf_map_lookup_elem(&weir_l7_dfa, &row);
+		s->dfa_row[i] = (r && c < L7_DFA_COLS) ? r->next[col] : 0;
+	}
+	return 0;
+}
+
+/* http_dfa_begin starts the path automata where a path begins. */
+__always_inline_fn void http_dfa_begin(struct http_state *s)
+{
+	s->dfa_set[0] = s->dfa_next_set[0];
+	s->dfa_set[1] = s->dfa_next_set[1];
+	s->dfa_set[2] = s->dfa_next_set[2];
+	s->dfa_row[0] = s->dfa_start[0];
+	s->dfa_row[1] = s->dfa_start[1];
+	s->dfa_row[2] = s->dfa_start[2];
+}
+
+/* http_path_out feeds one byte of the canonical path to its hash and to
+ * the sets' automata: every byte the hash covers, and only those. */
+__always_inline_fn void http_path_out(struct http_state *s, __u8 c)
 {
 	sip_byte(&s->path, c);
+	http_dfa_step(s, c);
+}
+
+/* http_path_emit appends one canonical byte to the path. */
+__always_inline_fn void http_path_emit(struct http_state *s, __u8 c)
+{
+	http_path_out(s, c);
 	if (s->seg_canon < 3)
 		s->seg_canon++;
 	if (c == '.')
@@ -526,7 +581,7 @@ __always_inline_fn long http_path_byte(struct http_state *s, __u8 c)
 			return http_punt(s, HTTP_PUNT_PATH);
 		s->prefix[s->prefixes & (HTTP_MAX_PREFIXES - 1)] = sip_final(&s->path);
 		s->prefixes++;
-		sip_byte(&s->path, '/');
+		http_path_out(s, '/');
 		s->seg_raw = s->seg_canon = s->seg_dots = s->in_params = 0;
 		return HTTP_MORE;
 	}
@@ -1031,7 +1086,8 @@ static __always_inline long http_byte(struct http_state *s, __u8 c)
 					return http_punt(s, HTTP_PUNT_TARGET);
 				s->state = HS_PATH;
 				sip_init(&s->path, HTTP_HASH_KEY0, HTTP_HASH_KEY1);
-				sip_byte(&s->path, '/');
+				http_dfa_begin(s);
+				http_path_out(s, '/');
 				break;
 			}
 			if (c == '*') {

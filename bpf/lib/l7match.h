@@ -15,8 +15,11 @@
  * those any value meets (Present); an Exact value is a lookup of the
  * name's and the value's hash. A rule whose header is missing, or whose
  * value no lookup matches, is out; a head that repeats a header the set
- * names is refused, as the Go matcher refuses it. Rules with a condition
- * the kernel does not judge (a regular expression) are marked
+ * names is refused, as the Go matcher refuses it. Path regular
+ * expressions are the set's automaton (l7dfa.h): the rules it judges,
+ * path_re, are met by the mask of the row the head's path reached. Rules
+ * with a condition the kernel does not judge (a header's regular
+ * expression, a path's the automaton could not hold) are marked
  * user_space: a request only they may match goes to user space.
  */
 #ifndef WEIR_LIB_L7MATCH_H
@@ -67,6 +70,12 @@ struct l7_set {
 	__u64 hneed[L7_SET_HEADERS];
 	__u64 hany[L7_SET_HEADERS];
 	__u32 nheaders;
+	/* The path automaton: the rules it judges, and its rows
+	 * (dfa_base, the first, is where a path starts; none when
+	 * dfa_rows is 0, and then no path meets path_re). */
+	__u32 dfa_base;
+	__u64 path_re;
+	__u32 dfa_rows;
 	__u32 pad;
 };
 
@@ -183,16 +192,58 @@ __always_inline_fn __u64 l7_header_misses(__u32 set_id, struct l7_set *set, stru
 	return miss;
 }
 
+/* l7_dfa_prepare tells the reader, before it reads an skb, where the
+ * path automata of the flow's sets start (http_dfa_begin takes them up
+ * where a path begins): one lookup per set, per skb. */
+__always_inline_fn void l7_dfa_prepare(struct http_state *s, const __u32 *sets)
+{
+	struct l7_set *set;
+	__u32 id;
+	int i;
+
+	for (i = 0; i < HTTP_DFA_SETS; i++) {
+		id = sets[i];
+		s->dfa_next_set[i] = id;
+		s->dfa_start[i] = 0;
+		if (!id)
+			continue;
+		set = bpf_map_lookup_elem(&weir_l7_sets, &id);
+		if (set && set->dfa_rows)
+			s->dfa_start[i] = set->dfa_base;
+	}
+}
+
+/* L7_DFA_UNREAD: no automaton of the set was stepped over this head. */
+#define L7_DFA_UNREAD (~0ULL)
+
+/* l7_dfa_path is the accept mask of the row set_id's automaton reached
+ * over the head's path, or L7_DFA_UNREAD when it was not begun for that
+ * set (the flow's sets changed in the middle of the head). Global (see
+ * http_dfa_step). */
+__attribute__((noinline)) __u64 l7_dfa_path(struct http_state *s, __u32 set_id)
+{
+	int i;
+
+	if (!s)
+		return L7_DFA_UNREAD;
+	for (i = 0; i < HTTP_DFA_SETS; i++) {
+		if (s->dfa_set[i] == set_id)
+			return l7_dfa_accept(s->dfa_row[i]);
+	}
+	return L7_DFA_UNREAD;
+}
+
 /* l7_judge decides the head the reader just finished against a set;
  * when it allows, *rule is the allowing rule's index in the set. */
 __always_inline_fn int l7_judge(__u32 set_id, struct http_state *s, __u8 *rule)
 {
 	struct l7_set *set = bpf_map_lookup_elem(&weir_l7_sets, &set_id);
-	__u64 method, path, host, candidates, h;
+	__u64 method, path, host, candidates, h, user_space;
 	int i;
 
 	if (!set)
 		return L7_DENY; /* not written (yet): closed */
+	user_space = set->user_space;
 	method = set->any_method | l7_lookup(set_id, L7_KEY_METHOD, l7_method_hash(s));
 	if (s->flags & HTTP_FLAG_NO_PATH) {
 		path = set->any_path & ~set->needs_path;
@@ -203,6 +254,16 @@ __always_inline_fn int l7_judge(__u32 set_id, struct http_state *s, __u8 *rule)
 			if (i >= s->prefixes)
 				break;
 			path |= l7_lookup(set_id, L7_KEY_PATH_PREFIX, s->prefix[i]);
+		}
+		if (set->path_re) {
+			h = l7_dfa_path(s, set_id);
+			/* Not read for this set: what only its expressions
+			 * could allow goes to user space, never allowed
+			 * unread. (A path every one of 64 expressions matches
+			 * reads as unread too: user space judges it.) */
+			if (h == L7_DFA_UNREAD)
+				user_space |= set->path_re;
+			path |= h & set->path_re;
 		}
 	}
 	host = set->any_host;
@@ -223,8 +284,8 @@ __always_inline_fn int l7_judge(__u32 set_id, struct http_state *s, __u8 *rule)
 		if (refuse)
 			return L7_REFUSE;
 	}
-	if (candidates & ~set->user_space) {
-		*rule = l7_lowest_rule(candidates & ~set->user_space);
+	if (candidates & ~user_space) {
+		*rule = l7_lowest_rule(candidates & ~user_space);
 		return L7_ALLOW;
 	}
 	if (candidates)

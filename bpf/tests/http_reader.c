@@ -139,6 +139,7 @@ static long step(__u32 i, void *data)
 	struct http_state *s = f->s;
 	__u32 n;
 	long r;
+	__u8 c;
 
 	if (f->pos >= f->len)
 		return 1;
@@ -152,7 +153,8 @@ static long step(__u32 i, void *data)
 		f->pos += n;
 		return 0;
 	}
-	r = http_feed_byte(s, f->b->buf[f->pos & (TEST_MAX_BYTES - 1)]);
+	c = f->b->buf[f->pos & (TEST_MAX_BYTES - 1)];
+	r = http_feed_byte(s, c);
 	f->pos++;
 	switch (r) {
 	case HTTP_HEAD_DONE:
@@ -190,6 +192,11 @@ int http_reader_test(struct __sk_buff *skb)
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, f.b->buf, len))
 		return TC_ACT_SHOT;
 	f.len = len;
+	{
+		__u32 sets[HTTP_DFA_SETS] = { TEST_SET };
+
+		l7_dfa_prepare(f.s, sets);
+	}
 	bpf_loop(2 * TEST_MAX_BYTES, step, &f, 0);
 	return TC_ACT_OK;
 }

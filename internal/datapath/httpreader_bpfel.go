@@ -134,8 +134,13 @@ type httpreaderHttpState struct {
 		N   uint8
 		Pad [7]uint8
 	}
-	HdrName [16]uint64
-	HdrVal  [16]uint64
+	HdrName    [16]uint64
+	HdrVal     [16]uint64
+	DfaSet     [3]uint32
+	DfaNextSet [3]uint32
+	DfaRow     [3]uint16
+	DfaStart   [3]uint16
+	DfaPad     uint32
 }
 
 type httpreaderHttpTestRecord struct {
@@ -162,6 +167,12 @@ type httpreaderHttpTestRecord struct {
 	Pad           [6]uint8
 	HdrName       [16]uint64
 	HdrVal        [16]uint64
+}
+
+type httpreaderL7DfaRow struct {
+	_      structs.HostLayout
+	Next   [128]uint16
+	Accept uint64
 }
 
 type httpreaderL7HeaderWatch struct {
@@ -191,6 +202,9 @@ type httpreaderL7Set struct {
 	Hneed       [8]uint64
 	Hany        [8]uint64
 	Nheaders    uint32
+	DfaBase     uint32
+	PathRe      uint64
+	DfaRows     uint32
 	Pad         uint32
 }
 
@@ -207,6 +221,7 @@ const (
 	httpreaderMapWeirHttpTestOut         = "weir_http_test_out"
 	httpreaderMapWeirHttpTestScratch     = "weir_http_test_scratch"
 	httpreaderMapWeirHttpTestState       = "weir_http_test_state"
+	httpreaderMapWeirL7Dfa               = "weir_l7_dfa"
 	httpreaderMapWeirL7HeaderWatch       = "weir_l7_header_watch"
 	httpreaderMapWeirL7Match             = "weir_l7_match"
 	httpreaderMapWeirL7Sets              = "weir_l7_sets"
@@ -280,6 +295,7 @@ type httpreaderMapSpecs struct {
 	WeirHttpTestOut     *ebpf.MapSpec `ebpf:"weir_http_test_out"`
 	WeirHttpTestScratch *ebpf.MapSpec `ebpf:"weir_http_test_scratch"`
 	WeirHttpTestState   *ebpf.MapSpec `ebpf:"weir_http_test_state"`
+	WeirL7Dfa           *ebpf.MapSpec `ebpf:"weir_l7_dfa"`
 	WeirL7HeaderWatch   *ebpf.MapSpec `ebpf:"weir_l7_header_watch"`
 	WeirL7Match         *ebpf.MapSpec `ebpf:"weir_l7_match"`
 	WeirL7Sets          *ebpf.MapSpec `ebpf:"weir_l7_sets"`
@@ -329,6 +345,7 @@ type httpreaderMaps struct {
 	WeirHttpTestOut     *ebpf.Map `ebpf:"weir_http_test_out"`
 	WeirHttpTestScratch *ebpf.Map `ebpf:"weir_http_test_scratch"`
 	WeirHttpTestState   *ebpf.Map `ebpf:"weir_http_test_state"`
+	WeirL7Dfa           *ebpf.Map `ebpf:"weir_l7_dfa"`
 	WeirL7HeaderWatch   *ebpf.Map `ebpf:"weir_l7_header_watch"`
 	WeirL7Match         *ebpf.Map `ebpf:"weir_l7_match"`
 	WeirL7Sets          *ebpf.Map `ebpf:"weir_l7_sets"`
@@ -340,6 +357,7 @@ func (m *httpreaderMaps) Close() error {
 		m.WeirHttpTestOut,
 		m.WeirHttpTestScratch,
 		m.WeirHttpTestState,
+		m.WeirL7Dfa,
 		m.WeirL7HeaderWatch,
 		m.WeirL7Match,
 		m.WeirL7Sets,

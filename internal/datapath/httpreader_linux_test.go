@@ -403,7 +403,7 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.objs.Close()
-	tables, err := openL7Tables(r.objs.WeirL7Match, r.objs.WeirL7Sets, r.objs.WeirL7HeaderWatch)
+	tables, err := openL7Tables(r.objs.WeirL7Match, r.objs.WeirL7Sets, r.objs.WeirL7HeaderWatch, r.objs.WeirL7Dfa)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +422,8 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 			case 1:
 				rules[i].Path = &l7.PathMatch{Type: l7.PathPrefix, Value: pick("/", "/a", "/a/", "/a/b")}
 			case 2:
-				rules[i].Path = &l7.PathMatch{Type: l7.PathRegularExpression, Value: "/a.*"}
+				rules[i].Path = &l7.PathMatch{Type: l7.PathRegularExpression,
+					Value: pick("/a.*", "/a/[a-z]+", "(?i)/A/B", "/x|/ab", "/%C3%A9", "/[^/]*", "/a\\b.*", "(/a)+/?")}
 			}
 			if rng.IntN(3) == 0 {
 				rules[i].Hostnames = []string{pick("api.example.com", "*.example.com", "*.b.example.com")}
@@ -481,6 +482,9 @@ func TestL7JudgeMatchesKernelRules(t *testing.T) {
 		}
 		if n := mapLen(t, r.objs.WeirL7Match) + mapLen(t, r.objs.WeirL7Sets); n != 0 {
 			t.Fatalf("deleteSet left %d entries", n)
+		}
+		if n := tables.dfa.held(); n != 0 {
+			t.Fatalf("deleteSet left %d automaton rows held", n)
 		}
 		var w l7L7HeaderWatch
 		if err := r.objs.WeirL7HeaderWatch.Lookup(uint32(0), &w); err != nil || w.Count != 0 {

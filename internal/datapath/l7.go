@@ -143,7 +143,7 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 	if err := attachProxyMsg(&s.objs); err != nil {
 		return nil, err
 	}
-	if s.tables, err = openL7Tables(s.objs.WeirL7Match, s.objs.WeirL7Sets, s.objs.WeirL7HeaderWatch); err != nil {
+	if s.tables, err = openL7Tables(s.objs.WeirL7Match, s.objs.WeirL7Sets, s.objs.WeirL7HeaderWatch, s.objs.WeirL7Dfa); err != nil {
 		return nil, err
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupSockOps, Program: s.objs.L7Sockops})

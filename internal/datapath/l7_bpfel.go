@@ -145,8 +145,13 @@ type l7L7Conn struct {
 			N   uint8
 			Pad [7]uint8
 		}
-		HdrName [16]uint64
-		HdrVal  [16]uint64
+		HdrName    [16]uint64
+		HdrVal     [16]uint64
+		DfaSet     [3]uint32
+		DfaNextSet [3]uint32
+		DfaRow     [3]uint16
+		DfaStart   [3]uint16
+		DfaPad     uint32
 	}
 	Closed      uint8
 	Outstanding uint8
@@ -162,6 +167,12 @@ type l7L7Conn struct {
 		Rule    uint8
 		Pad     [7]uint8
 	}
+}
+
+type l7L7DfaRow struct {
+	_      structs.HostLayout
+	Next   [128]uint16
+	Accept uint64
 }
 
 type l7L7Flow struct {
@@ -253,6 +264,9 @@ type l7L7Set struct {
 	Hneed       [8]uint64
 	Hany        [8]uint64
 	Nheaders    uint32
+	DfaBase     uint32
+	PathRe      uint64
+	DfaRows     uint32
 	Pad         uint32
 }
 
@@ -270,6 +284,7 @@ type l7L7SockKey struct {
 const (
 	l7MapWeirL7Closing           = "weir_l7_closing"
 	l7MapWeirL7Conns             = "weir_l7_conns"
+	l7MapWeirL7Dfa               = "weir_l7_dfa"
 	l7MapWeirL7Events            = "weir_l7_events"
 	l7MapWeirL7Flows             = "weir_l7_flows"
 	l7MapWeirL7Free              = "weir_l7_free"
@@ -367,6 +382,7 @@ type l7ProgramSpecs struct {
 type l7MapSpecs struct {
 	WeirL7Closing     *ebpf.MapSpec `ebpf:"weir_l7_closing"`
 	WeirL7Conns       *ebpf.MapSpec `ebpf:"weir_l7_conns"`
+	WeirL7Dfa         *ebpf.MapSpec `ebpf:"weir_l7_dfa"`
 	WeirL7Events      *ebpf.MapSpec `ebpf:"weir_l7_events"`
 	WeirL7Flows       *ebpf.MapSpec `ebpf:"weir_l7_flows"`
 	WeirL7Free        *ebpf.MapSpec `ebpf:"weir_l7_free"`
@@ -428,6 +444,7 @@ func (o *l7Objects) Close() error {
 type l7Maps struct {
 	WeirL7Closing     *ebpf.Map `ebpf:"weir_l7_closing"`
 	WeirL7Conns       *ebpf.Map `ebpf:"weir_l7_conns"`
+	WeirL7Dfa         *ebpf.Map `ebpf:"weir_l7_dfa"`
 	WeirL7Events      *ebpf.Map `ebpf:"weir_l7_events"`
 	WeirL7Flows       *ebpf.Map `ebpf:"weir_l7_flows"`
 	WeirL7Free        *ebpf.Map `ebpf:"weir_l7_free"`
@@ -451,6 +468,7 @@ func (m *l7Maps) Close() error {
 	return _L7Close(
 		m.WeirL7Closing,
 		m.WeirL7Conns,
+		m.WeirL7Dfa,
 		m.WeirL7Events,
 		m.WeirL7Flows,
 		m.WeirL7Free,

@@ -70,7 +70,7 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 	if err := objs.WeirL7Key.Put(uint32(0), l7L7HashKey{K0: key[0], K1: key[1]}); err != nil {
 		return fmt.Errorf("record the HTTP hash key: %w", err)
 	}
-	tables, err := openL7Tables(objs.WeirL7Match, objs.WeirL7Sets, objs.WeirL7HeaderWatch)
+	tables, err := openL7Tables(objs.WeirL7Match, objs.WeirL7Sets, objs.WeirL7HeaderWatch, objs.WeirL7Dfa)
 	if err != nil {
 		return err
 	}

@@ -25,11 +25,11 @@ type DFA struct {
 	// goes nowhere else); Start is where a path begins.
 	Next  [][DFAColumns]uint16
 	Start uint16
-	// Accept[s] is the mask of the rules (bit i: Rules[i]) whose
-	// expression matches a path that ends in state s.
+	// Accept[s] is the mask of the rules (bit r: rule r) whose
+	// expressions match a path that ends in state s.
 	Accept []uint64
-	// Rules are the rule indexes of the bits, in bit order.
-	Rules []int
+	// Rules is the mask of the rules it judges.
+	Rules uint64
 }
 
 // DFAColumns is the alphabet a DFA reads: ASCII.
@@ -53,7 +53,8 @@ var DefaultDFALimits = DFALimits{States: 1024, Insts: 2048}
 // set's others, would go over the limits: it is judged in user space.
 var ErrDFATooLarge = errors.New("too large for the kernel's automaton")
 
-// PathRegex is one rule's path regular expression, as written in the rule.
+// PathRegex is one rule's path regular expression, as written in the
+// rule; Rule is the rule's bit in the masks, 0 to 63.
 type PathRegex struct {
 	Rule    int
 	Pattern string
@@ -62,8 +63,7 @@ type PathRegex struct {
 // CompilePathDFA builds one automaton for as many of regexes as fit
 // within lim, taking them in order: an expression that would take the
 // automaton over the limits is left out, with its error in refused (keyed
-// by rule), and the rest go on. At most 64 expressions fit (the accept
-// mask); nil when none did.
+// by rule), and the rest go on. nil when none fit.
 func CompilePathDFA(regexes []PathRegex, lim DFALimits) (d *DFA, refused map[int]error) {
 	refused = map[int]error{}
 	var (
@@ -71,10 +71,11 @@ func CompilePathDFA(regexes []PathRegex, lim DFALimits) (d *DFA, refused map[int
 		rules []int
 	)
 	for _, r := range regexes {
-		prog, err := compileAnchored(r.Pattern, lim)
-		if err == nil && len(progs) == 64 {
-			err = fmt.Errorf("%w: more than 64 expressions in one set", ErrDFATooLarge)
+		if r.Rule < 0 || r.Rule >= MaxKernelRules {
+			refused[r.Rule] = fmt.Errorf("%w: rule %d has no bit in a 64-bit mask", ErrDFATooLarge, r.Rule)
+			continue
 		}
+		prog, err := compileAnchored(r.Pattern, lim)
 		if err != nil {
 			refused[r.Rule] = err
 			continue
@@ -87,9 +88,26 @@ func CompilePathDFA(regexes []PathRegex, lim DFALimits) (d *DFA, refused map[int
 		progs, rules, d = append(progs, prog), append(rules, r.Rule), next
 	}
 	if d != nil {
-		d.Rules = rules
+		d.toRuleBits(rules)
 	}
 	return d, refused
+}
+
+// toRuleBits renames the accept masks' bits, one per program, to the
+// rules the programs are (bit i to bit rules[i]).
+func (d *DFA) toRuleBits(rules []int) {
+	for s, m := range d.Accept {
+		var out uint64
+		for i, r := range rules {
+			if m&(1<<i) != 0 {
+				out |= 1 << r
+			}
+		}
+		d.Accept[s] = out
+	}
+	for _, r := range rules {
+		d.Rules |= 1 << r
+	}
 }
 
 // compileAnchored compiles pattern as Compile's matcher does

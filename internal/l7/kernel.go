@@ -48,15 +48,20 @@ type KernelKey struct {
 type KernelRules struct {
 	// Any* are the rules without that condition; AnyPath also holds the
 	// rules whose path condition every path meets (PathPrefix "/") or the
-	// kernel leaves to user space (a regular expression).
+	// kernel leaves to user space (a regular expression its automaton
+	// could not hold).
 	AnyMethod, AnyPath, AnyHost uint64
 	// NeedsPath are the rules with a path condition: none matches a
 	// request without a path (OPTIONS *).
 	NeedsPath uint64
 	// UserSpace are the rules with a condition the kernel cannot judge
-	// (a regular expression): a request only they may match is judged
-	// in user space.
+	// (a header's regular expression, a path's its automaton could not
+	// hold): a request only they may match is judged in user space.
 	UserSpace uint64
+	// PathDFA judges the path regular expressions of the rules in its
+	// Rules mask, one byte of the canonical path at a time; nil when
+	// the set has none it could hold.
+	PathDFA *DFA
 	// HeaderRules are the rules with a header condition, and Headers the
 	// names they match on, in the order first named.
 	HeaderRules uint64
@@ -99,6 +104,7 @@ func CompileKernel(rules []Rule, key HashKey) (*KernelRules, error) {
 		return nil, fmt.Errorf("%w: %d rules, at most %d", ErrTooManyRules, len(rules), MaxKernelRules)
 	}
 	k := &KernelRules{Entries: map[KernelKey]uint64{}, Key: key}
+	var regexes []PathRegex
 	for i, r := range rules {
 		bit := uint64(1) << i
 		if r.Method == "" {
@@ -122,8 +128,7 @@ func CompileKernel(rules []Rule, key HashKey) (*KernelRules, error) {
 				k.Entries[KernelKey{KeyPathPrefix, PathHash(key, prefix)}] |= bit
 			}
 		default:
-			k.AnyPath |= bit
-			k.UserSpace |= bit
+			regexes = append(regexes, PathRegex{Rule: i, Pattern: r.Path.Value})
 		}
 		if len(r.Hostnames) == 0 {
 			k.AnyHost |= bit
@@ -140,6 +145,15 @@ func CompileKernel(rules []Rule, key HashKey) (*KernelRules, error) {
 			if err := k.addHeader(h, bit); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if len(regexes) > 0 {
+		var refused map[int]error
+		k.PathDFA, refused = CompilePathDFA(regexes, DefaultDFALimits)
+		// What the automaton could not hold is left to user space.
+		for i := range refused {
+			k.AnyPath |= 1 << i
+			k.UserSpace |= 1 << i
 		}
 	}
 	return k, nil
@@ -199,6 +213,12 @@ func (k *KernelRules) JudgeRule(r *Request) (KernelVerdict, int) {
 		path = k.AnyPath | lookup(KeyPathExact, PathHash(k.Key, r.Path)) | lookup(KeyPathPrefix, PathHash(k.Key, r.Path))
 		for _, h := range PathPrefixHashes(k.Key, r.Path) {
 			path |= lookup(KeyPathPrefix, h)
+		}
+		if k.PathDFA != nil {
+			// A byte over 127 leaves the kernel's automaton dead, as
+			// here (canonical paths have none).
+			m, _ := k.PathDFA.Match(r.Path)
+			path |= m
 		}
 	}
 	host := k.AnyHost
