@@ -391,7 +391,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("HTTP policy: method, path, host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, a split head judged in user space, a closed connection reset, every request on record", func(t *testing.T) {
+	t.Run("HTTP policy: method, path (regular expressions too), host and headers allowed and denied in the kernel, a keep-alive connection's second request denied, a split head judged in user space, a closed connection reset, every request on record", func(t *testing.T) {
 		pods := webPods(t, c)
 		client := onNode(t, pods, "n1")
 		server := onNode(t, pods, "n2")
@@ -414,6 +414,10 @@ func TestKubernetes(t *testing.T) {
 			{"one header missing", []string{"-X", "PUT", "-H", "X-Role: admin", base + "/hostname"}, []string{"403", "1"}},
 			{"a value in another case", []string{"-X", "PUT", "-H", "X-Role: Admin", "-H", "X-Trace: 1", base + "/hostname"}, []string{"403", "1"}},
 			{"a header the rule names, twice", []string{"-X", "PUT", "-H", "X-Role: admin", "-H", "X-Role: admin", "-H", "X-Trace: 1", base + "/hostname"}, []string{"400", "1"}},
+			// A path's regular expression, judged in the kernel by the
+			// set's automaton (the query is not part of the path).
+			{"a path a regular expression allows", []string{"-X", "POST", base + "/echo?msg=hi"}, []string{"200", "1"}},
+			{"a path it does not", []string{"-X", "POST", base + "/echoo?msg=hi"}, []string{"403", "1"}},
 			// One connection: the first request served, the second
 			// answered 403 on the same connection.
 			{"keep-alive: allowed, then denied", []string{base + "/hostname", base + "/shell?cmd=id"}, []string{"200", "1", "403", "0"}},

@@ -32,6 +32,7 @@ spec:
       - method: PUT
         path: {type: Exact, value: /hostname}
         headers: [{name: X-Role, type: Exact, value: admin}, {name: X-Trace, type: Present}]
+      - {method: POST, path: {type: RegularExpression, value: "/ec+ho"}}
 `
 
 // applyWebHTTPPolicy applies webHTTPPolicy and waits until client's
