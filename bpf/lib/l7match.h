@@ -203,12 +203,17 @@ __always_inline_fn void l7_dfa_prepare(struct http_state *s, const __u32 *sets)
 
 	for (i = 0; i < HTTP_DFA_SETS; i++) {
 		id = sets[i];
-		s->dfa_next_set[i] = id;
+		s->dfa_next_set[i] = 0;
 		s->dfa_start[i] = 0;
 		if (!id)
 			continue;
+		/* A set not there yet is read for no set: should it appear
+		 * before the judge, its expressions go to user space. */
 		set = bpf_map_lookup_elem(&weir_l7_sets, &id);
-		if (set && set->dfa_rows)
+		if (!set)
+			continue;
+		s->dfa_next_set[i] = id;
+		if (set->dfa_rows)
 			s->dfa_start[i] = set->dfa_base;
 	}
 }

@@ -96,11 +96,18 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 	h.sayWith(names)
 	req := h.request(ev)
 	f.HTTP = &req
-	switch ev.Verdict {
-	case datapath.L7Allowed:
+	switch {
+	case ev.Verdict == datapath.L7Denied && ev.Handed:
+		// Denied where the kernel cannot answer in place (too short
+		// for a 403, or behind allowed bytes): the proxy judges it
+		// again and answers, and its record is the one that counts.
+		f.Verdict = "unjudged"
+		_, f.Decider = h.restrictedBy(names, ev)
+		f.Rule = "no HTTP rule allows it, and the kernel cannot answer it in place: handed to user space, which judges and answers it"
+	case ev.Verdict == datapath.L7Allowed:
 		f.Verdict = "allowed"
 		f.Rule, f.Decider, req.Rule = h.allowedBy(names, ev)
-	case datapath.L7Denied:
+	case ev.Verdict == datapath.L7Denied:
 		f.Verdict = "denied"
 		f.Rule, f.Decider = h.restrictedBy(names, ev)
 		f.Rule = "no HTTP rule allows it: " + f.Rule
@@ -112,7 +119,7 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 		default:
 			f.Rule += " (the request was too short to answer in place: closed without an answer)"
 		}
-	case datapath.L7Refused:
+	case ev.Verdict == datapath.L7Refused:
 		f.Verdict = "refused"
 		req.Reason = ev.Reason()
 		f.Rule = "refused before any rule: " + req.Reason

@@ -276,4 +276,11 @@ func TestProxyRecordsSayUserSpace(t *testing.T) {
 	if f = h.explain(names, ev); f.Verdict != "unjudged" || !strings.Contains(f.Rule, "handed to user space") {
 		t.Fatalf("the kernel's record of a hand-off: %q", f.Rule)
 	}
+	// A denial the kernel hands over to be answered is counted once:
+	// the proxy's record says denied, the kernel's does not.
+	ev = requestRecord(datapath.L7Denied, "PUT /x")
+	ev.Handed = true
+	if f = h.explain(names, ev); f.Verdict != "unjudged" || f.HTTP.Status != 0 || !strings.Contains(f.Rule, "handed to user space, which judges and answers it") {
+		t.Fatalf("the kernel's record of a denial handed over: %q %+v", f.Rule, f)
+	}
 }

@@ -48,10 +48,19 @@ func openDFARows(m, sets *ebpf.Map) (*dfaRows, error) {
 	return p, nil
 }
 
-// alloc finds the first run of n free rows (after row 0).
+// errDFASetHeld is a set ID that holds rows already: a set never changes
+// under its ID (an skb read with the old rows would be judged with the
+// new set's masks).
+var errDFASetHeld = errors.New("holds automaton rows already: a changed set takes a new ID")
+
+// alloc finds the first run of n free rows (after row 0), within the map
+// and within what a row number (u16) can name.
 func (p *dfaRows) alloc(id, n uint32) (uint32, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if _, ok := p.bySet[id]; ok {
+		return 0, fmt.Errorf("HTTP set %d %w", id, errDFASetHeld)
+	}
 	used := make([]dfaExtent, 0, len(p.bySet))
 	for _, e := range p.bySet {
 		used = append(used, e)
@@ -64,7 +73,7 @@ func (p *dfaRows) alloc(id, n uint32) (uint32, error) {
 		}
 		next = e.base + e.rows
 	}
-	if next+n > p.m.MaxEntries() {
+	if next+n > min(p.m.MaxEntries(), 1<<16) {
 		return 0, fmt.Errorf("%w: %d rows wanted", errDFARowsFull, n)
 	}
 	p.bySet[id] = dfaExtent{next, n}

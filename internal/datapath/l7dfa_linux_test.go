@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/weirnet/weir/internal/l7"
@@ -62,6 +63,11 @@ func TestL7DFARows(t *testing.T) {
 			}
 			seen[i] = id
 		}
+	}
+	// A set never changes under its ID: rows for an ID holding some are
+	// refused (an skb read with the old rows would meet the new masks).
+	if err := tables.writeSet(2, k); !errors.Is(err, errDFASetHeld) {
+		t.Fatalf("writing set 2 again: %v, want errDFASetHeld", err)
 	}
 	// A restarted agent's tables know what is held.
 	again := open()

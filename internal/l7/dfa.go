@@ -43,11 +43,18 @@ type DFALimits struct {
 	// Insts is the most instructions one expression's program may have
 	// (counted repetitions expand: a{1000} is a thousand).
 	Insts int
+	// Work bounds the construction of one set's automaton, all its
+	// expressions tried (instructions and threads visited): what is left
+	// when it runs out stays in user space, so no policy can hold up the
+	// agent.
+	Work int
 }
 
 // DefaultDFALimits: 1,024 states (264 KiB of rows in the kernel) per set,
-// 2,048 instructions per expression.
-var DefaultDFALimits = DFALimits{States: 1024, Insts: 2048}
+// 2,048 instructions per expression, and work for about a second on this
+// machine (64 expressions such as /api/v[0-9]+/svcN/[a-z]+ take a sixth of
+// it).
+var DefaultDFALimits = DFALimits{States: 1024, Insts: 2048, Work: 30_000_000}
 
 // ErrDFATooLarge is an expression whose automaton, alone or with the
 // set's others, would go over the limits: it is judged in user space.
@@ -70,6 +77,7 @@ func CompilePathDFA(regexes []PathRegex, lim DFALimits) (d *DFA, refused map[int
 		progs []*syntax.Prog
 		rules []int
 	)
+	work := lim.Work
 	for _, r := range regexes {
 		if r.Rule < 0 || r.Rule >= MaxKernelRules {
 			refused[r.Rule] = fmt.Errorf("%w: rule %d has no bit in a 64-bit mask", ErrDFATooLarge, r.Rule)
@@ -80,7 +88,7 @@ func CompilePathDFA(regexes []PathRegex, lim DFALimits) (d *DFA, refused map[int
 			refused[r.Rule] = err
 			continue
 		}
-		next, err := determinize(append(progs, prog), lim)
+		next, err := determinize(append(progs, prog), lim, &work)
 		if err != nil {
 			refused[r.Rule] = err
 			continue
@@ -200,12 +208,15 @@ type builder struct {
 	// seen marks the threads a closure visited: seen[prog][pc] == stamp.
 	seen  [][]uint32
 	stamp uint32
+	// work is what is left of the construction's budget.
+	work *int
 }
 
 // determinize builds the minimal automaton of progs (bit i of its masks:
-// progs[i] matched), or ErrDFATooLarge.
-func determinize(progs []*syntax.Prog, lim DFALimits) (*DFA, error) {
-	b := &builder{progs: progs, index: map[string]int{}}
+// progs[i] matched), or ErrDFATooLarge; it spends *work (instructions
+// and threads visited), and fails when that runs out.
+func determinize(progs []*syntax.Prog, lim DFALimits, work *int) (*DFA, error) {
+	b := &builder{progs: progs, index: map[string]int{}, work: work}
 	for _, p := range progs {
 		for _, in := range p.Inst {
 			if in.Op != syntax.InstEmptyWidth {
@@ -232,12 +243,18 @@ func determinize(progs []*syntax.Prog, lim DFALimits) (*DFA, error) {
 		if len(b.states) > buildCap {
 			return nil, fmt.Errorf("%w: over %d states", ErrDFATooLarge, lim.States)
 		}
+		if *b.work < 0 {
+			return nil, fmt.Errorf("%w: the set's expressions took more work to build than allowed", ErrDFATooLarge)
+		}
 		b.accept[s] = b.acceptAtEnd(b.states[s])
 		for k, c := range b.reps {
 			b.next[s][k] = b.add(b.step(b.states[s], c))
 		}
 	}
 	d := b.minimize()
+	if *b.work < 0 {
+		return nil, fmt.Errorf("%w: the set's expressions took more work to build than allowed", ErrDFATooLarge)
+	}
 	if len(d.Next) > lim.States {
 		return nil, fmt.Errorf("%w: %d states, over %d", ErrDFATooLarge, len(d.Next), lim.States)
 	}
@@ -285,6 +302,7 @@ func (b *builder) byteClasses() (classOf [DFAColumns]int, reps []byte) {
 
 // add returns the index of s, adding it when new.
 func (b *builder) add(s nfaState) int {
+	*b.work -= len(s.threads) + 1
 	k := s.key()
 	if i, ok := b.index[k]; ok {
 		return i
@@ -318,6 +336,7 @@ func (b *builder) closure(threads []thread, flag syntax.EmptyOp, visit func(t th
 			return
 		}
 		b.seen[t.prog][t.pc] = b.stamp
+		*b.work--
 		in := &b.progs[t.prog].Inst[t.pc]
 		switch in.Op {
 		case syntax.InstAlt, syntax.InstAltMatch:
@@ -409,6 +428,7 @@ func (b *builder) minimize() *DFA {
 	}
 	classes := len(byMask)
 	for {
+		*b.work -= n * (len(b.reps) + 1)
 		sig := map[string]int{}
 		next := make([]int, n)
 		var key strings.Builder

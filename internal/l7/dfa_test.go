@@ -234,6 +234,14 @@ func TestPathDFABounds(t *testing.T) {
 	if _, ok := d.Match("/p\xc3\xa9"); ok {
 		t.Fatal("a byte over 127 was read")
 	}
+	// A budget spent leaves the rest to user space: no policy holds up
+	// the agent building automata.
+	lim := DefaultDFALimits
+	lim.Work = 300
+	d, refused = CompilePathDFA([]PathRegex{{Rule: 0, Pattern: `/a`}, {Rule: 1, Pattern: `/v[0-9]+/[a-z]+/.*`}}, lim)
+	if d == nil || d.Rules != 1 || !errors.Is(refused[1], ErrDFATooLarge) {
+		t.Fatalf("with a small budget: built %v, refused %v; want the first only", d, refused)
+	}
 }
 
 // FuzzPathDFA: for any pattern regexp accepts and the automaton can hold,

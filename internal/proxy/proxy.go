@@ -40,7 +40,10 @@ type Limits struct {
 	// HeadTimeout: a request head begun must be whole within it, else
 	// the connection ends (its request is recorded refused, status 408).
 	HeadTimeout time.Duration
-	// IdleTimeout: a connection that sends nothing for it ends.
+	// IdleTimeout: a connection that sends nothing for it ends; 0, the
+	// default, never. The proxy does not see the server's answers, so
+	// a long download or watch after its request looks idle too: set it
+	// only where answers are short.
 	IdleTimeout time.Duration
 	// ClientShare: while a quarter of the slots or fewer are free, a
 	// connection handed from a client address already holding this many
@@ -49,11 +52,10 @@ type Limits struct {
 }
 
 // DefaultLimits are the limits of a proxy serving slots slots: a head
-// whole within 10 s (nginx waits 60 s, but holds no scarce slot), a
-// minute of silence (nginx's keep-alive is 75 s), an eighth of the
-// slots for one client under pressure.
+// whole within 10 s (nginx waits 60 s, but holds no scarce slot), no
+// idle limit, an eighth of the slots for one client under pressure.
 func DefaultLimits(slots int) Limits {
-	return Limits{HeadTimeout: 10 * time.Second, IdleTimeout: time.Minute, ClientShare: max(4, slots/8)}
+	return Limits{HeadTimeout: 10 * time.Second, ClientShare: max(4, slots/8)}
 }
 
 // Stats count what the limits did, and the slots serving a connection.
@@ -114,8 +116,8 @@ func New(judge Judge, opener Opener, record func(Record), log *slog.Logger) *Pro
 		slots: map[uint32]*datapath.ProxySlot{}, held: map[netip.Addr]int{}}
 }
 
-// SetLimits sets the limits Start would otherwise take from
-// DefaultLimits; call it before Start.
+// SetLimits sets the limits; Start fills the fields left zero from
+// DefaultLimits (IdleTimeout stays off). Call it before Start.
 func (p *Proxy) SetLimits(l Limits) { p.limits = l }
 
 // Stats reads the proxy's counters.
@@ -127,8 +129,12 @@ func (p *Proxy) Stats() Stats {
 
 // Start opens slots 0..n-1 and serves them until Close.
 func (p *Proxy) Start(n int) error {
-	if p.limits == (Limits{}) {
-		p.limits = DefaultLimits(n)
+	def := DefaultLimits(n)
+	if p.limits.HeadTimeout <= 0 {
+		p.limits.HeadTimeout = def.HeadTimeout
+	}
+	if p.limits.ClientShare <= 0 {
+		p.limits.ClientShare = def.ClientShare
 	}
 	for i := range n {
 		s, err := p.opener.OpenSlot(uint32(i))
@@ -250,8 +256,9 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 		read    uint64
 		drained time.Time
 		// lastByte is when the connection last sent; headSince when
-		// the head it is still sending began.
+		// the head it is still sending began, and headAt where.
 		lastByte, headSince time.Time
+		headAt              int64
 	)
 	for {
 		if st != nil {
@@ -275,10 +282,14 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 				}
 				st = newStream(p.judge, h.Sets, h.Prefix)
 				if !p.take(h.Client.Addr()) {
+					// What the kernel allowed before the hand-off
+					// goes on; nothing after it.
+					steps, judged := st.feed(buf[:min(int64(n), int64(h.Prefix))])
+					p.run(s, h, steps, judged)
 					p.expire(s, h, st, 503, "the client holds its share of the node's proxy slots")
-				} else {
-					defer p.release(h.Client.Addr())
+					continue
 				}
+				defer p.release(h.Client.Addr())
 			}
 			// Policy reaches a handed connection as it does one the
 			// kernel reads: its next requests are judged against the
@@ -293,12 +304,17 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 			st.restrict(sets)
 			steps, judged := st.feed(buf[:n])
 			p.run(s, h, steps, judged)
-			switch {
+			// A new head starts its own clock: a head begun in this
+			// read after another ended is timed from now.
+			switch at := st.sent; {
 			case !st.headPending():
 				headSince = time.Time{}
-			case headSince.IsZero():
-				headSince = lastByte
+			case headSince.IsZero() || at != headAt:
+				headSince, headAt = lastByte, at
 			}
+			// Checked after every read too: a client sending a byte
+			// now and then never lets the read time out.
+			p.enforceTimeouts(s, h, st, headSince, lastByte)
 			continue
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -338,7 +354,7 @@ func (p *Proxy) enforceTimeouts(s *datapath.ProxySlot, h datapath.Handoff, st *s
 		p.stats.HeadTimeouts++
 		p.mu.Unlock()
 		p.expire(s, h, st, 408, fmt.Sprintf("request head not whole after %v", p.limits.HeadTimeout))
-	case time.Since(lastByte) > p.limits.IdleTimeout:
+	case p.limits.IdleTimeout > 0 && time.Since(lastByte) > p.limits.IdleTimeout:
 		p.mu.Lock()
 		p.stats.IdleEnds++
 		p.mu.Unlock()

@@ -295,8 +295,8 @@ func TestHandedSmuggling(t *testing.T) {
 // With one slot, a client that sends half a head and waits loses it after
 // the head timeout (recorded 408, reset, and its late rest never served),
 // and the slot serves the next connection; a connection silent for the
-// idle timeout is ended likewise; under pressure a client over its share
-// of the slots is ended at once, another client's connection is not.
+// idle timeout (when set) is ended likewise; a head sent a byte at a
+// time runs out of time as well.
 func TestProxyLimits(t *testing.T) {
 	limits := Limits{HeadTimeout: 600 * time.Millisecond, IdleTimeout: 2 * time.Second, ClientShare: 100}
 	srv, s, records, px := handedSetupLimited(t, handedRules, 1, limits)
@@ -334,8 +334,23 @@ func TestProxyLimits(t *testing.T) {
 	if got := converse(t, next, "GET /items/3 HTTP/1.1\r\nHost: h\r\n\r\n"); strings.Contains(got[0], "/items/3") {
 		t.Fatalf("an idle connection kept being served: %q", got)
 	}
-	if st := px.Stats(); st.HeadTimeouts != 1 || st.IdleEnds != 1 || st.Busy != 0 {
-		t.Fatalf("stats %+v, want one head timeout, one idle end, no slot busy", st)
+	// A head sent a byte at a time, never 200 ms apart: its read never
+	// times out, and its clock still runs out.
+	time.Sleep(3 * pollClosed)
+	drip := dial(t, srv.addr)
+	converse(t, drip, "GET /ite") // split: handed
+	for _, b := range "ms/77 HTTP/1.1\r\nHost: h\r\n" {
+		if _, err := drip.Write([]byte(string(b))); err != nil {
+			break
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	resets()
+	if got := converse(t, drip, "\r\n"); strings.Contains(got[0], "/items/77") {
+		t.Fatalf("a head dripped past the timeout was served: %q", got)
+	}
+	if st := px.Stats(); st.HeadTimeouts != 2 || st.IdleEnds != 1 || st.Busy != 0 {
+		t.Fatalf("stats %+v, want two head timeouts, one idle end, no slot busy", st)
 	}
 }
 
