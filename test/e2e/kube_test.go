@@ -368,6 +368,14 @@ func TestKubernetes(t *testing.T) {
 			t.Fatal(err)
 		}
 		results := t.TempDir()
+		// The suites' logs on any failure, a run that could not finish
+		// (t.Fatal) included: deferred calls run then too.
+		defer func() {
+			if t.Failed() {
+				dumpFile(t, filepath.Join(results, "cyclonus.log"), 200)
+				dumpFile(t, filepath.Join(results, "netpol.log"), 200)
+			}
+		}()
 		for _, run := range []func() (conformance.Result, error){
 			func() (conformance.Result, error) {
 				return conformance.RunCyclonus(ctx, st, cyclonus, true, results, testWriter{t})
@@ -384,10 +392,6 @@ func TestKubernetes(t *testing.T) {
 			for _, f := range res.Failed {
 				t.Errorf("%s: FAILED %s", res.Suite, f)
 			}
-		}
-		if t.Failed() {
-			dumpFile(t, filepath.Join(results, "cyclonus.log"), 200)
-			dumpFile(t, filepath.Join(results, "netpol.log"), 200)
 		}
 	})
 
