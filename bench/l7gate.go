@@ -165,7 +165,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, release()) }()
-	socks, err := datapath.AttachL7Sockets(cg, nil)
+	socks, err := datapath.AttachL7Sockets(cg, datapath.L7FlowMaps{})
 	if err != nil {
 		return err
 	}

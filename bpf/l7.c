@@ -15,6 +15,11 @@
  *   l7_proxy_msg     sk_msg of weir_l7_proxy: what the proxy writes for a
  *                    handed connection, into or out of its socket
  *                    (lib/l7proxy.h)
+ *   l7_client_msg    sk_msg of weir_l7_client: reads and judges the
+ *                    requests a client socket sends, where the client's
+ *                    egress policy restricts them (lib/l7client.h)
+ *   l7_client_skb    skb_verdict of weir_l7_client: passes what the
+ *                    client receives, in order with the answers
  *
  * The first two verdicts pass everything: they measure what the path
  * itself costs (bench l7-gate). l7_http_verdict judges each request
@@ -28,6 +33,7 @@
 #include "lib/l7match.h"
 #include "lib/l7http.h"
 #include "lib/l7proxy.h"
+#include "lib/l7client.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -128,6 +134,19 @@ __always_inline_fn void l7_slot_closed(__u16 conn_slot, __u64 cookie)
 		h->state = L7_SLOT_CLOSED;
 }
 
+/* l7_client_closed records a closing client socket's last repeated
+ * requests and forgets its reader state and flow. */
+__always_inline_fn void l7_client_closed(struct l7_sock_key *own, struct l7_client *cl)
+{
+	struct l7_sock_key server = l7_server_view(own);
+	struct l7_out_flow *f = bpf_map_lookup_elem(&weir_l7_out, own);
+	__u32 none[L7_FLOW_SETS] = {};
+
+	l7_event_repeats(&cl->conn.run, &server, cl->cookie, f ? f->sets : none, L7_DIR_EGRESS);
+	bpf_map_delete_elem(&weir_l7_client_conns, own);
+	bpf_map_delete_elem(&weir_l7_out, own);
+}
+
 /* l7_closed records a closing socket's last repeated requests and
  * forgets its reader state and flow. */
 __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
@@ -136,6 +155,7 @@ __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_conns, &cookie);
 	__u32 none[L7_FLOW_SETS] = {};
+	struct l7_client *cl;
 	struct l7_flow *f;
 
 	if (l7_sock_key_of(ctx, &key)) {
@@ -143,13 +163,19 @@ __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 		bpf_map_delete_elem(&weir_l7_closing, &cookie);
 		return;
 	}
+	cl = bpf_map_lookup_elem(&weir_l7_client_conns, &key);
+	if (cl && cl->cookie == cookie) {
+		l7_client_closed(&key, cl);
+		return;
+	}
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
 	if (c)
-		l7_event_repeats(&c->run, &key, cookie, f ? f->sets : none);
+		l7_event_repeats(&c->run, &key, cookie, f ? f->sets : none, L7_DIR_INGRESS);
 	if (c && c->slot)
 		l7_slot_closed(c->slot, cookie);
 	bpf_map_delete_elem(&weir_l7_conns, &cookie);
 	bpf_map_delete_elem(&weir_l7_flows, &key);
+	bpf_map_delete_elem(&weir_l7_out, &key); /* a client's that could not join */
 	bpf_map_delete_elem(&weir_l7_closing, &cookie);
 }
 
@@ -162,11 +188,51 @@ __always_inline_fn void l7_join_failed(struct bpf_sock_ops *ctx, struct l7_sock_
 	l7_closing_list(bpf_get_socket_cookie(ctx), key->local, 0, 0, 0, 0);
 }
 
+/* l7_client_join puts a client socket whose connection its egress
+ * policy restricts in weir_l7_client with its reader state, and marks
+ * the flow joined from where its stream stands: every byte after it is
+ * judged by l7_client_msg before it leaves. A socket that cannot join is
+ * not marked: tc drops whatever it sends (l7flow.h), and its
+ * application's connection times out. */
+__always_inline_fn void l7_client_join(struct bpf_sock_ops *ctx, struct l7_sock_key *key, struct l7_out_flow *f)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	__u32 zero = 0;
+	struct l7_client *cl = bpf_map_lookup_elem(&weir_l7_client_scratch, &zero);
+
+	if (!cl)
+		goto fail;
+	__builtin_memset(cl, 0, sizeof(*cl));
+	cl->cookie = cookie;
+	if (bpf_map_update_elem(&weir_l7_client_conns, key, cl, BPF_ANY))
+		goto fail;
+	bpf_sock_ops_cb_flags_set(ctx, ctx->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	if (bpf_sock_hash_update(ctx, &weir_l7_client, key, BPF_NOEXIST)) {
+		bpf_map_delete_elem(&weir_l7_client_conns, key);
+		goto fail;
+	}
+	/* Where the stream stands: a byte written before the join (Fast
+	 * Open data, a send that was waiting for the handshake) is above
+	 * the mark, never sent, and the first message finds TCP's write
+	 * sequence past the mark, and closes the connection. */
+	f->cookie = cookie;
+	f->judged = ctx->snd_una;
+	f->joined = 1;
+	l7_count(L7_STAT_CLIENTS, 1);
+	return;
+fail:
+	/* tc holds its bytes for good: reset it now rather than leave its
+	 * application waiting for its timeout. */
+	l7_count(L7_STAT_JOIN_FAIL, 1);
+	l7_join_failed(ctx, key);
+}
+
 SEC("sockops")
 int l7_sockops(struct bpf_sock_ops *ctx)
 {
 	struct l7_sock_key key = {};
 	struct l7_flow *f, own = {};
+	struct l7_out_flow *out;
 	struct l7_port *p;
 	__u16 port;
 	long err;
@@ -174,6 +240,16 @@ int l7_sockops(struct bpf_sock_ops *ctx)
 	if (ctx->op == BPF_SOCK_OPS_STATE_CB) {
 		if (ctx->args[1] == BPF_TCP_CLOSE)
 			l7_closed(ctx);
+		return 1;
+	}
+	if (ctx->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
+		/* A connection its client's egress policy restricts: tc
+		 * wrote its entry when it allowed the SYN. */
+		if (l7_sock_key_of(ctx, &key))
+			return 1;
+		out = bpf_map_lookup_elem(&weir_l7_out, &key);
+		if (out)
+			l7_client_join(ctx, &key, out);
 		return 1;
 	}
 	if (ctx->op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
@@ -280,15 +356,18 @@ __always_inline_fn void l7_record_stop(struct l7_walk *w, __u8 ev_verdict, __u8 
 {
 	struct l7_request_event *ev;
 
-	l7_event_repeats(&w->conn->run, &w->key, w->cookie, w->sets);
-	ev = l7_event_reserve(&w->key, w->cookie, w->sets);
+	l7_event_repeats(&w->conn->run, &w->key, w->cookie, w->sets, w->dir);
+	ev = l7_event_reserve(&w->key, w->cookie, w->sets, w->dir);
 	if (!ev)
 		return;
 	ev->verdict = ev_verdict;
 	ev->error = w->conn->s.error;
 	ev->flags = flags | w->punt_why;
-	if (w->head_pos != L7_NO_HEAD)
-		l7_event_text(ev, w->skb, w->head_pos, &w->conn->s);
+	if (w->head_pos != L7_NO_HEAD) {
+		struct l7_src src = l7_walk_src(w);
+
+		l7_event_text(ev, &src, w->head_pos, &w->conn->s);
+	}
 	l7_event_submit(ev);
 }
 
@@ -433,7 +512,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 		r = l7_answer_room(skb, 403);
 	else if (w.outcome == L7_WALK_REFUSE && c->s.unit_start == start)
 		r = l7_answer_room(skb, 400);
-	if (r >= 0 && !l7_answer_safe(skb, c)) {
+	if (r >= 0 && !l7_answer_safe(&w)) {
 		l7_count(L7_STAT_PIPELINED, 1);
 		l7_record_stop(&w, l7_walk_verdict(w.outcome), L7_EVF_CLOSED | L7_EVF_PIPELINED);
 		return l7_close(skb, cookie, c);
@@ -513,4 +592,157 @@ int l7_proxy_msg(struct sk_msg_md *msg)
 	}
 	l7_count(L7_STAT_PROXY_FORWARDED, msg->size);
 	return bpf_msg_redirect_hash(msg, &weir_l7_http, &key, BPF_F_INGRESS);
+}
+
+/* l7_client_pass lets the message go: the flow's judged mark moves past
+ * its last byte (TCP stands at the mark: l7_client_msg checked), so tc
+ * lets those bytes out, and no cork is left set (a cork stays in force
+ * for later messages until it is reset). */
+__always_inline_fn int l7_client_pass(struct l7_walk *w, struct l7_client *cl, struct l7_out_flow *f)
+{
+	f->judged += w->len;
+	cl->walked = 0;
+	bpf_msg_cork_bytes(w->msg, 0);
+	return SK_PASS;
+}
+
+/* l7_client_close drops this message and every later one of the
+ * connection: the application's sends fail from now on. */
+__always_inline_fn int l7_client_close(struct l7_walk *w, struct l7_client *cl)
+{
+	cl->conn.closed = 1;
+	cl->walked = 0;
+	l7_count(L7_STAT_CLOSED, 1);
+	bpf_msg_cork_bytes(w->msg, 0);
+	return SK_DROP;
+}
+
+/* l7_client_stop records the request the walk stopped at and closes the
+ * connection. */
+__always_inline_fn int l7_client_stop(struct l7_walk *w, struct l7_client *cl, __u8 flags)
+{
+	l7_record_stop(w, l7_walk_verdict(w->outcome), L7_EVF_CLOSED | flags);
+	return l7_client_close(w, cl);
+}
+
+/* l7_client_body_ends says whether the denied request's body, if any,
+ * ends exactly where the message does: then nothing of a later request
+ * is lost with it, and the reader moves past it. */
+__always_inline_fn int l7_client_body_ends(struct l7_walk *w, struct http_state *s)
+{
+	if (s->state == HS_IDLE)
+		return w->pos == w->len;
+	if (s->state != HS_BODY || s->remaining != w->len - w->pos)
+		return 0;
+	http_skip(s, s->remaining);
+	return s->state == HS_IDLE;
+}
+
+/* l7_client_answer rewrites the message into status's answer and puts
+ * it on the socket's own receive queue. */
+__always_inline_fn int l7_client_answer(struct l7_walk *w, struct l7_client *cl, struct l7_sock_key *own, int status,
+					int keep)
+{
+	l7_record_stop(w, l7_walk_verdict(w->outcome), L7_EVF_ANSWERED | (keep ? 0 : L7_EVF_CLOSED));
+	if (!keep) {
+		cl->conn.closed = 1;
+		l7_count(L7_STAT_CLOSED, 1);
+	}
+	cl->walked = 0;
+	bpf_msg_cork_bytes(w->msg, 0);
+	if (l7_msg_answer(w->msg, status, keep)) {
+		cl->conn.closed = 1;
+		return SK_DROP;
+	}
+	l7_count(L7_STAT_ANSWERED, 1);
+	return bpf_msg_redirect_hash(w->msg, &weir_l7_client, own, BPF_F_INGRESS);
+}
+
+SEC("sk_msg")
+int l7_client_msg(struct sk_msg_md *msg)
+{
+	struct l7_walk w = { .msg = msg, .len = msg->size, .head_pos = L7_NO_HEAD, .dir = L7_DIR_EGRESS };
+	struct l7_sock_key own = {};
+	struct l7_out_flow *f;
+	struct l7_client *cl;
+	__u64 start;
+	__u32 seq;
+
+	l7_count(L7_STAT_MESSAGES, 1);
+	l7_count(L7_STAT_BYTES, w.len);
+	if (l7_msg_key(msg, &own))
+		return SK_DROP; /* joined as IPv4: cannot be */
+	cl = bpf_map_lookup_elem(&weir_l7_client_conns, &own);
+	if (!cl) {
+		l7_count(L7_STAT_NO_STATE, 1);
+		return SK_DROP;
+	}
+	if (cl->conn.closed)
+		return SK_DROP;
+	w.conn = &cl->conn;
+	w.cookie = cl->cookie;
+	w.key = l7_server_view(&own);
+	f = bpf_map_lookup_elem(&weir_l7_out, &own);
+	if (!f) {
+		/* Evicted: what to judge against is unknown. */
+		l7_count(L7_STAT_NO_STATE, 1);
+		return l7_client_close(&w, cl);
+	}
+	w.sets[0] = f->sets[0];
+	w.sets[1] = f->sets[1];
+	w.sets[2] = f->sets[2];
+	/* Every byte TCP took must be one the verdict judged, and nothing
+	 * more: a send TCP took only in part (a full send buffer, a signal,
+	 * a timeout), another thread's send interleaved with it while it
+	 * waited, a cork the kernel pushed anyway, or bytes written before
+	 * the join leave the reader out of step with what the server reads. */
+	if (l7_msg_write_seq(msg, &seq) || seq != f->judged) {
+		l7_count(L7_STAT_SEND_DESYNC, 1);
+		return l7_client_close(&w, cl);
+	}
+	/* A corked message comes back whole with what was added: its walk
+	 * goes on where it stopped. */
+	if (cl->walked) {
+		if (cl->walked >= w.len)
+			return l7_client_close(&w, cl);
+		w.pos = cl->walked;
+		w.head_pos = cl->head_pos;
+	}
+	start = cl->conn.s.offset - w.pos;
+	l7_dfa_prepare(&cl->conn.s, w.sets);
+	bpf_loop(w.len - w.pos + 1, l7_step, &w, 0);
+	if (w.outcome == L7_WALK_PASS) {
+		if (w.pos < w.len)
+			return l7_client_close(&w, cl); /* the walk's bound ran out */
+		if (l7_head_unfinished(&cl->conn.s)) {
+			/* Hold it all until the head is whole: the reader bounds
+			 * a head's length, so the cork is bounded too. */
+			cl->walked = w.len;
+			cl->head_pos = w.head_pos;
+			l7_count(L7_STAT_CORKED, 1);
+			bpf_msg_cork_bytes(msg, w.len + 1);
+			return SK_PASS;
+		}
+		return l7_client_pass(&w, cl, f);
+	}
+	if (w.outcome == L7_WALK_PUNT)
+		return l7_client_stop(&w, cl, 0);
+	/* Answer in place only what begins the message: anything before it
+	 * was allowed, and would be lost. */
+	if (w.outcome == L7_WALK_DENY && w.head_pos == 0) {
+		if (!l7_answer_safe(&w)) {
+			l7_count(L7_STAT_PIPELINED, 1);
+			return l7_client_stop(&w, cl, L7_EVF_PIPELINED);
+		}
+		return l7_client_answer(&w, cl, &own, 403, l7_client_body_ends(&w, &cl->conn.s));
+	}
+	if (w.outcome == L7_WALK_REFUSE && cl->conn.s.unit_start == start && l7_answer_safe(&w))
+		return l7_client_answer(&w, cl, &own, 400, 0);
+	return l7_client_stop(&w, cl, 0);
+}
+
+SEC("sk_skb/verdict")
+int l7_client_skb(struct __sk_buff *skb)
+{
+	return SK_PASS;
 }

@@ -66,7 +66,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb)
 	remote = dst ? NULL : tunnel_lookup_v4(ip->daddr);
 	if ((dst || remote) && nfct_stack_translated(skb, ip, sizeof(struct ethhdr)))
 		return TC_ACT_OK;
-	verdict = ct_policy_v4_opens(skb, ip, sizeof(struct ethhdr), NULL, &opens);
+	verdict = ct_policy_v4_opens(skb, ip, sizeof(struct ethhdr), NULL, &opens, 1);
 	if (verdict == CT_POLICY_REJECT)
 		return reject_v4(skb, sizeof(struct ethhdr));
 	if (verdict != TC_ACT_OK)

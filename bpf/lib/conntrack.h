@@ -77,6 +77,10 @@ struct ct_entry {
 /* Its receiver's policy restricts it to HTTP rules: its bytes toward the
  * receiver pass only once the receiver's socket joined (l7flow.h). */
 #define CT_L7 2
+/* Its sender's policy restricts it to HTTP rules: its bytes pass only
+ * from the sender's own socket, once that socket joined and its
+ * message verdict judged them (l7flow.h, weir_l7_out). */
+#define CT_L7_OUT 4
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -229,29 +233,38 @@ __always_inline_fn int policy_judge_end(const struct ct_key *flow, const struct 
 	return v.verdict;
 }
 
+/* ct_http is what a decision restricts an allowed TCP flow to: the HTTP
+ * sets of the receiver's ingress rules and of the sender's egress rules
+ * (all 0: not restricted on that side). */
+struct ct_http {
+	__u32 in[L7_FLOW_SETS];
+	__u32 out[L7_FLOW_SETS];
+};
+
 /*
  * policy_decide judges a flow (original direction) at its local ends and
  * returns VERDICT_*: the sender's egress first, then the receiver's
  * ingress. report: emit allowed events too (a new connection, not a
- * re-check). http (L7_FLOW_SETS entries, zeroed here) receives the HTTP
- * sets the receiver's policy restricts an allowed TCP flow to.
+ * re-check). http (zeroed here) receives the HTTP sets the receiver's
+ * ingress policy and the sender's egress policy restrict an allowed TCP
+ * flow to.
  */
 __always_inline_fn int policy_decide(const struct ct_key *flow, const struct identity_hint *hint, int report,
-				     __u32 *http)
+				     struct ct_http *http)
 {
 	const struct endpoint_info *src = endpoint_lookup_v4(flow->saddr);
 	const struct endpoint_info *dst = endpoint_lookup_v4(flow->daddr);
 	__u32 client = src ? src->ifindex : 0;
 	int verdict;
 
-	http[0] = http[1] = http[2] = 0;
+	__builtin_memset(http, 0, sizeof(*http));
 	if (src) {
-		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, client, report, NULL);
+		verdict = policy_judge_end(flow, hint, src->ifindex, POLICY_EGRESS, client, report, http->out);
 		if (verdict != VERDICT_ALLOWED)
 			return verdict;
 	}
 	if (dst)
-		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, client, report, http);
+		return policy_judge_end(flow, hint, dst->ifindex, POLICY_INGRESS, client, report, http->in);
 	return VERDICT_ALLOWED;
 }
 
@@ -358,23 +371,22 @@ __always_inline_fn void l7_flow_key(const struct ct_key *flow, struct l7_sock_ke
 	k->local_port = bpf_ntohs(flow->dport);
 }
 
-/*
- * ct_l7_restrict records what the receiver's policy restricts an allowed
- * flow to, just decided into http: the flow's entry in weir_l7_flows
- * gets the sets (made not joined if it has none: a connection a policy
- * restricts once open never joined, and so carries no more bytes), and
- * the CT entry e (if any) CT_L7. Unrestricted, a flow keeps its entry
- * with sets 0, so a socket that joined passes every request. Returns -1
- * when the flow needs an entry and none can be written: deny.
- */
-__always_inline_fn int ct_l7_restrict(const struct ct_key *flow, const __u32 *http, struct ct_entry *e,
-				      int opening)
+/* l7_out_key is the sender's socket's name for a flow (l7flow.h). */
+__always_inline_fn void l7_out_key(const struct ct_key *flow, struct l7_sock_key *k)
+{
+	k->remote = flow->daddr;
+	k->local = flow->saddr;
+	k->remote_port = bpf_ntohs(flow->dport);
+	k->local_port = bpf_ntohs(flow->sport);
+}
+
+/* ct_l7_restrict_in is ct_l7_restrict's receiver side: weir_l7_flows. */
+__always_inline_fn int ct_l7_restrict_in(const struct ct_key *flow, const __u32 *http, struct ct_entry *e,
+					 int opening)
 {
 	struct l7_sock_key k;
 	struct l7_flow *f, fresh = {};
 
-	if (flow->proto != IPPROTO_TCP)
-		return 0;
 	if (!http[0] && !http[1] && !http[2]) {
 		if (!e || !(e->flags & CT_L7))
 			return 0;
@@ -405,23 +417,109 @@ __always_inline_fn int ct_l7_restrict(const struct ct_key *flow, const __u32 *ht
 	return 0;
 }
 
+/* ct_l7_restrict_out is ct_l7_restrict's sender side: weir_l7_out. An
+ * entry keeps its socket's cookie and judged mark when its sets change. */
+__always_inline_fn int ct_l7_restrict_out(const struct ct_key *flow, const __u32 *http, struct ct_entry *e,
+					  int opening)
+{
+	struct l7_sock_key k;
+	struct l7_out_flow *f, fresh = {};
+
+	if (!http[0] && !http[1] && !http[2]) {
+		if (!e || !(e->flags & CT_L7_OUT))
+			return 0;
+		e->flags &= ~CT_L7_OUT;
+		l7_out_key(flow, &k);
+		f = bpf_map_lookup_elem(&weir_l7_out, &k);
+		if (f)
+			f->sets[0] = f->sets[1] = f->sets[2] = 0;
+		return 0;
+	}
+	l7_out_key(flow, &k);
+	f = opening ? NULL : bpf_map_lookup_elem(&weir_l7_out, &k);
+	if (f) {
+		f->sets[0] = http[0];
+		f->sets[1] = http[1];
+		f->sets[2] = http[2];
+	} else {
+		fresh.sets[0] = http[0];
+		fresh.sets[1] = http[1];
+		fresh.sets[2] = http[2];
+		if (bpf_map_update_elem(&weir_l7_out, &k, &fresh, BPF_ANY) < 0) {
+			metric_inc(METRIC_DROP_L7_NOT_RECORDED);
+			return -1;
+		}
+	}
+	if (e)
+		e->flags |= CT_L7_OUT;
+	return 0;
+}
+
 /*
- * ct_l7_gate lets a packet of a CT_L7 flow in its original direction
+ * ct_l7_restrict records what the receiver's ingress and the sender's
+ * egress policy restrict an allowed flow to, just decided into http:
+ * each side's entry gets its sets (made not joined if it has none: a
+ * connection a policy restricts once open never joined, and so carries
+ * no more bytes), and the CT entry e (if any) CT_L7 or CT_L7_OUT.
+ * Unrestricted, a flow keeps its entries with sets 0, so a socket that
+ * joined passes every request. Returns -1 when the flow needs an entry
+ * and none can be written: deny. A global function, verified once: its
+ * callers in ct_policy_v4_opens do not each add its paths.
+ */
+__attribute__((noinline)) int ct_l7_restrict(const struct ct_key *flow, const struct ct_http *http, struct ct_entry *e,
+					     int opening)
+{
+	if (!flow || !http || flow->proto != IPPROTO_TCP)
+		return 0;
+	if (ct_l7_restrict_in(flow, http->in, e, opening) < 0)
+		return -1;
+	return ct_l7_restrict_out(flow, http->out, e, opening);
+}
+
+/* The TCP flags the gates look at. */
+#define CT_TCP_URG 0x20
+
+/* ct_tcp_payload reads a TCP packet's payload length, sequence number and
+ * flags: 0, or -1 for a packet whose header cannot be read. The length
+ * is the IPv4 total length's, but from the skb for a GSO packet of more
+ * than 64 KiB (total length 0); never the skb's when the total length is
+ * set: a short frame padded to Ethernet's minimum carries no payload. */
+__always_inline_fn int ct_tcp_payload(struct __sk_buff *skb, const struct iphdr *ip, __u32 l3_off, __u32 *len,
+				      __u32 *seq, __u8 *flags)
+{
+	__u32 ihl = (ip->ihl & 0xf) * 4, hdr, end;
+	__u8 th[2];
+
+	if (bpf_skb_load_bytes(skb, l3_off + ihl + 12, th, 2) < 0)
+		return -1;
+	if (bpf_skb_load_bytes(skb, l3_off + ihl + 4, seq, 4) < 0)
+		return -1;
+	*seq = bpf_ntohl(*seq);
+	*flags = th[1];
+	hdr = l3_off + ihl + (th[0] >> 4) * 4;
+	end = ip->tot_len ? l3_off + bpf_ntohs(ip->tot_len) : skb->len;
+	*len = end > hdr ? end - hdr : 0;
+	return 0;
+}
+
+/*
+ * ct_l7_gate_in lets a packet of a CT_L7 flow in its original direction
  * (toward the restricted receiver) pass only when it carries no bytes of
  * the stream, or the receiver's socket joined: the reader sees every
  * byte before the application does.
  */
-__always_inline_fn int ct_l7_gate(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off, const struct ct_key *flow)
+__always_inline_fn int ct_l7_gate_in(struct __sk_buff *skb, const struct iphdr *ip, __u32 l3_off,
+				     const struct ct_key *flow)
 {
-	__u32 ihl = (ip->ihl & 0xf) * 4;
 	struct l7_sock_key k;
 	struct l7_flow *f;
-	__u8 off;
+	__u32 len, seq;
+	__u8 flags;
 
 	if (!(ip->frag_off & bpf_htons(IP_OFFSET_MASK | IP_MF_BIT))) {
-		if (bpf_skb_load_bytes(skb, l3_off + ihl + 12, &off, 1) < 0)
+		if (ct_tcp_payload(skb, ip, l3_off, &len, &seq, &flags) < 0)
 			goto drop;
-		if (bpf_ntohs(ip->tot_len) <= ihl + (off >> 4) * 4)
+		if (!len)
 			return TC_ACT_OK; /* no payload: handshake, ACK, FIN, RST */
 	}
 	l7_flow_key(flow, &k);
@@ -434,18 +532,82 @@ drop:
 }
 
 /*
+ * ct_l7_gate_out lets a packet of a CT_L7_OUT flow in its original
+ * direction (from the restricted sender, at its veth) pass only when it
+ * carries no bytes of the stream, or its bytes come from the sender's
+ * socket that joined (the socket the skb still names is that socket:
+ * not a raw or packet socket of the same pod forging its segments) and
+ * lie below the mark its message verdict judged up to (never bytes TCP
+ * sends on its own, such as a Fast Open SYN's data retransmitted), and
+ * are not urgent. A fragment cannot be placed in the stream: dropped.
+ */
+__always_inline_fn int ct_l7_gate_out(struct __sk_buff *skb, const struct iphdr *ip, __u32 l3_off,
+				      const struct ct_key *flow)
+{
+	struct l7_sock_key k;
+	struct l7_out_flow *f;
+	__u32 len, seq;
+	__u8 flags;
+
+	if (ip->frag_off & bpf_htons(IP_OFFSET_MASK | IP_MF_BIT))
+		goto unjoined;
+	if (ct_tcp_payload(skb, ip, l3_off, &len, &seq, &flags) < 0)
+		goto unjoined;
+	if (!len)
+		return TC_ACT_OK;
+	l7_out_key(flow, &k);
+	f = bpf_map_lookup_elem(&weir_l7_out, &k);
+	if (!f || !f->joined)
+		goto unjoined;
+	/* Urgent data (MSG_OOB) is taken out of the stream by a server that
+	 * does not read it inline, so the server would read other requests
+	 * than the verdict judged: it never leaves. */
+	if (bpf_get_socket_cookie(skb) != f->cookie || (__s32)(seq + len - f->judged) > 0 || (flags & CT_TCP_URG)) {
+		metric_inc(METRIC_DROP_L7_UNJUDGED);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+unjoined:
+	metric_inc(METRIC_DROP_L7_UNJOINED);
+	return TC_ACT_SHOT;
+}
+
+/* ct_l7_gate applies the gates of a flow's restrictions (CT entry
+ * flags) to a packet in its original direction, its IPv4 header at
+ * l3_off. A global function, verified once, as ct_l7_restrict. */
+__attribute__((noinline)) int ct_l7_gate(struct __sk_buff *skb, __u32 l3_off, const struct ct_key *flow, __u32 flags)
+{
+	struct iphdr ip;
+
+	if (!skb || !flow || bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
+		return TC_ACT_SHOT;
+	if ((flags & CT_L7) && ct_l7_gate_in(skb, &ip, l3_off, flow) != TC_ACT_OK)
+		return TC_ACT_SHOT;
+	if (flags & CT_L7_OUT)
+		return ct_l7_gate_out(skb, &ip, l3_off, flow);
+	return TC_ACT_OK;
+}
+
+/*
  * ct_policy_v4_opens returns TC_ACT_OK to let the packet on, TC_ACT_SHOT
  * when policy denies its flow, CT_POLICY_REJECT when a Reject rule does,
  * and sets *opens when the packet was allowed as the first of a new
  * flow. ip must be a validated header at l3_off; hint (or NULL) is the
- * identity the packet's sender carried.
+ * identity the packet's sender carried; at_pod says the packet is a local
+ * pod's, at its veth (from_container).
  */
 __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off,
-					  const struct identity_hint *hint, int *opens)
+					  const struct identity_hint *hint, int *opens, int at_pod)
 {
 	struct ct_key key, rev_key, *orig = &key;
 	struct ct_entry *e, fresh = {};
-	__u32 rev = policy_revision(), http[L7_FLOW_SETS];
+	__u32 rev = policy_revision();
+	/* The sender's gate holds only at its pod's veth, where its packets
+	 * still name their socket: the same flow met elsewhere (translated
+	 * by the node's stack, whose receive path forgets the socket) was
+	 * held there already. */
+	__u32 gates = at_pod ? CT_L7 | CT_L7_OUT : CT_L7;
+	struct ct_http http;
 	__u64 *revoked;
 	int verdict, rc;
 
@@ -467,17 +629,22 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 	}
 	if (e && e->rev == rev && !(e->flags & CT_DENIED)) {
 		e->last_ns = bpf_ktime_get_ns();
-		if ((e->flags & CT_L7) && orig == &key)
-			return ct_l7_gate(skb, ip, l3_off, orig);
-		return TC_ACT_OK;
+		if (!(e->flags & (CT_L7 | CT_L7_OUT)) || orig != &key)
+			return TC_ACT_OK;
+		/* A SYN of a restricted flow may open a new connection on
+		 * the tuple (a port reused after a close deleted the flow's
+		 * entries): decided again below, which writes the entries
+		 * that are missing, for the new socket to join. */
+		if (!ct_tcp_opens(skb, ip, l3_off))
+			return ct_l7_gate(skb, l3_off, orig, e->flags & gates);
 	}
 	if (e) {
 		/* Decided under an older policy, or revoked: decide again
 		 * (allowed verdicts quietly; a drop is reported). */
 		e->rev = rev;
 		e->last_ns = bpf_ktime_get_ns();
-		verdict = policy_decide(orig, hint, 0, http);
-		if (verdict == VERDICT_ALLOWED && ct_l7_restrict(orig, http, e, 0) < 0)
+		verdict = policy_decide(orig, hint, 0, &http);
+		if (verdict == VERDICT_ALLOWED && ct_l7_restrict(orig, &http, e, 0) < 0)
 			verdict = VERDICT_DENIED;
 		if (verdict != VERDICT_ALLOWED) {
 			ct_revoke(e, orig);
@@ -487,8 +654,8 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 			e->flags &= ~CT_DENIED;
 			bpf_map_delete_elem(&weir_ct_revoked, orig);
 		}
-		if ((e->flags & CT_L7) && orig == &key)
-			return ct_l7_gate(skb, ip, l3_off, orig);
+		if ((e->flags & gates) && orig == &key)
+			return ct_l7_gate(skb, l3_off, orig, e->flags & gates);
 		return TC_ACT_OK;
 	}
 
@@ -504,8 +671,8 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 		revoked = bpf_map_lookup_elem(&weir_ct_revoked, &rev_key);
 	}
 	if (revoked) {
-		verdict = policy_decide(orig, hint, 0, http);
-		if (verdict == VERDICT_ALLOWED && ct_l7_restrict(orig, http, &fresh, 0) < 0)
+		verdict = policy_decide(orig, hint, 0, &http);
+		if (verdict == VERDICT_ALLOWED && ct_l7_restrict(orig, &http, &fresh, 0) < 0)
 			verdict = VERDICT_DENIED;
 		if (verdict != VERDICT_ALLOWED) {
 			*revoked = bpf_ktime_get_ns();
@@ -517,16 +684,16 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 		fresh.last_ns = bpf_ktime_get_ns();
 		if (ct_create(orig, &fresh) < 0)
 			metric_inc(METRIC_CT_FULL);
-		if ((fresh.flags & CT_L7) && orig == &key)
-			return ct_l7_gate(skb, ip, l3_off, orig);
+		if ((fresh.flags & gates) && orig == &key)
+			return ct_l7_gate(skb, l3_off, orig, fresh.flags & gates);
 		return TC_ACT_OK;
 	}
 	if (!ct_tcp_opens(skb, ip, l3_off)) {
 		metric_inc(METRIC_DROP_NO_FLOW);
 		return TC_ACT_SHOT;
 	}
-	verdict = policy_decide(&key, hint, 1, http);
-	if (verdict == VERDICT_ALLOWED && ct_l7_restrict(&key, http, &fresh, 1) < 0)
+	verdict = policy_decide(&key, hint, 1, &http);
+	if (verdict == VERDICT_ALLOWED && ct_l7_restrict(&key, &http, &fresh, 1) < 0)
 		verdict = VERDICT_DENIED;
 	if (verdict != VERDICT_ALLOWED)
 		return ct_denied(verdict);
@@ -537,18 +704,19 @@ __always_inline_fn int ct_policy_v4_opens(struct __sk_buff *skb, struct iphdr *i
 	metric_inc(METRIC_CT_NEW);
 	*opens = 1;
 	/* A SYN that carries data (TCP Fast Open) waits for the join too. */
-	if (fresh.flags & CT_L7)
-		return ct_l7_gate(skb, ip, l3_off, &key);
+	if (fresh.flags & gates)
+		return ct_l7_gate(skb, l3_off, &key, fresh.flags & gates);
 	return TC_ACT_OK;
 }
 
-/* ct_policy_v4 is ct_policy_v4_opens for callers that do not ask. */
+/* ct_policy_v4 is ct_policy_v4_opens for callers that do not ask, and
+ * are not at a pod's veth. */
 __always_inline_fn int ct_policy_v4(struct __sk_buff *skb, struct iphdr *ip, __u32 l3_off,
 				    const struct identity_hint *hint)
 {
 	int opens = 0;
 
-	return ct_policy_v4_opens(skb, ip, l3_off, hint, &opens);
+	return ct_policy_v4_opens(skb, ip, l3_off, hint, &opens, 0);
 }
 
 #endif /* WEIR_LIB_CONNTRACK_H */

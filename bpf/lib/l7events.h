@@ -54,9 +54,15 @@ enum {
 #define L7_EVF_PIPELINED 0x40 /* not answered: the answer to an earlier request is still to come */
 #define L7_EVF_HANDED 0x80 /* handed to user space, which judges it (lib/l7proxy.h) */
 
+/* Whose policy a record's request was judged by (l7_request_event.dir):
+ * the server's ingress rules, read by its socket's verdict, or the
+ * client's egress rules, read by its socket's message verdict. */
+#define L7_DIR_INGRESS 0
+#define L7_DIR_EGRESS 1
+
 struct l7_request_event {
 	__u64 ts_ns;  /* the (last) request's time */
-	__u64 cookie; /* the server socket's */
+	__u64 cookie; /* the judging socket's: the server's, or for egress the client's */
 	__be32 client;
 	__be32 server;
 	__u16 client_port; /* host order */
@@ -70,7 +76,7 @@ struct l7_request_event {
 	__u8 flags;   /* L7_EVF_* */
 	__u16 line_len;
 	__u8 host_len;
-	__u8 pad;
+	__u8 dir;     /* L7_DIR_*: whose policy judged it */
 	__u8 line[L7_EVENT_LINE];
 	__u8 host[L7_EVENT_HOST];
 };
@@ -130,10 +136,11 @@ __always_inline_fn void l7_event_submit(struct l7_request_event *ev)
 	bpf_ringbuf_submit(ev, flags);
 }
 
-/* l7_event_reserve reserves a record with the connection's tuple, or
- * counts its loss and returns NULL. */
+/* l7_event_reserve reserves a record with the connection's tuple (key
+ * as the server names it) and direction, or counts its loss and returns
+ * NULL. */
 __always_inline_fn struct l7_request_event *l7_event_reserve(const struct l7_sock_key *key, __u64 cookie,
-							      const __u32 *sets)
+							      const __u32 *sets, __u8 dir)
 {
 	struct l7_request_event *ev = bpf_ringbuf_reserve(&weir_l7_events, sizeof(*ev), 0);
 
@@ -154,17 +161,18 @@ __always_inline_fn struct l7_request_event *l7_event_reserve(const struct l7_soc
 	ev->sets[1] = sets[1];
 	ev->sets[2] = sets[2];
 	ev->count = 1;
+	ev->dir = dir;
 	return ev;
 }
 
 /* l7_event_repeats records a run's repeats, if any, and ends the run. */
 __always_inline_fn void l7_event_repeats(struct l7_run *run, const struct l7_sock_key *key, __u64 cookie,
-					 const __u32 *sets)
+					 const __u32 *sets, __u8 dir)
 {
 	struct l7_request_event *ev;
 
 	if (run->key && run->repeats) {
-		ev = l7_event_reserve(key, cookie, sets);
+		ev = l7_event_reserve(key, cookie, sets, dir);
 		if (ev) {
 			ev->ts_ns = run->last_ns;
 			ev->verdict = L7_EV_ALLOWED;
@@ -179,34 +187,72 @@ __always_inline_fn void l7_event_repeats(struct l7_run *run, const struct l7_soc
 	run->repeats = 0;
 }
 
-/* l7_event_text copies what arrived of the head at skb offset at: its
- * first bytes (the request line) and, when it lies in the skb, the Host
+/* l7_msg_load copies n bytes (1 to L7_EVENT_LINE) at off of a message
+ * into buf: the message's data pointers cover only what was pulled, so
+ * the bytes are pulled first (no copy when they lie in one of its
+ * pages). */
+__always_inline_fn long l7_msg_load(struct sk_msg_md *msg, __u32 off, void *buf, __u32 n)
+{
+	void *d, *end;
+	long err;
+
+	if (n < 1 || n > L7_EVENT_LINE)
+		return -1;
+	err = bpf_msg_pull_data(msg, off, off + n, 0);
+	if (err)
+		return err;
+	d = (void *)(long)msg->data;
+	end = (void *)(long)msg->data_end;
+	if (d + n > end)
+		return -1;
+	return bpf_probe_read_kernel(buf, n, d);
+}
+
+/* l7_src is what a verdict reads: a received skb, or a message being
+ * sent (is_msg: msg set, skb NULL), of len bytes. */
+struct l7_src {
+	struct __sk_buff *skb;
+	struct sk_msg_md *msg;
+	__u32 len;
+	__u32 is_msg;
+};
+
+/* l7_src_load copies n bytes (1 to L7_EVENT_LINE) at off of src. */
+__always_inline_fn long l7_src_load(const struct l7_src *src, __u32 off, void *buf, __u32 n)
+{
+	if (src->is_msg)
+		return l7_msg_load(src->msg, off, buf, n);
+	return bpf_skb_load_bytes(src->skb, off, buf, n);
+}
+
+/* l7_event_text copies what arrived of the head at offset at of src: its
+ * first bytes (the request line) and, when it lies in src, the Host
  * name. */
-__always_inline_fn void l7_event_text(struct l7_request_event *ev, struct __sk_buff *skb, __u32 at,
+__always_inline_fn void l7_event_text(struct l7_request_event *ev, const struct l7_src *src, __u32 at,
 				      struct http_state *s)
 {
-	__u32 n, h;
+	__u32 n, h, len = src->len;
 
-	if (at >= skb->len)
+	if (at >= len)
 		return;
-	n = skb->len - at;
+	n = len - at;
 	if (n > L7_EVENT_LINE) {
 		n = L7_EVENT_LINE;
 		ev->flags |= L7_EVF_LINE_CUT;
 	}
 	/* n is 1 to L7_EVENT_LINE here; the mask says so to the verifier. */
 	n = ((n - 1) & (L7_EVENT_LINE - 1)) + 1;
-	if (!bpf_skb_load_bytes(skb, at, ev->line, n))
+	if (!l7_src_load(src, at, ev->line, n))
 		ev->line_len = n;
 	if (!s->host_count || !s->host_len)
 		return;
 	h = s->host_len;
 	if (h > L7_EVENT_HOST)
 		h = L7_EVENT_HOST;
-	if ((__u64)at + s->host_at + h > skb->len)
+	if ((__u64)at + s->host_at + h > len)
 		return;
 	h = ((h - 1) & (L7_EVENT_HOST - 1)) + 1;
-	if (!bpf_skb_load_bytes(skb, at + s->host_at, ev->host, h))
+	if (!l7_src_load(src, at + s->host_at, ev->host, h))
 		ev->host_len = h;
 }
 

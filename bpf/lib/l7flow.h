@@ -61,4 +61,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_flows SEC(".maps");
 
+/*
+ * weir_l7_out: the connections a sender's egress policy restricts to HTTP
+ * rules, LRU hash keyed by struct l7_sock_key as the sender's socket
+ * names them (the server as remote). tc writes an entry when it allows
+ * the SYN (CT_L7_OUT). When the handshake completes, sock_ops puts the
+ * client socket in weir_l7_client (lib/l7client.h) and records its
+ * cookie and where its stream stands; from then on the socket's message
+ * verdict judges what the application sends and moves judged past each
+ * byte it lets go. tc at the pod's veth passes the flow's bytes only
+ * from that socket and only below judged, so a raw or packet socket in
+ * the pod, or TCP sending bytes no verdict saw, gets nothing through.
+ */
+struct l7_out_flow {
+	__u32 sets[L7_FLOW_SETS]; /* as l7_flow's */
+	__u32 judged;             /* the sequence number after the last byte judged */
+	__u64 cookie;             /* the joined socket's */
+	__u8 joined;
+	__u8 pad[7];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct l7_sock_key);
+	__type(value, struct l7_out_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} weir_l7_out SEC(".maps");
+
 #endif /* WEIR_LIB_L7FLOW_H */

@@ -44,40 +44,6 @@ struct l7_conn {
 	struct l7_run run; /* its requests repeating one another (l7events.h) */
 };
 
-/* l7_request_went notes that an allowed request went on to the server,
- * and how far the server had written then. */
-__always_inline_fn void l7_request_went(struct __sk_buff *skb, struct l7_conn *c)
-{
-	__u32 seq = 0;
-
-	c->outstanding = 1;
-	if (l7_write_seq(skb, &seq))
-		seq = 0;
-	c->seq_at_allow = seq;
-}
-
-/*
- * l7_answer_safe says whether an answer written in the server's place
- * now would reach the client in its turn. A client that pipelines sends
- * a request before the answer to the one before it: if the server has
- * written nothing since the last request went on, its answer is still to
- * come, and an answer of ours would come first (paired by the client
- * with the earlier request) or land in the middle of it. Then the
- * connection is closed instead. A server that has written since may be
- * mid-way through a long answer to a pipelined request; only a client
- * that pipelines can meet that, and only then (docs/l7.md).
- */
-__always_inline_fn int l7_answer_safe(struct __sk_buff *skb, struct l7_conn *c)
-{
-	__u32 seq;
-
-	if (!c->outstanding)
-		return 1;
-	if (l7_write_seq(skb, &seq))
-		return 0;
-	return seq != c->seq_at_allow;
-}
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
@@ -98,21 +64,88 @@ enum {
 #define L7_WINDOW 64
 #define L7_NO_HEAD 0xffffffff
 
-/* l7_walk is a walk over one skb. */
+/* l7_walk is a walk over one skb a server's socket receives or, with
+ * msg set instead, one message a client's socket sends (l7client.h). */
 struct l7_walk {
 	struct __sk_buff *skb;
+	struct sk_msg_md *msg;
+	/* L7_DIR_*: ingress reads skb, egress msg. A whole stack slot that
+	 * nothing writes after the start: the verifier keeps knowing its
+	 * constant (a write to any byte of a slot forgets it), so each
+	 * program is verified only along its own source's branches. */
+	__u64 dir;
 	struct l7_conn *conn;
 	__u64 cookie;
-	struct l7_sock_key key;
+	struct l7_sock_key key; /* the connection as its server names it, for records */
 	__u32 sets[L7_FLOW_SETS]; /* the flow's, as l7flow.h */
 	__u32 pos, len;
 	__u32 wstart, wlen;
-	__u32 head_pos; /* skb offset of the head being read, L7_NO_HEAD if none began here */
+	__u32 head_pos; /* offset of the head being read, L7_NO_HEAD if none began here */
 	__u8 outcome;
 	__u8 punt_why; /* L7_EVF_UPGRADE or L7_EVF_USER_RULES for a punt the reader did not make */
 	__u8 pad[2];
 	__u8 win[L7_WINDOW];
 };
+
+/* l7_walk_src is what the walk reads, for l7events.h. */
+__always_inline_fn struct l7_src l7_walk_src(struct l7_walk *w)
+{
+	struct l7_src src = { .skb = w->skb, .msg = w->msg, .len = w->len, .is_msg = w->dir == L7_DIR_EGRESS };
+
+	return src;
+}
+
+/* l7_peer_seq reads how far the peer of a walk's verdict stands, the
+ * sequence number an answer of its own moves: for a server's skb how far
+ * the server has written, for a client's message how far the client has
+ * received. -1 when it cannot be read. */
+__always_inline_fn int l7_peer_seq(struct l7_walk *w, __u32 *seq)
+{
+	struct tcp_sock *tp;
+
+	if (w->dir != L7_DIR_EGRESS)
+		return l7_write_seq(w->skb, seq);
+	tp = bpf_skc_to_tcp_sock(w->msg->sk);
+	if (!tp)
+		return -1;
+	*seq = tp->rcv_nxt;
+	return 0;
+}
+
+/* l7_request_went notes that an allowed request went on to the server,
+ * and how far the answering side stood then (l7_peer_seq). */
+__always_inline_fn void l7_request_went(struct l7_walk *w)
+{
+	__u32 seq = 0;
+
+	w->conn->outstanding = 1;
+	if (l7_peer_seq(w, &seq))
+		seq = 0;
+	w->conn->seq_at_allow = seq;
+}
+
+/*
+ * l7_answer_safe says whether an answer written in the server's place
+ * now would reach the client in its turn. A client that pipelines sends
+ * a request before the answer to the one before it: if the server has
+ * written nothing since the last request went on (for a client's own
+ * message: the client has received nothing since), its answer is still
+ * to come, and an answer of ours would come first (paired by the client
+ * with the earlier request) or land in the middle of it. Then the
+ * connection is closed instead. A server that has written since may be
+ * mid-way through a long answer to a pipelined request; only a client
+ * that pipelines can meet that, and only then (docs/l7.md).
+ */
+__always_inline_fn int l7_answer_safe(struct l7_walk *w)
+{
+	__u32 seq;
+
+	if (!w->conn->outstanding)
+		return 1;
+	if (l7_peer_seq(w, &seq))
+		return 0;
+	return seq != w->conn->seq_at_allow;
+}
 
 /* l7_judge_sets decides a head against a flow's sets: refused when one
  * set refuses it, allowed when one set allows it, to user space when
@@ -142,17 +175,19 @@ __always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s, __
 	return out;
 }
 
-/* l7_byte returns the skb's byte at w->pos through a window of loads. */
+/* l7_byte returns the byte at w->pos through a window of loads. */
 __always_inline_fn int l7_byte(struct l7_walk *w, __u8 *c)
 {
+	struct l7_src src = l7_walk_src(w);
+
 	if (w->pos < w->wstart || w->pos >= w->wstart + w->wlen) {
 		w->wstart = w->pos;
 		if (w->len - w->pos >= L7_WINDOW) {
-			if (bpf_skb_load_bytes(w->skb, w->pos, w->win, L7_WINDOW))
+			if (l7_src_load(&src, w->pos, w->win, L7_WINDOW))
 				return -1;
 			w->wlen = L7_WINDOW;
 		} else {
-			if (bpf_skb_load_bytes(w->skb, w->pos, w->win, 1))
+			if (l7_src_load(&src, w->pos, w->win, 1))
 				return -1;
 			w->wlen = 1;
 		}
@@ -175,14 +210,16 @@ __always_inline_fn void l7_record_allowed(struct l7_walk *w, struct http_state *
 		run->last_ns = now;
 		return;
 	}
-	l7_event_repeats(run, &w->key, w->cookie, w->sets);
-	ev = l7_event_reserve(&w->key, w->cookie, w->sets);
+	l7_event_repeats(run, &w->key, w->cookie, w->sets, w->dir);
+	ev = l7_event_reserve(&w->key, w->cookie, w->sets, w->dir);
 	if (ev) {
+		struct l7_src src = l7_walk_src(w);
+
 		ev->ts_ns = now;
 		ev->verdict = L7_EV_ALLOWED;
 		ev->set = set;
 		ev->rule = rule;
-		l7_event_text(ev, w->skb, w->head_pos, s);
+		l7_event_text(ev, &src, w->head_pos, s);
 		l7_event_submit(ev);
 	}
 	run->key = key;
@@ -235,7 +272,7 @@ static long l7_step(__u32 i, void *data)
 				return 1;
 			}
 			l7_count(L7_STAT_ALLOWED, 1);
-			l7_request_went(w->skb, w->conn);
+			l7_request_went(w);
 			l7_record_allowed(w, s, set, rule);
 			w->head_pos = L7_NO_HEAD;
 			return 0;

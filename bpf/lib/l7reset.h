@@ -60,6 +60,7 @@ struct {
 struct tcp_sock {
 	__u32 write_seq; /* the end of what the application has written */
 	__u32 snd_una;   /* the first byte the peer has not acknowledged */
+	__u32 rcv_nxt;   /* the next byte expected from the peer */
 } __attribute__((preserve_access_index));
 
 /* l7_write_seq reads how far the server has written on the socket the

@@ -90,6 +90,9 @@ enum {
 	L7_STAT_PROXY_FORWARDED, /* bytes the proxy wrote back into servers' sockets */
 	L7_STAT_PROXY_ANSWERED,  /* answers the proxy sent in servers' place */
 	L7_STAT_PROXY_BEHIND,    /* handed connections closed: the proxy fell L7_PROXY_BACKLOG behind */
+	L7_STAT_CLIENTS,    /* client sockets that joined weir_l7_client (l7client.h) */
+	L7_STAT_CORKED,     /* messages held for the rest of a head they end in the middle of */
+	L7_STAT_SEND_DESYNC, /* client connections closed: TCP took other bytes than the verdict judged */
 	L7_STAT_MAX,
 };
 

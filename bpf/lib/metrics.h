@@ -52,6 +52,7 @@ enum weir_metric {
 	METRIC_DROP_NODEPORT,      /* a packet from outside to a Service address with no backend here, or not rewritable */
 	METRIC_DROP_L7_UNJOINED,   /* bytes of a flow L7 policy restricts before its socket joined the reader (conntrack.h) */
 	METRIC_DROP_L7_NOT_RECORDED, /* a flow L7 policy restricts denied: weir_l7_flows refused its entry (conntrack.h) */
+	METRIC_DROP_L7_UNJUDGED,   /* bytes of a flow egress L7 policy restricts not sent through its joined socket's verdict (conntrack.h) */
 	METRIC_MAX,
 };
 

@@ -76,20 +76,26 @@ func (h *httpFlows) sayWith(names *flowNames) {
 
 // explain names a request record.
 func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
+	// The local pod is the one whose rules judged the request: the
+	// server for ingress, the client for egress.
+	dir, pod, peer := policy.Ingress, ev.Server.Addr(), ev.Client.Addr()
+	if ev.Egress {
+		dir, pod, peer = policy.Egress, ev.Client.Addr(), ev.Server.Addr()
+	}
 	f := api.Flow{
-		Time: ev.Time, Node: h.node, Direction: policy.Ingress.String(), Stage: StageHTTP,
+		Time: ev.Time, Node: h.node, Direction: dir.String(), Stage: StageHTTP,
 		Src: ev.Client.String(), Dst: ev.Server.String(), Proto: "TCP",
-		Pod: ev.Server.Addr().String(), Peer: ev.Client.Addr().String(),
+		Pod: pod.String(), Peer: peer.String(),
 	}
 	if ev.Count > 1 {
 		f.Count = uint64(ev.Count)
 		f.LastTime = ev.Time
 	}
 	if names != nil {
-		if name, ok := names.byIP[ev.Server.Addr()]; ok {
+		if name, ok := names.byIP[pod]; ok {
 			f.Pod = name
 		}
-		if name, ok := names.byIP[ev.Client.Addr()]; ok {
+		if name, ok := names.byIP[peer]; ok {
 			f.Peer = name
 		}
 	}
@@ -116,6 +122,8 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 			req.Status = 403
 		case ev.Pipelined:
 			f.Rule += pipelinedNote
+		case ev.Egress:
+			f.Rule += " (it followed allowed requests in one write, which cannot be answered apart: the write failed and the connection is closed)"
 		default:
 			f.Rule += " (the request was too short to answer in place: closed without an answer)"
 		}

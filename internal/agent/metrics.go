@@ -320,6 +320,7 @@ func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
 		"connections_closed": st.Closed, "skbs_without_state": st.NoState, "records_lost": st.EventsLost,
 		"denials_pipelined": st.Pipelined, "connections_reset": st.Reset, "resets_unlisted": st.ResetUnlisted,
 		"connections_handed": st.Handed, "proxy_forwarded_bytes": st.ProxyForwarded, "proxy_answered": st.ProxyAnswered, "proxy_behind": st.ProxyBehind,
+		"clients": st.Clients, "heads_corked": st.Corked, "sends_desync": st.SendDesync,
 	} {
 		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}

@@ -140,9 +140,14 @@ func (a *Agent) Trace(q api.TraceQuery) (*api.Trace, error) {
 	t.Verdict = decisive.Verdict.String()
 	if q.HTTP != nil {
 		if dst.ifindex == 0 {
-			t.HTTP = &api.TraceHTTP{Note: "HTTP rules are judged at the server: ask " + nodeOf(dst.peer)}
-		} else if t.HTTP, err = traceHTTP(res, dst.peer.Pod, src.addr, q.Port, q.HTTP); err != nil {
+			t.HTTP = &api.TraceHTTP{Note: "the server's HTTP rules are judged at its node: ask " + nodeOf(dst.peer)}
+		} else if t.HTTP, err = traceHTTP(res, dst.peer.Pod, policy.Ingress, src.addr, q.Port, q.HTTP); err != nil {
 			return nil, api.Errorf(api.CodeDecodeFailure, "invalid trace query", err)
+		}
+		if src.ifindex != 0 {
+			if t.EgressHTTP, err = traceHTTP(res, src.peer.Pod, policy.Egress, dst.addr, q.Port, q.HTTP); err != nil {
+				return nil, api.Errorf(api.CodeDecodeFailure, "invalid trace query", err)
+			}
 		}
 	}
 

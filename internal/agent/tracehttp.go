@@ -46,10 +46,11 @@ func traceRequestHead(q *api.TraceRequest) ([]byte, error) {
 	return []byte(q.Method + " " + q.Path + " HTTP/1.1\r\nHost: " + host + "\r\n" + fields.String() + "\r\n"), nil
 }
 
-// traceHTTP judges the traced request as the destination pod's node
-// does: the connection's decision, then its HTTP rules, and where the
-// datapath judges it (in the kernel, or left to user space).
-func traceHTTP(res *policy.Result, pod string, peer netip.Addr, port uint16, q *api.TraceRequest) (*api.TraceHTTP, error) {
+// traceHTTP judges the traced request as pod's node does under pod's
+// rules of direction dir (the server's ingress, the client's egress): the
+// connection's decision, then its HTTP rules, and where the datapath
+// judges it (in the kernel, or left to user space).
+func traceHTTP(res *policy.Result, pod string, dir policy.Direction, peer netip.Addr, port uint16, q *api.TraceRequest) (*api.TraceHTTP, error) {
 	head, err := traceRequestHead(q)
 	if err != nil {
 		return nil, err
@@ -63,9 +64,9 @@ func traceHTTP(res *policy.Result, pod string, peer netip.Addr, port uint16, q *
 	}
 	// A request the reader refuses is refused whatever the rules; the
 	// connection's decision (from a probe) says whether it gets that far.
-	d, err := res.LookupHTTP(pod, policy.Ingress, peer, port, probe)
+	d, err := res.LookupHTTP(pod, dir, peer, port, probe)
 	out.Restricted = d.Restricted
-	out.Rules = httpRulesOf(res, pod, peer, port)
+	out.Rules = httpRulesOf(res, pod, dir, peer, port)
 	switch {
 	case !d.Conn.Allowed():
 		out.Note = "the connection is " + d.Conn.Verdict.String() + " before any request is read"
@@ -92,19 +93,25 @@ func traceHTTP(res *policy.Result, pod string, peer netip.Addr, port uint16, q *
 	default:
 		out.Verdict, out.Rule = "denied", "answered 403: no HTTP rule of the connection matches"
 	}
-	out.Kernel = kernelPath(res, pod, peer, port, req)
+	out.Kernel = kernelPath(res, pod, dir, peer, port, req)
 	return out, nil
 }
 
 // kernelPath says where the datapath judges a request of a restricted
 // connection: in the kernel, or (rules with regular expressions, heads
-// the in-kernel reader does not hold) in user space.
-func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, req *l7.Request) string {
+// the in-kernel reader does not hold) in user space. Egress has no
+// user-space path: what the kernel cannot judge on a client's socket
+// closes the connection.
+func kernelPath(res *policy.Result, pod string, dir policy.Direction, peer netip.Addr, port uint16, req *l7.Request) string {
+	userSpace := " (the connection is handed to the node's proxy, which judges it with every rule)"
+	if dir == policy.Egress {
+		userSpace = " (on the client's socket nothing judges it in user space yet: the connection is closed)"
+	}
 	if ok, why := l7.KernelReads(req); !ok {
-		return "user space: the in-kernel reader does not hold " + why + " (the connection is handed to the node's proxy, which judges it with every rule)"
+		return "user space: the in-kernel reader does not hold " + why + userSpace
 	}
 	verdict := l7.KernelDeny
-	for _, set := range res.HTTPSetsOf(pod, policy.Ingress, peer, port) {
+	for _, set := range res.HTTPSetsOf(pod, dir, peer, port) {
 		rules := make([]l7.Rule, len(res.HTTPSets[set]))
 		for i, ref := range res.HTTPSets[set] {
 			rules[i] = res.HTTPRules[ref]
@@ -123,16 +130,16 @@ func kernelPath(res *policy.Result, pod string, peer netip.Addr, port uint16, re
 		}
 	}
 	if verdict == l7.KernelUserSpace {
-		return "user space: only rules with conditions the kernel does not judge (regular expressions) may match (the connection is handed to the node's proxy, which judges it with every rule)"
+		return "user space: only rules with conditions the kernel does not judge (regular expressions) may match" + userSpace
 	}
 	return "kernel: denied there"
 }
 
 // httpRulesOf lists the HTTP rules a connection is judged against.
-func httpRulesOf(res *policy.Result, pod string, peer netip.Addr, port uint16) []string {
+func httpRulesOf(res *policy.Result, pod string, dir policy.Direction, peer netip.Addr, port uint16) []string {
 	var out []string
 	seen := map[policy.HTTPRuleRef]bool{}
-	for _, set := range res.HTTPSetsOf(pod, policy.Ingress, peer, port) {
+	for _, set := range res.HTTPSetsOf(pod, dir, peer, port) {
 		for _, ref := range res.HTTPSets[set] {
 			if seen[ref] {
 				continue

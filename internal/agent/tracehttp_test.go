@@ -66,7 +66,7 @@ func TestTraceHTTPExplainsTheRules(t *testing.T) {
 	res := deathstarPolicy(t)
 	trace := func(peer netip.Addr, method, path string, headers ...string) *api.TraceHTTP {
 		t.Helper()
-		h, err := traceHTTP(res, "empire/deathstar-0", peer, 80, &api.TraceRequest{Method: method, Path: path, Host: "deathstar.empire", Headers: headers})
+		h, err := traceHTTP(res, "empire/deathstar-0", policy.Ingress, peer, 80, &api.TraceRequest{Method: method, Path: path, Host: "deathstar.empire", Headers: headers})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func TestTraceHTTPExplainsTheRules(t *testing.T) {
 		t.Fatalf("status with the header twice: %+v", h)
 	}
 	for _, bad := range []string{"X-Fleet 7", " X-Fleet: 7", "Host: other", "X-Fleet: 7\r\nX-Evil: 1"} {
-		if _, err := traceHTTP(res, "empire/deathstar-0", traceFighter, 80, &api.TraceRequest{Method: "GET", Path: "/", Headers: []string{bad}}); !errors.Is(err, errTraceRequest) {
+		if _, err := traceHTTP(res, "empire/deathstar-0", policy.Ingress, traceFighter, 80, &api.TraceRequest{Method: "GET", Path: "/", Headers: []string{bad}}); !errors.Is(err, errTraceRequest) {
 			t.Errorf("header %q traced: %v", bad, err)
 		}
 	}
@@ -109,10 +109,67 @@ func TestTraceHTTPExplainsTheRules(t *testing.T) {
 	if h.Verdict != "" || h.Restricted || !strings.Contains(h.Note, "denied before any request") {
 		t.Fatalf("x-wing: %+v", h)
 	}
-	if _, err := traceHTTP(res, "empire/deathstar-0", traceFighter, 80, &api.TraceRequest{Method: "GET", Path: "/a b"}); err == nil {
+	if _, err := traceHTTP(res, "empire/deathstar-0", policy.Ingress, traceFighter, 80, &api.TraceRequest{Method: "GET", Path: "/a b"}); err == nil {
 		t.Fatal("a path with a space was traced")
 	}
-	if _, err := traceHTTP(res, "empire/deathstar-0", traceFighter, 80, &api.TraceRequest{Method: "GET"}); err == nil {
+	if _, err := traceHTTP(res, "empire/deathstar-0", policy.Ingress, traceFighter, 80, &api.TraceRequest{Method: "GET"}); err == nil {
 		t.Fatal("a request without a path was traced")
+	}
+}
+
+// TestTraceHTTPExplainsEgressRules: a client's egress HTTP rules are
+// traced from the client's end: judged on its socket in the kernel, and
+// what the kernel leaves to user space closes the connection there.
+func TestTraceHTTPExplainsEgressRules(t *testing.T) {
+	port := intstr.FromInt32(80)
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "empire", Name: "fighter-out"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"org": "empire"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &port}}}},
+		},
+	}
+	rules := []l7.Rule{
+		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
+		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/fleet"},
+			Headers: []l7.HeaderMatch{{Type: l7.HeaderRegularExpression, Name: "X-Fleet", Value: "^[0-9]+$"}}},
+	}
+	deathstar := netip.MustParseAddr("10.244.1.7")
+	s := &policy.Snapshot{
+		Namespaces: map[string]policy.Namespace{"empire": {Name: "empire"}},
+		Pods: []policy.Pod{
+			{Namespace: "empire", Name: "deathstar-0", Labels: map[string]string{"class": "deathstar"}, IPs: []netip.Addr{deathstar}},
+			{Namespace: "empire", Name: "tiefighter", Labels: map[string]string{"org": "empire"}, IPs: []netip.Addr{traceFighter}, Local: true},
+		},
+		Identities: map[string]policy.Identity{},
+		Policies:   []*networkingv1.NetworkPolicy{np},
+		HTTP:       map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{np: {Egress: [][][]l7.Rule{{rules}}}},
+	}
+	for i, p := range s.Pods {
+		s.Identities[policy.IdentityLabels(s.Namespaces[p.Namespace], p.Labels).Key()] = policy.MinClusterIdentity + policy.Identity(i)
+	}
+	res := policy.NewCompiler().Compile(s)
+	if len(res.Errors) > 0 {
+		t.Fatal(res.Errors)
+	}
+	trace := func(method, path string, headers ...string) *api.TraceHTTP {
+		t.Helper()
+		h, err := traceHTTP(res, "empire/tiefighter", policy.Egress, deathstar, 80, &api.TraceRequest{Method: method, Path: path, Host: "deathstar", Headers: headers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	h := trace("GET", "/public/plans")
+	if h.Verdict != "allowed" || !h.Restricted || len(h.Rules) != 2 || h.Kernel != "kernel: allowed there" ||
+		!strings.Contains(h.Rule, "egress[0] ports[0].http[0]") {
+		t.Fatalf("allowed: %+v", h)
+	}
+	if h = trace("PUT", "/v1/exhaust-port"); h.Verdict != "denied" || h.Kernel != "kernel: denied there" {
+		t.Fatalf("denied: %+v", h)
+	}
+	if h = trace("GET", "/fleet/1", "X-Fleet: 7"); h.Verdict != "allowed" || !strings.Contains(h.Kernel, "the connection is closed") {
+		t.Fatalf("a rule only user space judges: %+v", h)
 	}
 }

@@ -53,8 +53,9 @@ func (q TraceQuery) Values() url.Values {
 	return v
 }
 
-// TraceHTTP is the L7 verdict on a traced request, at the destination's
-// node (where HTTP rules are judged).
+// TraceHTTP is the L7 verdict on a traced request under one end's HTTP
+// rules: the server's ingress rules, judged at its node, or the client's
+// egress rules, judged on its node as it sends.
 type TraceHTTP struct {
 	// Verdict: allowed, denied (answered 403), refused (400: the request
 	// cannot be read safely), or empty when the connection itself is not
@@ -94,8 +95,11 @@ type Trace struct {
 	// Agree: every end's datapath decision and the program's return match
 	// the compiled ones.
 	Agree bool `json:"agree"`
-	// HTTP is the request's L7 verdict, when the query asked for one.
-	HTTP *TraceHTTP `json:"http,omitempty"`
+	// HTTP is the request's L7 verdict under the server's ingress rules,
+	// when the query asked for one; EgressHTTP under the client's egress
+	// rules, when the client is local.
+	HTTP       *TraceHTTP `json:"http,omitempty"`
+	EgressHTTP *TraceHTTP `json:"egressHttp,omitempty"`
 }
 
 // TracePeer is one end of a traced flow as the agent resolved it.

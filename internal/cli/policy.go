@@ -254,15 +254,16 @@ func printTrace(out io.Writer, t *api.Trace, wide bool) {
 		agree = "compiled policy and datapath DISAGREE"
 	}
 	fmt.Fprintf(out, "\nflow %s; %s returned %s - %s\n", t.Verdict, t.Program, t.TCVerdict, agree)
-	printTraceHTTP(out, t.HTTP)
+	printTraceHTTP(out, "HTTP request, by the server's ingress rules:", t.HTTP)
+	printTraceHTTP(out, "HTTP request, by the client's egress rules:", t.EgressHTTP)
 }
 
 // printTraceHTTP is the text form of a trace's HTTP verdict.
-func printTraceHTTP(out io.Writer, h *api.TraceHTTP) {
+func printTraceHTTP(out io.Writer, title string, h *api.TraceHTTP) {
 	if h == nil {
 		return
 	}
-	fmt.Fprintln(out, "\nHTTP request:")
+	fmt.Fprintln(out, "\n"+title)
 	if h.Verdict != "" {
 		fmt.Fprintf(out, "  %s: %s\n", strings.ToUpper(h.Verdict), h.Rule)
 	}

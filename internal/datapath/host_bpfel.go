@@ -80,6 +80,15 @@ type hostL7Flow struct {
 	Pad    [3]uint8
 }
 
+type hostL7OutFlow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Judged uint32
+	Cookie uint64
+	Joined uint8
+	Pad    [7]uint8
+}
+
 type hostL7SockKey struct {
 	_          structs.HostLayout
 	Remote     uint32
@@ -278,6 +287,7 @@ const (
 	hostMapWeirFrags               = "weir_frags"
 	hostMapWeirIpcache             = "weir_ipcache"
 	hostMapWeirL7Flows             = "weir_l7_flows"
+	hostMapWeirL7Out               = "weir_l7_out"
 	hostMapWeirLb4Affinity         = "weir_lb4_affinity"
 	hostMapWeirLb4Backends         = "weir_lb4_backends"
 	hostMapWeirLb4Flows            = "weir_lb4_flows"
@@ -374,6 +384,7 @@ type hostMapSpecs struct {
 	WeirFrags        *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache      *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirL7Flows      *ebpf.MapSpec `ebpf:"weir_l7_flows"`
+	WeirL7Out        *ebpf.MapSpec `ebpf:"weir_l7_out"`
 	WeirLb4Affinity  *ebpf.MapSpec `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.MapSpec `ebpf:"weir_lb4_backends"`
 	WeirLb4Flows     *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
@@ -444,6 +455,7 @@ type hostMaps struct {
 	WeirFrags        *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache      *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirL7Flows      *ebpf.Map `ebpf:"weir_l7_flows"`
+	WeirL7Out        *ebpf.Map `ebpf:"weir_l7_out"`
 	WeirLb4Affinity  *ebpf.Map `ebpf:"weir_lb4_affinity"`
 	WeirLb4Backends  *ebpf.Map `ebpf:"weir_lb4_backends"`
 	WeirLb4Flows     *ebpf.Map `ebpf:"weir_lb4_flows"`
@@ -478,6 +490,7 @@ func (m *hostMaps) Close() error {
 		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirL7Flows,
+		m.WeirL7Out,
 		m.WeirLb4Affinity,
 		m.WeirLb4Backends,
 		m.WeirLb4Flows,

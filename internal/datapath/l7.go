@@ -74,6 +74,13 @@ type L7Stats struct {
 	// ProxyBehind are handed connections closed because the proxy fell
 	// 4 MiB behind their stream.
 	ProxyBehind uint64
+	// Clients are client sockets that joined the egress reader
+	// (weir_l7_client); Corked are messages it held for the rest of a
+	// head they ended in the middle of; SendDesync are client
+	// connections it closed because TCP took other bytes than it judged
+	// (a send taken in part, sends interleaved by threads, bytes written
+	// before the join).
+	Clients, Corked, SendDesync uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -90,15 +97,22 @@ type L7Sockets struct {
 	tables l7Tables
 }
 
+// L7FlowMaps are where tc records the connections policy restricts to
+// HTTP rules: In (weir_l7_flows, Programs.L7Flows) those a server's
+// ingress rules restrict, Out (weir_l7_out, Programs.L7Out) those a
+// client's egress rules do. A nil map is the programs' own.
+type L7FlowMaps struct {
+	In, Out *ebpf.Map
+}
+
 // AttachL7Sockets loads bpf/l7.c, attaches its parser and verdicts to its
 // socket hashes and its sock_ops program to the cgroup v2 directory
-// cgroup. flows is the node's weir_l7_flows (Programs.L7Flows), where tc
-// records the connections policy restricts to HTTP rules; nil gives the
-// programs a map of their own, for ports given a set with EnforceHTTP.
-// Close detaches everything: a socket still in a hash leaves it, and
-// what its queue held unread is lost (l7sock.h), so close the enforced
-// connections first.
-func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error) {
+// cgroup. flows are the node's flow maps, or the programs' own (for
+// ports given a set with EnforceHTTP, and tests that record flows
+// themselves). Close detaches everything: a socket still in a hash
+// leaves it, and what its queue held unread is lost (l7sock.h), so close
+// the enforced connections first.
+func AttachL7Sockets(cgroup string, flows L7FlowMaps) (_ *L7Sockets, retErr error) {
 	s := &L7Sockets{}
 	spec, err := loadL7()
 	if err != nil {
@@ -114,9 +128,12 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 	if err := setHTTPHashKey(spec, s.key); err != nil {
 		return nil, err
 	}
-	opts := &ebpf.CollectionOptions{}
-	if flows != nil {
-		opts.MapReplacements = map[string]*ebpf.Map{"weir_l7_flows": flows}
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
+	if flows.In != nil {
+		opts.MapReplacements["weir_l7_flows"] = flows.In
+	}
+	if flows.Out != nil {
+		opts.MapReplacements["weir_l7_out"] = flows.Out
 	}
 	if err := spec.LoadAndAssign(&s.objs, opts); err != nil {
 		return nil, fmt.Errorf("load the L7 socket programs: %w", err)
@@ -141,6 +158,9 @@ func AttachL7Sockets(cgroup string, flows *ebpf.Map) (_ *L7Sockets, retErr error
 		}
 	}
 	if err := attachProxyMsg(&s.objs); err != nil {
+		return nil, err
+	}
+	if err := attachClientReader(&s.objs); err != nil {
 		return nil, err
 	}
 	if s.tables, err = openL7Tables(s.objs.WeirL7Match, s.objs.WeirL7Sets, s.objs.WeirL7HeaderWatch, s.objs.WeirL7Dfa); err != nil {
@@ -279,7 +299,8 @@ func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	var out L7Stats
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
 		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined,
-		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered, &out.ProxyBehind}
+		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered, &out.ProxyBehind,
+		&out.Clients, &out.Corked, &out.SendDesync}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

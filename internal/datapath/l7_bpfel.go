@@ -13,6 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type l7L7Client struct {
+	_       structs.HostLayout
+	Conn    l7L7Conn
+	Cookie  uint64
+	Walked  uint32
+	HeadPos uint32
+}
+
 type l7L7Closing struct {
 	_       structs.HostLayout
 	SinceNs uint64
@@ -223,6 +231,15 @@ type l7L7MatchKey struct {
 	Hash uint64
 }
 
+type l7L7OutFlow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Judged uint32
+	Cookie uint64
+	Joined uint8
+	Pad    [7]uint8
+}
+
 type l7L7Port struct {
 	_    structs.HostLayout
 	Mode uint8
@@ -247,7 +264,7 @@ type l7L7RequestEvent struct {
 	Flags      uint8
 	LineLen    uint16
 	HostLen    uint8
-	Pad        uint8
+	Dir        uint8
 	Line       [128]uint8
 	Host       [64]uint8
 }
@@ -282,6 +299,9 @@ type l7L7SockKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	l7MapWeirL7Client            = "weir_l7_client"
+	l7MapWeirL7ClientConns       = "weir_l7_client_conns"
+	l7MapWeirL7ClientScratch     = "weir_l7_client_scratch"
 	l7MapWeirL7Closing           = "weir_l7_closing"
 	l7MapWeirL7Conns             = "weir_l7_conns"
 	l7MapWeirL7Dfa               = "weir_l7_dfa"
@@ -293,6 +313,7 @@ const (
 	l7MapWeirL7Http              = "weir_l7_http"
 	l7MapWeirL7Key               = "weir_l7_key"
 	l7MapWeirL7Match             = "weir_l7_match"
+	l7MapWeirL7Out               = "weir_l7_out"
 	l7MapWeirL7Ports             = "weir_l7_ports"
 	l7MapWeirL7Proxy             = "weir_l7_proxy"
 	l7MapWeirL7ProxyPorts        = "weir_l7_proxy_ports"
@@ -302,6 +323,8 @@ const (
 	l7MapWeirL7Skb               = "weir_l7_skb"
 	l7MapWeirL7Stats             = "weir_l7_stats"
 	l7MapWeirL7Strp              = "weir_l7_strp"
+	l7ProgL7ClientMsg            = "l7_client_msg"
+	l7ProgL7ClientSkb            = "l7_client_skb"
 	l7ProgL7HttpVerdict          = "l7_http_verdict"
 	l7ProgL7Parser               = "l7_parser"
 	l7ProgL7ProxyMsg             = "l7_proxy_msg"
@@ -367,6 +390,8 @@ type l7Specs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7ProgramSpecs struct {
+	L7ClientMsg   *ebpf.ProgramSpec `ebpf:"l7_client_msg"`
+	L7ClientSkb   *ebpf.ProgramSpec `ebpf:"l7_client_skb"`
 	L7HttpVerdict *ebpf.ProgramSpec `ebpf:"l7_http_verdict"`
 	L7Parser      *ebpf.ProgramSpec `ebpf:"l7_parser"`
 	L7ProxyMsg    *ebpf.ProgramSpec `ebpf:"l7_proxy_msg"`
@@ -380,26 +405,30 @@ type l7ProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type l7MapSpecs struct {
-	WeirL7Closing     *ebpf.MapSpec `ebpf:"weir_l7_closing"`
-	WeirL7Conns       *ebpf.MapSpec `ebpf:"weir_l7_conns"`
-	WeirL7Dfa         *ebpf.MapSpec `ebpf:"weir_l7_dfa"`
-	WeirL7Events      *ebpf.MapSpec `ebpf:"weir_l7_events"`
-	WeirL7Flows       *ebpf.MapSpec `ebpf:"weir_l7_flows"`
-	WeirL7Free        *ebpf.MapSpec `ebpf:"weir_l7_free"`
-	WeirL7Handoff     *ebpf.MapSpec `ebpf:"weir_l7_handoff"`
-	WeirL7HeaderWatch *ebpf.MapSpec `ebpf:"weir_l7_header_watch"`
-	WeirL7Http        *ebpf.MapSpec `ebpf:"weir_l7_http"`
-	WeirL7Key         *ebpf.MapSpec `ebpf:"weir_l7_key"`
-	WeirL7Match       *ebpf.MapSpec `ebpf:"weir_l7_match"`
-	WeirL7Ports       *ebpf.MapSpec `ebpf:"weir_l7_ports"`
-	WeirL7Proxy       *ebpf.MapSpec `ebpf:"weir_l7_proxy"`
-	WeirL7ProxyPorts  *ebpf.MapSpec `ebpf:"weir_l7_proxy_ports"`
-	WeirL7ProxyRead   *ebpf.MapSpec `ebpf:"weir_l7_proxy_read"`
-	WeirL7Scratch     *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
-	WeirL7Sets        *ebpf.MapSpec `ebpf:"weir_l7_sets"`
-	WeirL7Skb         *ebpf.MapSpec `ebpf:"weir_l7_skb"`
-	WeirL7Stats       *ebpf.MapSpec `ebpf:"weir_l7_stats"`
-	WeirL7Strp        *ebpf.MapSpec `ebpf:"weir_l7_strp"`
+	WeirL7Client        *ebpf.MapSpec `ebpf:"weir_l7_client"`
+	WeirL7ClientConns   *ebpf.MapSpec `ebpf:"weir_l7_client_conns"`
+	WeirL7ClientScratch *ebpf.MapSpec `ebpf:"weir_l7_client_scratch"`
+	WeirL7Closing       *ebpf.MapSpec `ebpf:"weir_l7_closing"`
+	WeirL7Conns         *ebpf.MapSpec `ebpf:"weir_l7_conns"`
+	WeirL7Dfa           *ebpf.MapSpec `ebpf:"weir_l7_dfa"`
+	WeirL7Events        *ebpf.MapSpec `ebpf:"weir_l7_events"`
+	WeirL7Flows         *ebpf.MapSpec `ebpf:"weir_l7_flows"`
+	WeirL7Free          *ebpf.MapSpec `ebpf:"weir_l7_free"`
+	WeirL7Handoff       *ebpf.MapSpec `ebpf:"weir_l7_handoff"`
+	WeirL7HeaderWatch   *ebpf.MapSpec `ebpf:"weir_l7_header_watch"`
+	WeirL7Http          *ebpf.MapSpec `ebpf:"weir_l7_http"`
+	WeirL7Key           *ebpf.MapSpec `ebpf:"weir_l7_key"`
+	WeirL7Match         *ebpf.MapSpec `ebpf:"weir_l7_match"`
+	WeirL7Out           *ebpf.MapSpec `ebpf:"weir_l7_out"`
+	WeirL7Ports         *ebpf.MapSpec `ebpf:"weir_l7_ports"`
+	WeirL7Proxy         *ebpf.MapSpec `ebpf:"weir_l7_proxy"`
+	WeirL7ProxyPorts    *ebpf.MapSpec `ebpf:"weir_l7_proxy_ports"`
+	WeirL7ProxyRead     *ebpf.MapSpec `ebpf:"weir_l7_proxy_read"`
+	WeirL7Scratch       *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
+	WeirL7Sets          *ebpf.MapSpec `ebpf:"weir_l7_sets"`
+	WeirL7Skb           *ebpf.MapSpec `ebpf:"weir_l7_skb"`
+	WeirL7Stats         *ebpf.MapSpec `ebpf:"weir_l7_stats"`
+	WeirL7Strp          *ebpf.MapSpec `ebpf:"weir_l7_strp"`
 }
 
 // l7VariableSpecs contains global variables before they are loaded into the kernel.
@@ -442,30 +471,37 @@ func (o *l7Objects) Close() error {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Maps struct {
-	WeirL7Closing     *ebpf.Map `ebpf:"weir_l7_closing"`
-	WeirL7Conns       *ebpf.Map `ebpf:"weir_l7_conns"`
-	WeirL7Dfa         *ebpf.Map `ebpf:"weir_l7_dfa"`
-	WeirL7Events      *ebpf.Map `ebpf:"weir_l7_events"`
-	WeirL7Flows       *ebpf.Map `ebpf:"weir_l7_flows"`
-	WeirL7Free        *ebpf.Map `ebpf:"weir_l7_free"`
-	WeirL7Handoff     *ebpf.Map `ebpf:"weir_l7_handoff"`
-	WeirL7HeaderWatch *ebpf.Map `ebpf:"weir_l7_header_watch"`
-	WeirL7Http        *ebpf.Map `ebpf:"weir_l7_http"`
-	WeirL7Key         *ebpf.Map `ebpf:"weir_l7_key"`
-	WeirL7Match       *ebpf.Map `ebpf:"weir_l7_match"`
-	WeirL7Ports       *ebpf.Map `ebpf:"weir_l7_ports"`
-	WeirL7Proxy       *ebpf.Map `ebpf:"weir_l7_proxy"`
-	WeirL7ProxyPorts  *ebpf.Map `ebpf:"weir_l7_proxy_ports"`
-	WeirL7ProxyRead   *ebpf.Map `ebpf:"weir_l7_proxy_read"`
-	WeirL7Scratch     *ebpf.Map `ebpf:"weir_l7_scratch"`
-	WeirL7Sets        *ebpf.Map `ebpf:"weir_l7_sets"`
-	WeirL7Skb         *ebpf.Map `ebpf:"weir_l7_skb"`
-	WeirL7Stats       *ebpf.Map `ebpf:"weir_l7_stats"`
-	WeirL7Strp        *ebpf.Map `ebpf:"weir_l7_strp"`
+	WeirL7Client        *ebpf.Map `ebpf:"weir_l7_client"`
+	WeirL7ClientConns   *ebpf.Map `ebpf:"weir_l7_client_conns"`
+	WeirL7ClientScratch *ebpf.Map `ebpf:"weir_l7_client_scratch"`
+	WeirL7Closing       *ebpf.Map `ebpf:"weir_l7_closing"`
+	WeirL7Conns         *ebpf.Map `ebpf:"weir_l7_conns"`
+	WeirL7Dfa           *ebpf.Map `ebpf:"weir_l7_dfa"`
+	WeirL7Events        *ebpf.Map `ebpf:"weir_l7_events"`
+	WeirL7Flows         *ebpf.Map `ebpf:"weir_l7_flows"`
+	WeirL7Free          *ebpf.Map `ebpf:"weir_l7_free"`
+	WeirL7Handoff       *ebpf.Map `ebpf:"weir_l7_handoff"`
+	WeirL7HeaderWatch   *ebpf.Map `ebpf:"weir_l7_header_watch"`
+	WeirL7Http          *ebpf.Map `ebpf:"weir_l7_http"`
+	WeirL7Key           *ebpf.Map `ebpf:"weir_l7_key"`
+	WeirL7Match         *ebpf.Map `ebpf:"weir_l7_match"`
+	WeirL7Out           *ebpf.Map `ebpf:"weir_l7_out"`
+	WeirL7Ports         *ebpf.Map `ebpf:"weir_l7_ports"`
+	WeirL7Proxy         *ebpf.Map `ebpf:"weir_l7_proxy"`
+	WeirL7ProxyPorts    *ebpf.Map `ebpf:"weir_l7_proxy_ports"`
+	WeirL7ProxyRead     *ebpf.Map `ebpf:"weir_l7_proxy_read"`
+	WeirL7Scratch       *ebpf.Map `ebpf:"weir_l7_scratch"`
+	WeirL7Sets          *ebpf.Map `ebpf:"weir_l7_sets"`
+	WeirL7Skb           *ebpf.Map `ebpf:"weir_l7_skb"`
+	WeirL7Stats         *ebpf.Map `ebpf:"weir_l7_stats"`
+	WeirL7Strp          *ebpf.Map `ebpf:"weir_l7_strp"`
 }
 
 func (m *l7Maps) Close() error {
 	return _L7Close(
+		m.WeirL7Client,
+		m.WeirL7ClientConns,
+		m.WeirL7ClientScratch,
 		m.WeirL7Closing,
 		m.WeirL7Conns,
 		m.WeirL7Dfa,
@@ -477,6 +513,7 @@ func (m *l7Maps) Close() error {
 		m.WeirL7Http,
 		m.WeirL7Key,
 		m.WeirL7Match,
+		m.WeirL7Out,
 		m.WeirL7Ports,
 		m.WeirL7Proxy,
 		m.WeirL7ProxyPorts,
@@ -513,6 +550,8 @@ type l7Variables struct {
 //
 // It can be passed to loadL7Objects or ebpf.CollectionSpec.LoadAndAssign.
 type l7Programs struct {
+	L7ClientMsg   *ebpf.Program `ebpf:"l7_client_msg"`
+	L7ClientSkb   *ebpf.Program `ebpf:"l7_client_skb"`
 	L7HttpVerdict *ebpf.Program `ebpf:"l7_http_verdict"`
 	L7Parser      *ebpf.Program `ebpf:"l7_parser"`
 	L7ProxyMsg    *ebpf.Program `ebpf:"l7_proxy_msg"`
@@ -524,6 +563,8 @@ type l7Programs struct {
 
 func (p *l7Programs) Close() error {
 	return _L7Close(
+		p.L7ClientMsg,
+		p.L7ClientSkb,
 		p.L7HttpVerdict,
 		p.L7Parser,
 		p.L7ProxyMsg,

@@ -262,7 +262,7 @@ func attachL7ForTest(t *testing.T) (*L7Sockets, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	cg := l7TestCgroup(t)
-	s, err := AttachL7Sockets(cg, nil)
+	s, err := AttachL7Sockets(cg, L7FlowMaps{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,9 +45,14 @@ func (v L7Verdict) String() string {
 // (Repeat) the requests that repeated the connection's last record.
 type L7Event struct {
 	Time   time.Time // of the request, or of the last repeat
-	Cookie uint64    // the server socket's: names the connection
-	// Client is the connection's remote end, Server the local pod's.
+	Cookie uint64    // the judging socket's (Egress: the client's): names the connection
+	// Client and Server are the connection's ends: the local pod is the
+	// server, or with Egress the client.
 	Client, Server netip.AddrPort
+	// Egress: the client's egress rules judged the request, on its
+	// socket as it sent it (bpf/lib/l7client.h); else the server's
+	// ingress rules did, on its socket as it received it.
+	Egress bool
 	// Sets are the flow's kernel HTTP sets it was judged against (0:
 	// none); Set the one whose rule Rule allowed it, 0 when the flow was
 	// no longer restricted (Node.PolicyHTTPSet names them).
@@ -139,6 +144,10 @@ const (
 	l7evHanded   = 0x80
 )
 
+// l7DirEgress is L7_DIR_EGRESS, struct l7_request_event's dir for a
+// request its client's egress rules judged.
+const l7DirEgress = 1
+
 // l7EventSize is sizeof(struct l7_request_event).
 var l7EventSize = binary.Size(l7L7RequestEvent{})
 
@@ -168,6 +177,7 @@ func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
 	ev.Upgrade, ev.UserRules = flags&l7evUpgrade != 0, flags&l7evUserRule != 0
 	ev.Pipelined, ev.Handed = flags&l7evPipeline != 0, flags&l7evHanded != 0
 	lineLen, hostLen := int(e.Uint16(b[52:])), int(b[54])
+	ev.Egress = b[55] == l7DirEgress
 	const lineAt, hostAt = 56, 56 + 128
 	if lineLen > 128 || hostLen > 64 {
 		return L7Event{}, fmt.Errorf("decode request record: text of %d and %d bytes", lineLen, hostLen)

@@ -26,6 +26,13 @@ import (
 // allow that HTTP rules restrict, and makes every flow be judged again.
 func restrictIngress(t *testing.T, n *Node, ifindex uint32, set uint32) {
 	t.Helper()
+	restrictDir(t, n, ifindex, 0, set)
+}
+
+// restrictDir is restrictIngress for entries of direction dir (0
+// ingress, 1 egress).
+func restrictDir(t *testing.T, n *Node, ifindex uint32, dir uint8, set uint32) {
+	t.Helper()
 	var (
 		k       lxcPolicyKey
 		e       lxcPolicyEntry
@@ -34,7 +41,7 @@ func restrictIngress(t *testing.T, n *Node, ifindex uint32, set uint32) {
 	)
 	it := n.progs.Policy.Iterate()
 	for it.Next(&k, &e) {
-		if k.Ifindex == ifindex && k.Dir == 0 && e.Allow != 0 {
+		if k.Ifindex == ifindex && k.Dir == dir && e.Allow != 0 {
 			e.Http = set
 			keys, entries = append(keys, k), append(entries, e)
 		}
@@ -43,7 +50,7 @@ func restrictIngress(t *testing.T, n *Node, ifindex uint32, set uint32) {
 		t.Fatal(err)
 	}
 	if len(keys) == 0 {
-		t.Fatalf("no allowing ingress entry of ifindex %d", ifindex)
+		t.Fatalf("no allowing entry of direction %d of ifindex %d", dir, ifindex)
 	}
 	for i := range keys {
 		if err := n.progs.Policy.Put(keys[i], entries[i]); err != nil {
@@ -68,6 +75,26 @@ func l7FlowOf(t *testing.T, p *Programs, client netip.AddrPort, server netip.Add
 		t.Fatal(err)
 	}
 	return f, true
+}
+
+// l7OutOf reads the weir_l7_out entry of a connection as its client
+// names it; ok is false when there is none.
+func l7OutOf(t *testing.T, p *Programs, client netip.AddrPort, server netip.AddrPort) (lxcL7OutFlow, bool) {
+	t.Helper()
+	var f lxcL7OutFlow
+	err := p.L7Out.Lookup(l7OutKey(client, server), &f)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return f, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, true
+}
+
+// l7OutKey is a connection as its client's socket names it.
+func l7OutKey(client, server netip.AddrPort) lxcL7SockKey {
+	return l7FlowKey(server, client)
 }
 
 func l7FlowKey(client, server netip.AddrPort) lxcL7SockKey {
@@ -114,6 +141,11 @@ func TestL7FlowGate(t *testing.T) {
 	}
 	send("SYN-ACK", server, client, tcpSYN|tcpACK, "", tcActRedirect)
 	send("ACK", client, server, tcpACK, "", tcActRedirect)
+	// A frame padded to Ethernet's minimum (a NIC's) carries no payload.
+	padded := append(tcpFrame(hostMAC, podMAC, client.Addr(), server.Addr(), client.Port(), server.Port(), 1, tcpACK, nil), 0, 0, 0, 0, 0, 0)
+	if ret, _ := run(t, p.FromContainer, padded, ifA); ret != tcActRedirect {
+		t.Fatalf("ACK padded to 60 bytes: verdict %d, want redirect", ret)
+	}
 	send("request before the join", client, server, tcpACK, "GET / HTTP/1.1\r\n", tcActShot)
 	if got := metric(t, p, "drop_l7_unjoined") - unjoined; got != 1 {
 		t.Fatalf("drop_l7_unjoined rose by %d, want 1", got)
@@ -166,6 +198,97 @@ func TestL7FlowGate(t *testing.T) {
 	send("SYN with data", netip.AddrPortFrom(podA, 40502), server, tcpSYN, "GET / HTTP/1.1\r\n", tcActShot)
 }
 
+// egressToAll is a policy letting pods app=app send TCP to port on any
+// address, and nothing else.
+func egressToAll(app string, port int32) *networkingv1.NetworkPolicy {
+	np := ingressFromApp(app, "TCP", port)
+	np.Name = "egress-" + app
+	np.Spec.PodSelector.MatchLabels["app"] = app
+	np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: np.Spec.Ingress[0].Ports}}
+	np.Spec.Ingress = nil
+	np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	return np
+}
+
+// TestL7EgressGate: a connection a client's egress policy allows only
+// through HTTP rules is recorded in weir_l7_out on its SYN, as the
+// client's socket names it, and no byte of it leaves the client's veth
+// until that socket joined the egress reader. Then a byte passes only
+// from that socket (the cookie the skb's socket has) and below the mark
+// its message verdict judged to: a segment forged by any other socket of
+// the pod (a raw or packet socket: here, a packet with no socket) is
+// dropped. Packets without payload pass; a fragment never does.
+func TestL7EgressGate(t *testing.T) {
+	p := loadTest(t, ModeVXLAN)
+	n := &Node{progs: p}
+	c := policy.NewCompiler()
+	loadPolicy(t, n, c, nil, policyFixture(egressToAll("a", 80)))
+	restrictDir(t, n, ifA, 1, 7)
+
+	client, server := netip.AddrPortFrom(podA, 40700), netip.AddrPortFrom(podB, 80)
+	send := func(what string, src, dst netip.AddrPort, seq uint32, flags uint8, payload string, want uint32) {
+		t.Helper()
+		from := uint32(ifA)
+		if src.Addr() == podB {
+			from = ifB
+		}
+		f := tcpFrame(hostMAC, podMAC, src.Addr(), dst.Addr(), src.Port(), dst.Port(), seq, flags, []byte(payload))
+		if ret, _ := run(t, p.FromContainer, f, from); ret != want {
+			t.Fatalf("%s: verdict %d, want %d", what, ret, want)
+		}
+	}
+	const req = "GET / HTTP/1.1\r\n\r\n"
+	unjoined, unjudged := metric(t, p, "drop_l7_unjoined"), metric(t, p, "drop_l7_unjudged")
+	send("SYN", client, server, 1000, tcpSYN, "", tcActRedirect)
+	f, ok := l7OutOf(t, p, client, server)
+	if !ok || f.Sets != [3]uint32{0, 0, 7} || f.Joined != 0 {
+		t.Fatalf("egress flow after the SYN: %+v (found %v), want set 7 (from the lookup of any peer), not joined", f, ok)
+	}
+	if _, ok := l7FlowOf(t, p, client, server); ok {
+		t.Fatal("an egress restriction was recorded as the server's (weir_l7_flows)")
+	}
+	send("SYN-ACK", server, client, 5000, tcpSYN|tcpACK, "", tcActRedirect)
+	send("ACK", client, server, 1001, tcpACK, "", tcActRedirect)
+	send("request before the join", client, server, 1001, tcpACK, req, tcActShot)
+	if got := metric(t, p, "drop_l7_unjoined") - unjoined; got != 1 {
+		t.Fatalf("drop_l7_unjoined rose by %d, want 1", got)
+	}
+	send("the server's bytes", server, client, 5001, tcpACK, "hello", tcActRedirect)
+
+	// Joined by a socket with another cookie than the packet's: a
+	// segment the pod forged on the connection's tuple.
+	f.Joined, f.Cookie, f.Judged = 1, 0x5eed, 1001+uint32(len(req))
+	if err := p.L7Out.Put(l7OutKey(client, server), f); err != nil {
+		t.Fatal(err)
+	}
+	send("a forged segment", client, server, 1001, tcpACK, req, tcActShot)
+	send("an ACK from anywhere", client, server, 1001, tcpACK, "", tcActRedirect)
+	if got := metric(t, p, "drop_l7_unjudged") - unjudged; got != 1 {
+		t.Fatalf("drop_l7_unjudged rose by %d, want 1", got)
+	}
+
+	// A fragment never passes, whatever it carries.
+	f.Cookie = 0
+	if err := p.L7Out.Put(l7OutKey(client, server), f); err != nil {
+		t.Fatal(err)
+	}
+	frag := asFragment(tcpFrame(hostMAC, podMAC, podA, podB, client.Port(), server.Port(), 1001, tcpACK, []byte(req)), 7, 0, true)
+	if ret, _ := run(t, p.FromContainer, frag, ifA); ret != tcActShot {
+		t.Fatalf("a fragment: verdict %d, want drop", ret)
+	}
+	// (A packet of BPF_PROG_RUN names a socket of its own, made for
+	// the run, so the joined socket's bytes and the judged mark are held
+	// to with real sockets: TestEgressHTTPOnTheClientsSocket.)
+
+	// Restriction lifted: the flow passes whole.
+	restrictDir(t, n, ifA, 1, 0)
+	send("past the mark, restriction lifted", client, server, 9000, tcpACK, req, tcActRedirect)
+
+	// TCP Fast Open: data on the SYN waits for a join that cannot come.
+	restrictDir(t, n, ifA, 1, 7)
+	send("SYN with data", netip.AddrPortFrom(podA, 40701), server, 1, tcpSYN, req, tcActShot)
+}
+
 // TestL7JoinsRecordedFlows: with real sockets, a connection recorded in
 // weir_l7_flows (as tc records one policy restricts) joins the reader
 // when its handshake completes, whatever its port, is marked joined, and
@@ -188,7 +311,7 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 	}
 	defer flows.Close()
 	cg := l7TestCgroup(t)
-	s, err := AttachL7Sockets(cg, flows)
+	s, err := AttachL7Sockets(cg, L7FlowMaps{In: flows})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,16 +488,16 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 }
 
 // TestL7SetsFollowPolicy: on a node that reads requests (EnableL7), an
-// ingress allow restricted to HTTP rules is written as an allow with its
-// set, the set written first; the SYN of such a connection records the
-// set; a changed rule is a new set, the flow takes it on its next packet
-// and the old set goes. An egress allow restricted to HTTP rules stays
-// closed (nothing reads a client's requests), and so does every such
-// allow on a node that does not read requests.
+// ingress or egress allow restricted to HTTP rules is written as an
+// allow with its set, the set written first; the SYN of such a
+// connection records the set, as the server's socket names the flow for
+// ingress and as the client's does for egress; a changed rule is a new
+// set, the flow takes it on its next packet and the old set goes. On a
+// node that does not read requests every such allow stays closed.
 func TestL7SetsFollowPolicy(t *testing.T) {
 	p := loadTest(t, ModeVXLAN)
 	cg := l7TestCgroup(t)
-	s, err := AttachL7Sockets(cg, p.L7Flows)
+	s, err := AttachL7Sockets(cg, L7FlowMaps{In: p.L7Flows, Out: p.L7Out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,19 +568,31 @@ func TestL7SetsFollowPolicy(t *testing.T) {
 	if err := s.objs.WeirL7Sets.Lookup(uint32(set), &row); err != nil {
 		t.Fatalf("set %d not written: %v", set, err)
 	}
-	var closedEgress int
+	// The egress allow on 8080 is restricted to its own set, read by
+	// the client's message verdict; a SYN to 8080 records the flow as
+	// the client names it.
+	var egressSet policy.HTTPSetID
 	for k, e := range first.Endpoints["x/a"].Entries {
 		if k.Direction != policy.Egress || e.HTTP == 0 {
 			continue
 		}
 		var v lxcPolicyEntry
-		if err := p.Policy.Lookup(policyKey(ifA, k), &v); err != nil || v.Allow != 0 || v.Http != 0 {
-			t.Fatalf("egress entry %v restricted to HTTP rules written as %+v (%v), want closed", k, v, err)
+		if err := p.Policy.Lookup(policyKey(ifA, k), &v); err != nil || v.Allow == 0 || v.Http != uint32(e.HTTP) {
+			t.Fatalf("egress entry %v restricted to HTTP rules written as %+v (%v), want an allow restricted to set %d", k, v, err, e.HTTP)
 		}
-		closedEgress++
+		egressSet = e.HTTP
 	}
-	if closedEgress == 0 {
+	if egressSet == 0 {
 		t.Fatal("no egress entry restricted to HTTP rules")
+	}
+	out := netip.AddrPortFrom(podA, 40601)
+	toRemote := netip.AddrPortFrom(remote, 8080)
+	osyn := tcpFrame(hostMAC, podMAC, podA, remote, out.Port(), toRemote.Port(), 1, tcpSYN, nil)
+	if ret, _ := run(t, p.FromContainer, osyn, ifA); ret != tcActRedirect {
+		t.Fatalf("SYN to 8080: verdict %d, want redirect", ret)
+	}
+	if f, ok := l7OutOf(t, p, out, toRemote); !ok || f.Sets != [3]uint32{0, 0, uint32(egressSet)} || f.Joined != 0 {
+		t.Fatalf("egress flow after the SYN: %+v (found %v), want set %d, not joined", f, ok, egressSet)
 	}
 
 	client, server := netip.AddrPortFrom(podA, 40600), netip.AddrPortFrom(podB, 80)

@@ -64,6 +64,9 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 	if err := attachProxyMsg(objs); err != nil {
 		return err
 	}
+	if err := attachClientReader(objs); err != nil {
+		return err
+	}
 	if err := attachCgroupPinned(objs.L7Sockops, cgroup, ebpf.AttachCGroupSockOps, filepath.Join(n.cfg.PinDir, "cgroup", l7SockopsPin)); err != nil {
 		return err
 	}

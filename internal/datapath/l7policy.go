@@ -91,13 +91,14 @@ func highestHTTPSet(t l7Tables, flows *ebpf.Map) (uint32, error) {
 	return high, nil
 }
 
-// kernelHTTPSet is the set an entry of direction d is written restricted
-// to: its kernel number once written, 0 (the allow written closed) when
-// the node does not read requests, the set could not be written, or d is
-// egress (no client-side reader exists: an egress entry's set would not
-// be read, and its allow would pass every request).
-func (n *Node) kernelHTTPSet(d policy.Direction, id policy.HTTPSetID) uint32 {
-	if id == 0 || d != policy.Ingress || n.l7 == nil || n.l7.written[id] == nil {
+// kernelHTTPSet is the set an entry is written restricted to: its
+// kernel number once written, 0 (the allow written closed) when the node
+// does not read requests or the set could not be written. Both
+// directions are read: an ingress entry's requests by the server's
+// socket verdict, an egress entry's by the client's message verdict
+// (bpf/lib/l7client.h).
+func (n *Node) kernelHTTPSet(id policy.HTTPSetID) uint32 {
+	if id == 0 || n.l7 == nil || n.l7.written[id] == nil {
 		return 0
 	}
 	return n.l7.base + uint32(id)

@@ -164,8 +164,10 @@ type Programs struct {
 	LB4Maglev *ebpf.Map
 	LB4Frags  *ebpf.Map
 	// Connections L7 policy restricts, shared with the L7 socket
-	// programs (bpf/lib/l7flow.h).
+	// programs (bpf/lib/l7flow.h): by a server's ingress rules, and by
+	// a client's egress rules.
 	L7Flows *ebpf.Map
+	L7Out   *ebpf.Map
 
 	// cfg is what the programs were loaded with (Trace loads alike).
 	cfg ProgramConfig
@@ -211,7 +213,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.PolicyRev, p.CT, p.Events, p.FlowConfig = lxc.WeirPolicyRev, lxc.WeirCt, lxc.WeirEvents, lxc.WeirFlowConfig
 	p.PeerNodes, p.CTAny, p.CTRevoked, p.Frags = lxc.WeirPeerNodes, lxc.WeirCtAny, lxc.WeirCtRevoked, lxc.WeirFrags
 	p.PolicySeq, p.Verdicts, p.LB4Flows = lxc.WeirPolicySeq, lxc.WeirVerdicts, lxc.WeirLb4Flows
-	p.L7Flows = lxc.WeirL7Flows
+	p.L7Flows, p.L7Out = lxc.WeirL7Flows, lxc.WeirL7Out
 	closeMaps(lxc.WeirLb4NatFwd, lxc.WeirLb4NatRev)
 	seq, err := mapPolicySeq(p.PolicySeq)
 	if err != nil {
@@ -225,7 +227,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	}
 	p.FromOverlay, p.ToOverlay = ov.FromOverlay, ov.ToOverlay
 	closeMaps(ov.WeirEndpoints, ov.WeirTunnels, ov.WeirPeerNodes, ov.WeirMetrics, ov.WeirIpcache, ov.WeirCidrIds,
-		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts, ov.WeirLb4Flows, ov.WeirLb4NatFwd, ov.WeirLb4NatRev, ov.WeirL7Flows)
+		ov.WeirEpPolicy, ov.WeirPolicy, ov.WeirPolicyRev, ov.WeirCt, ov.WeirCtAny, ov.WeirCtRevoked, ov.WeirFrags, ov.WeirEvents, ov.WeirFlowConfig, ov.WeirPolicySeq, ov.WeirVerdicts, ov.WeirLb4Flows, ov.WeirLb4NatFwd, ov.WeirLb4NatRev, ov.WeirL7Flows, ov.WeirL7Out)
 
 	var host hostObjects
 	if err := loadWithConsts(specs.host, consts, &host, opts(specs.host)); err != nil {
@@ -234,7 +236,7 @@ func LoadPrograms(cfg ProgramConfig) (_ *Programs, retErr error) {
 	p.FromNetdev, p.ToNetdev = host.FromNetdev, host.ToNetdev
 	p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags = host.WeirLb4NatFwd, host.WeirLb4NatRev, host.WeirLb4Maglev, host.WeirLb4Frags
 	closeMaps(host.WeirEndpoints, host.WeirTunnels, host.WeirPeerNodes, host.WeirMetrics, host.WeirIpcache, host.WeirCidrIds,
-		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts, host.WeirLb4Flows, host.WeirL7Flows,
+		host.WeirEpPolicy, host.WeirPolicy, host.WeirPolicyRev, host.WeirCt, host.WeirCtAny, host.WeirCtRevoked, host.WeirFrags, host.WeirEvents, host.WeirFlowConfig, host.WeirPolicySeq, host.WeirVerdicts, host.WeirLb4Flows, host.WeirL7Flows, host.WeirL7Out,
 		host.WeirLb4Services, host.WeirLb4Backends, host.WeirLb4Revnat, host.WeirLb4Affinity, host.WeirLb4Members, host.WeirLb4NodeAddrs, host.WeirSockNetns)
 
 	var sock sockObjects
@@ -345,7 +347,7 @@ func (p *Programs) Close() {
 		p.Endpoints, p.Tunnels, p.PeerNodes, p.Metrics, p.IPCache, p.CIDRIDs, p.EpPolicy, p.Policy, p.PolicyRev, p.PolicySeq, p.CT, p.CTAny, p.CTRevoked, p.Frags, p.Events, p.FlowConfig, p.Verdicts,
 		p.SockConnect4, p.SockSendmsg4, p.SockRecvmsg4, p.SockGetpeername4, p.SockConnect6, p.SockSendmsg6, p.SockRecvmsg6, p.SockGetpeername6, p.LB4Services, p.LB4Backends, p.LB4RevNAT, p.LB4Affinity, p.LB4Members, p.LB4NodeAddrs, p.SockNetNS,
 		p.SockTCPOps, p.SockRelease, p.LB4Flows,
-		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags, p.L7Flows} {
+		p.SockDestroyTCP, p.SockDestroyUDP, p.LB4Gone, p.ToNetdev, p.LB4NatFwd, p.LB4NatRev, p.LB4Maglev, p.LB4Frags, p.L7Flows, p.L7Out} {
 		switch v := c.(type) {
 		case *ebpf.Program:
 			if v != nil {

@@ -80,6 +80,15 @@ type lxcL7Flow struct {
 	Pad    [3]uint8
 }
 
+type lxcL7OutFlow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Judged uint32
+	Cookie uint64
+	Joined uint8
+	Pad    [7]uint8
+}
+
 type lxcL7SockKey struct {
 	_          structs.HostLayout
 	Remote     uint32
@@ -225,6 +234,7 @@ const (
 	lxcMapWeirFrags               = "weir_frags"
 	lxcMapWeirIpcache             = "weir_ipcache"
 	lxcMapWeirL7Flows             = "weir_l7_flows"
+	lxcMapWeirL7Out               = "weir_l7_out"
 	lxcMapWeirLb4Flows            = "weir_lb4_flows"
 	lxcMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
 	lxcMapWeirLb4NatRev           = "weir_lb4_nat_rev"
@@ -312,6 +322,7 @@ type lxcMapSpecs struct {
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirL7Flows    *ebpf.MapSpec `ebpf:"weir_l7_flows"`
+	WeirL7Out      *ebpf.MapSpec `ebpf:"weir_l7_out"`
 	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
@@ -373,6 +384,7 @@ type lxcMaps struct {
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirL7Flows    *ebpf.Map `ebpf:"weir_l7_flows"`
+	WeirL7Out      *ebpf.Map `ebpf:"weir_l7_out"`
 	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
@@ -398,6 +410,7 @@ func (m *lxcMaps) Close() error {
 		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirL7Flows,
+		m.WeirL7Out,
 		m.WeirLb4Flows,
 		m.WeirLb4NatFwd,
 		m.WeirLb4NatRev,

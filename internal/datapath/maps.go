@@ -288,6 +288,7 @@ var MetricNames = []string{
 	"drop_nodeport",
 	"drop_l7_unjoined",
 	"drop_l7_not_recorded",
+	"drop_l7_unjudged",
 }
 
 // readMetrics sums the per-CPU counters.

@@ -80,6 +80,15 @@ type overlayL7Flow struct {
 	Pad    [3]uint8
 }
 
+type overlayL7OutFlow struct {
+	_      structs.HostLayout
+	Sets   [3]uint32
+	Judged uint32
+	Cookie uint64
+	Joined uint8
+	Pad    [7]uint8
+}
+
 type overlayL7SockKey struct {
 	_          structs.HostLayout
 	Remote     uint32
@@ -202,6 +211,7 @@ const (
 	overlayMapWeirFrags               = "weir_frags"
 	overlayMapWeirIpcache             = "weir_ipcache"
 	overlayMapWeirL7Flows             = "weir_l7_flows"
+	overlayMapWeirL7Out               = "weir_l7_out"
 	overlayMapWeirLb4Flows            = "weir_lb4_flows"
 	overlayMapWeirLb4NatFwd           = "weir_lb4_nat_fwd"
 	overlayMapWeirLb4NatRev           = "weir_lb4_nat_rev"
@@ -289,6 +299,7 @@ type overlayMapSpecs struct {
 	WeirFrags      *ebpf.MapSpec `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.MapSpec `ebpf:"weir_ipcache"`
 	WeirL7Flows    *ebpf.MapSpec `ebpf:"weir_l7_flows"`
+	WeirL7Out      *ebpf.MapSpec `ebpf:"weir_l7_out"`
 	WeirLb4Flows   *ebpf.MapSpec `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.MapSpec `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.MapSpec `ebpf:"weir_lb4_nat_rev"`
@@ -350,6 +361,7 @@ type overlayMaps struct {
 	WeirFrags      *ebpf.Map `ebpf:"weir_frags"`
 	WeirIpcache    *ebpf.Map `ebpf:"weir_ipcache"`
 	WeirL7Flows    *ebpf.Map `ebpf:"weir_l7_flows"`
+	WeirL7Out      *ebpf.Map `ebpf:"weir_l7_out"`
 	WeirLb4Flows   *ebpf.Map `ebpf:"weir_lb4_flows"`
 	WeirLb4NatFwd  *ebpf.Map `ebpf:"weir_lb4_nat_fwd"`
 	WeirLb4NatRev  *ebpf.Map `ebpf:"weir_lb4_nat_rev"`
@@ -375,6 +387,7 @@ func (m *overlayMaps) Close() error {
 		m.WeirFrags,
 		m.WeirIpcache,
 		m.WeirL7Flows,
+		m.WeirL7Out,
 		m.WeirLb4Flows,
 		m.WeirLb4NatFwd,
 		m.WeirLb4NatRev,

@@ -316,7 +316,7 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 func (n *Node) writePolicyKeys(ed policy.EndpointDiff, ep PolicyEndpoint) error {
 	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
 		if err := n.writePolicyMap(func() error {
-			return n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k], n.kernelHTTPSet(k.k.Direction, ed.Upsert[k.k].HTTP)))
+			return n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k], n.kernelHTTPSet(ed.Upsert[k.k].HTTP)))
 		}); err != nil {
 			return fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
 		}

@@ -67,7 +67,7 @@ func handedSetupLimited(t *testing.T, rules []l7.Rule, slots int, limits Limits,
 	t.Helper()
 	testutil.RequireRoot(t)
 	root, cg := testutil.Cgroup2(t)
-	s, err := datapath.AttachL7Sockets(cg, nil)
+	s, err := datapath.AttachL7Sockets(cg, datapath.L7FlowMaps{})
 	if err != nil {
 		t.Fatal(err)
 	}

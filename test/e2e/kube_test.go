@@ -496,6 +496,81 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 
+	t.Run("HTTP egress policy: a client's requests judged on its own socket, a denied one answered 403 in the server's place, a keep-alive connection's second request denied, every request on record as egress", func(t *testing.T) {
+		pods := webPods(t, c)
+		client := onNode(t, pods, "n1")
+		server := onNode(t, pods, "n2")
+		base := "http://" + server.Status.PodIP + ":8080"
+		if out, err := st.Kubectl(ctx, nil, "label", "pod", client.Name, "weir-e2e=egress-http", "--overwrite"); err != nil {
+			t.Fatalf("label %s: %v %s", client.Name, err, out)
+		}
+		if out, err := st.Kubectl(ctx, strings.NewReader(egressHTTPPolicy), "apply", "-f", "-"); err != nil {
+			t.Fatalf("apply client-egress-http: %v %s", err, out)
+		}
+		defer func() {
+			for _, args := range [][]string{
+				{"delete", "weirnetworkpolicies.weir.io", "client-egress-http", "--ignore-not-found"},
+				{"label", "pod", client.Name, "weir-e2e-"},
+			} {
+				if out, err := st.Kubectl(ctx, nil, args...); err != nil {
+					t.Errorf("kubectl %v: %v %s", args, err, out)
+				}
+			}
+		}()
+		waitFor(t, 15*time.Second, func() error {
+			if got := curlFrom(ctx, st, client, base+"/shell?cmd=id"); len(got) < 1 || got[0] != "403" {
+				return fmt.Errorf("GET /shell: %v, want 403 once the egress policy is loaded", got)
+			}
+			return nil
+		})
+		for _, tc := range []struct {
+			name string
+			args []string
+			want []string // status, connections opened; per URL
+		}{
+			{"allowed", []string{base + "/hostname"}, []string{"200", "1"}},
+			{"another path", []string{base + "/shell?cmd=id"}, []string{"403", "1"}},
+			{"another method", []string{"-X", "DELETE", base + "/hostname"}, []string{"403", "1"}},
+			{"keep-alive: allowed, then denied, then allowed", []string{base + "/hostname", base + "/shell?cmd=id", base + "/hostname"},
+				[]string{"200", "1", "403", "0", "200", "0"}},
+		} {
+			if got := curlFrom(ctx, st, client, tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
+			}
+		}
+		// The records are at the client's node, as its egress verdicts.
+		waitFor(t, 5*time.Second, func() error {
+			var sock string
+			for _, n := range st.Nodes {
+				if n.Name == client.Spec.NodeName {
+					sock = n.Socket
+				}
+			}
+			seen := map[string]bool{}
+			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "default/" + client.Name, HTTP: true}}, func(f api.Flow) error {
+				if f.Direction != "egress" {
+					return nil
+				}
+				switch {
+				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" &&
+					strings.Contains(f.Rule, "weirnetworkpolicy default/client-egress-http egress[0] ports[0].http[0] (GET Exact /hostname)"):
+					seen["allowed"] = true
+				case f.Verdict == "denied" && f.HTTP.Method == "DELETE" && f.HTTP.Status == 403 &&
+					f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/client-egress-http egress[0]":
+					seen["denied"] = true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if len(seen) != 2 {
+				return fmt.Errorf("egress records of %s: %v, want allowed and denied", client.Name, seen)
+			}
+			return nil
+		})
+	})
+
 	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, trace agrees with the datapath, and a WeirNetworkPolicy's HTTP rule lands the ship and answers the exhaust port 403", func(t *testing.T) {
 		t.Cleanup(func() {
 			for _, args := range [][]string{

@@ -35,6 +35,23 @@ spec:
       - {method: POST, path: {type: RegularExpression, value: "/ec+ho"}}
 `
 
+// egressHTTPPolicy restricts what pods labelled weir-e2e=egress-http
+// send to the web pods' http port to GET /hostname: judged on the
+// client's socket, at the client's node. Nothing else may leave them.
+const egressHTTPPolicy = `apiVersion: weir.io/v1alpha1
+kind: WeirNetworkPolicy
+metadata: {name: client-egress-http, namespace: default}
+spec:
+  podSelector: {matchLabels: {weir-e2e: egress-http}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {app: web}}}]
+    ports:
+    - port: 8080
+      http:
+      - {method: GET, path: {type: Exact, value: /hostname}}
+`
+
 // applyWebHTTPPolicy applies webHTTPPolicy and waits until client's
 // POST to base's /hostname is answered 403; the returned func deletes it
 // and waits until the POST is served again.

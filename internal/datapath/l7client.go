@@ -1,0 +1,29 @@
+package datapath
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// attachClientReader attaches the egress reader to weir_l7_client
+// (bpf/lib/l7client.h): the message verdict that judges what a client
+// socket sends, and the skb verdict that passes what it receives, so
+// its answers and its server's bytes share one receive queue. A socket
+// runs the programs the hash had when it joined: programs attached
+// again (an agent restarting) reach only sockets that join after.
+func attachClientReader(objs *l7Objects) error {
+	for _, a := range []struct {
+		p    *ebpf.Program
+		kind ebpf.AttachType
+	}{
+		{objs.L7ClientMsg, ebpf.AttachSkMsgVerdict},
+		{objs.L7ClientSkb, ebpf.AttachSkSKBVerdict},
+	} {
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: objs.WeirL7Client.FD(), Program: a.p, Attach: a.kind}); err != nil {
+			return fmt.Errorf("attach the egress reader's %v program to weir_l7_client: %w", a.kind, err)
+		}
+	}
+	return nil
+}
