@@ -380,41 +380,56 @@ __always_inline_fn void l7_out_key(const struct ct_key *flow, struct l7_sock_key
 	k->local_port = bpf_ntohs(flow->sport);
 }
 
-/* ct_l7_restrict_in is ct_l7_restrict's receiver side: weir_l7_flows. */
-__always_inline_fn int ct_l7_restrict_in(const struct ct_key *flow, const __u32 *http, struct ct_entry *e,
-					 int opening)
+/*
+ * ct_l7_record writes one side's restriction of a flow: in map (whose
+ * values begin with their L7_FLOW_SETS sets), the entry k gets http's
+ * sets, or a new entry does (fresh: a zeroed value of the map's, its sets
+ * filled here) when there is none or the flow is opening; the CT entry e
+ * (if any) gets flag. No sets lift the restriction: an existing entry
+ * keeps its other fields with sets 0, and e loses flag.
+ */
+__always_inline_fn int ct_l7_record(void *map, const struct l7_sock_key *k, const __u32 *http, __u32 *fresh,
+				    struct ct_entry *e, __u32 flag, int opening)
 {
-	struct l7_sock_key k;
-	struct l7_flow *f, fresh = {};
+	__u32 *sets;
 
 	if (!http[0] && !http[1] && !http[2]) {
-		if (!e || !(e->flags & CT_L7))
+		if (!e || !(e->flags & flag))
 			return 0;
-		e->flags &= ~CT_L7;
-		l7_flow_key(flow, &k);
-		f = bpf_map_lookup_elem(&weir_l7_flows, &k);
-		if (f)
-			f->sets[0] = f->sets[1] = f->sets[2] = 0;
+		e->flags &= ~flag;
+		sets = bpf_map_lookup_elem(map, k);
+		if (sets)
+			sets[0] = sets[1] = sets[2] = 0;
 		return 0;
 	}
-	l7_flow_key(flow, &k);
-	f = opening ? NULL : bpf_map_lookup_elem(&weir_l7_flows, &k);
-	if (f) {
-		f->sets[0] = http[0];
-		f->sets[1] = http[1];
-		f->sets[2] = http[2];
+	sets = opening ? NULL : bpf_map_lookup_elem(map, k);
+	if (sets) {
+		sets[0] = http[0];
+		sets[1] = http[1];
+		sets[2] = http[2];
 	} else {
-		fresh.sets[0] = http[0];
-		fresh.sets[1] = http[1];
-		fresh.sets[2] = http[2];
-		if (bpf_map_update_elem(&weir_l7_flows, &k, &fresh, BPF_ANY) < 0) {
+		fresh[0] = http[0];
+		fresh[1] = http[1];
+		fresh[2] = http[2];
+		if (bpf_map_update_elem(map, k, fresh, BPF_ANY) < 0) {
 			metric_inc(METRIC_DROP_L7_NOT_RECORDED);
 			return -1;
 		}
 	}
 	if (e)
-		e->flags |= CT_L7;
+		e->flags |= flag;
 	return 0;
+}
+
+/* ct_l7_restrict_in is ct_l7_restrict's receiver side: weir_l7_flows. */
+__always_inline_fn int ct_l7_restrict_in(const struct ct_key *flow, const __u32 *http, struct ct_entry *e,
+					 int opening)
+{
+	struct l7_sock_key k;
+	struct l7_flow fresh = {};
+
+	l7_flow_key(flow, &k);
+	return ct_l7_record(&weir_l7_flows, &k, http, fresh.sets, e, CT_L7, opening);
 }
 
 /* ct_l7_restrict_out is ct_l7_restrict's sender side: weir_l7_out. An
@@ -423,36 +438,10 @@ __always_inline_fn int ct_l7_restrict_out(const struct ct_key *flow, const __u32
 					  int opening)
 {
 	struct l7_sock_key k;
-	struct l7_out_flow *f, fresh = {};
+	struct l7_out_flow fresh = {};
 
-	if (!http[0] && !http[1] && !http[2]) {
-		if (!e || !(e->flags & CT_L7_OUT))
-			return 0;
-		e->flags &= ~CT_L7_OUT;
-		l7_out_key(flow, &k);
-		f = bpf_map_lookup_elem(&weir_l7_out, &k);
-		if (f)
-			f->sets[0] = f->sets[1] = f->sets[2] = 0;
-		return 0;
-	}
 	l7_out_key(flow, &k);
-	f = opening ? NULL : bpf_map_lookup_elem(&weir_l7_out, &k);
-	if (f) {
-		f->sets[0] = http[0];
-		f->sets[1] = http[1];
-		f->sets[2] = http[2];
-	} else {
-		fresh.sets[0] = http[0];
-		fresh.sets[1] = http[1];
-		fresh.sets[2] = http[2];
-		if (bpf_map_update_elem(&weir_l7_out, &k, &fresh, BPF_ANY) < 0) {
-			metric_inc(METRIC_DROP_L7_NOT_RECORDED);
-			return -1;
-		}
-	}
-	if (e)
-		e->flags |= CT_L7_OUT;
-	return 0;
+	return ct_l7_record(&weir_l7_out, &k, http, fresh.sets, e, CT_L7_OUT, opening);
 }
 
 /*

@@ -270,40 +270,49 @@ const (
 	tcpSendQueue = 2
 )
 
-// repairSeqs reads a connected socket's next sequence number to send and
-// to receive, through TCP repair mode (root only), and leaves the mode.
-func repairSeqs(t *testing.T, c net.Conn) (seq, ack uint32) {
+// inRepair runs f on c's socket in TCP repair mode (root only), which
+// it leaves after, with f's queue chosen.
+func inRepair(t *testing.T, c net.Conn, f func(fd int) error) {
 	t.Helper()
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var serr error
+	var ferr error
 	err = rc.Control(func(fd uintptr) {
 		s := int(fd)
-		if serr = unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); serr != nil {
+		if ferr = unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); ferr != nil {
 			return
 		}
-		defer unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR, -1) // off, no window probe
-		var v int
-		if serr = unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, tcpSendQueue); serr != nil {
-			return
-		}
-		if v, serr = unix.GetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ); serr != nil {
-			return
-		}
-		seq = uint32(v)
-		if serr = unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, tcpRecvQueue); serr != nil {
-			return
-		}
-		if v, serr = unix.GetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ); serr != nil {
-			return
-		}
-		ack = uint32(v)
+		defer unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
+		ferr = f(s)
 	})
-	if err != nil || serr != nil {
-		t.Fatalf("read the connection's sequence numbers: %v %v", err, serr)
+	if err != nil || ferr != nil {
+		t.Fatalf("in repair mode: %v %v", err, ferr)
 	}
+}
+
+// queueSeq reads the next sequence number of a queue of a socket in
+// repair mode: to send (tcpSendQueue) or to receive (tcpRecvQueue).
+func queueSeq(fd, queue int) (uint32, error) {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, queue); err != nil {
+		return 0, err
+	}
+	v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ)
+	return uint32(v), err
+}
+
+// repairSeqs reads a connected socket's next sequence number to send and
+// to receive.
+func repairSeqs(t *testing.T, c net.Conn) (seq, ack uint32) {
+	t.Helper()
+	inRepair(t, c, func(fd int) (err error) {
+		if seq, err = queueSeq(fd, tcpSendQueue); err != nil {
+			return err
+		}
+		ack, err = queueSeq(fd, tcpRecvQueue)
+		return err
+	})
 	return seq, ack
 }
 
@@ -312,25 +321,13 @@ func repairSeqs(t *testing.T, c net.Conn) (seq, ack uint32) {
 // is left (after its retransmission timeout).
 func holdSend(t *testing.T, c net.Conn, req string) {
 	t.Helper()
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var serr error
-	err = rc.Control(func(fd uintptr) {
-		s := int(fd)
-		if serr = unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); serr != nil {
-			return
+	inRepair(t, c, func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, tcpSendQueue); err != nil {
+			return err
 		}
-		defer unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
-		if serr = unix.SetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, tcpSendQueue); serr != nil {
-			return
-		}
-		_, serr = unix.Write(s, []byte(req))
+		_, err := unix.Write(fd, []byte(req))
+		return err
 	})
-	if err != nil || serr != nil {
-		t.Fatalf("hold %q: %v %v", req, err, serr)
-	}
 }
 
 // sendRawTCP sends one TCP segment (PSH, ACK) from a raw socket, the

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/testutil"
@@ -36,21 +35,10 @@ func (d *clientDialer) dial(sets [3]uint32) (net.Conn, netip.AddrPort) {
 	t := d.t
 	t.Helper()
 	var client netip.AddrPort
-	dialer := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var err error
-		cerr := rc.Control(func(fd uintptr) {
-			if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-				return
-			}
-			var sa unix.Sockaddr
-			if sa, err = unix.Getsockname(int(fd)); err != nil {
-				return
-			}
-			client = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
-			err = d.out.Put(l7FlowKey(d.server, client), l7L7OutFlow{Sets: sets})
-		})
-		return errors.Join(cerr, err)
-	}}
+	dialer := net.Dialer{Control: loopbackBound(func(c netip.AddrPort) error {
+		client = c
+		return d.out.Put(l7FlowKey(d.server, client), l7L7OutFlow{Sets: sets})
+	})}
 	pid := []byte(strconv.Itoa(os.Getpid()))
 	if err := os.WriteFile(filepath.Join(d.cg, "cgroup.procs"), pid, 0); err != nil {
 		t.Fatal(err)

@@ -102,6 +102,26 @@ func l7FlowKey(client, server netip.AddrPort) lxcL7SockKey {
 	return lxcL7SockKey{Remote: nativeUint32(c), Local: nativeUint32(s), RemotePort: client.Port(), LocalPort: server.Port()}
 }
 
+// loopbackBound is a Dialer.Control that binds the socket to 127.0.0.1
+// on a port the kernel picks and calls before with that address, before
+// the SYN leaves.
+func loopbackBound(before func(netip.AddrPort) error) func(string, string, syscall.RawConn) error {
+	return func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		cerr := rc.Control(func(fd uintptr) {
+			if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+				return
+			}
+			var sa unix.Sockaddr
+			if sa, err = unix.Getsockname(int(fd)); err != nil {
+				return
+			}
+			err = before(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port)))
+		})
+		return errors.Join(cerr, err)
+	}
+}
+
 // nativeUint32 is an address's bytes read as the kernel stores a __be32.
 func nativeUint32(a [4]byte) uint32 {
 	return uint32(a[0]) | uint32(a[1])<<8 | uint32(a[2])<<16 | uint32(a[3])<<24
@@ -340,23 +360,13 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 	dialBound := func(before func(lxcL7SockKey) error) (net.Conn, netip.AddrPort) {
 		t.Helper()
 		var client netip.AddrPort
-		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-			var err error
-			cerr := rc.Control(func(fd uintptr) {
-				if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-					return
-				}
-				var sa unix.Sockaddr
-				if sa, err = unix.Getsockname(int(fd)); err != nil {
-					return
-				}
-				client = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port))
-				if before != nil {
-					err = before(l7FlowKey(client, server))
-				}
-			})
-			return errors.Join(cerr, err)
-		}}
+		d := net.Dialer{Control: loopbackBound(func(c netip.AddrPort) error {
+			client = c
+			if before != nil {
+				return before(l7FlowKey(client, server))
+			}
+			return nil
+		})}
 		c, err := d.Dial("tcp4", server.String())
 		if err != nil {
 			t.Fatal(err)

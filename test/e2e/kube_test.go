@@ -531,8 +531,10 @@ func TestKubernetes(t *testing.T) {
 			{"allowed", []string{base + "/hostname"}, []string{"200", "1"}},
 			{"another path", []string{base + "/shell?cmd=id"}, []string{"403", "1"}},
 			{"another method", []string{"-X", "DELETE", base + "/hostname"}, []string{"403", "1"}},
-			{"keep-alive: allowed, then denied, then allowed", []string{base + "/hostname", base + "/shell?cmd=id", base + "/hostname"},
-				[]string{"200", "1", "403", "0", "200", "0"}},
+			// One -o per URL after the first (curlFrom gives that one):
+			// the answers' bodies stay off the output.
+			{"keep-alive: allowed, then denied, then allowed", []string{"-o", "/dev/null", "-o", "/dev/null",
+				base + "/hostname", base + "/shell?cmd=id", base + "/hostname"}, []string{"200", "1", "403", "0", "200", "0"}},
 		} {
 			if got := curlFrom(ctx, st, client, tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
