@@ -119,10 +119,6 @@ static const char l7_client_403_close[] =
 static const char l7_client_400[] =
 	"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nBad request\n";
 
-#define L7_CLIENT_403 (sizeof(l7_client_403) - 1)
-#define L7_CLIENT_403_CLOSE (sizeof(l7_client_403_close) - 1)
-#define L7_CLIENT_400 (sizeof(l7_client_400) - 1)
-
 /* l7_msg_resize makes the message exactly n bytes long and its first n
  * bytes pulled; -1 when it cannot. */
 __always_inline_fn int l7_msg_resize(struct sk_msg_md *msg, __u32 n)
@@ -137,40 +133,31 @@ __always_inline_fn int l7_msg_resize(struct sk_msg_md *msg, __u32 n)
 	return bpf_msg_pull_data(msg, 0, n, 0) ? -1 : 0;
 }
 
+/* L7_MSG_WRITE makes the message exactly the constant string text and
+ * evaluates to 0, or to -1 when it cannot (a macro: the copy and the
+ * bounds check need text's length as a constant). */
+#define L7_MSG_WRITE(msg, text)                                                  \
+	({                                                                       \
+		int __r = -1;                                                    \
+		if (!l7_msg_resize(msg, sizeof(text) - 1)) {                     \
+			void *__d = (void *)(long)(msg)->data;                   \
+			if (__d + sizeof(text) - 1 <= (void *)(long)(msg)->data_end) { \
+				__builtin_memcpy(__d, text, sizeof(text) - 1);   \
+				__r = 0;                                         \
+			}                                                        \
+		}                                                                \
+		__r;                                                             \
+	})
+
 /* l7_msg_answer rewrites the whole message into an answer: 403 keeping
  * the connection (keep) or closing it, or 400. -1 when it cannot. */
 __always_inline_fn int l7_msg_answer(struct sk_msg_md *msg, int status, int keep)
 {
-	void *d, *end;
-
-	if (status == 400) {
-		if (l7_msg_resize(msg, L7_CLIENT_400))
-			return -1;
-		d = (void *)(long)msg->data;
-		end = (void *)(long)msg->data_end;
-		if (d + L7_CLIENT_400 > end)
-			return -1;
-		__builtin_memcpy(d, l7_client_400, L7_CLIENT_400);
-		return 0;
-	}
-	if (keep) {
-		if (l7_msg_resize(msg, L7_CLIENT_403))
-			return -1;
-		d = (void *)(long)msg->data;
-		end = (void *)(long)msg->data_end;
-		if (d + L7_CLIENT_403 > end)
-			return -1;
-		__builtin_memcpy(d, l7_client_403, L7_CLIENT_403);
-		return 0;
-	}
-	if (l7_msg_resize(msg, L7_CLIENT_403_CLOSE))
-		return -1;
-	d = (void *)(long)msg->data;
-	end = (void *)(long)msg->data_end;
-	if (d + L7_CLIENT_403_CLOSE > end)
-		return -1;
-	__builtin_memcpy(d, l7_client_403_close, L7_CLIENT_403_CLOSE);
-	return 0;
+	if (status == 400)
+		return L7_MSG_WRITE(msg, l7_client_400);
+	if (keep)
+		return L7_MSG_WRITE(msg, l7_client_403);
+	return L7_MSG_WRITE(msg, l7_client_403_close);
 }
 
 /* l7_msg_write_seq reads how far the client has written: the sequence

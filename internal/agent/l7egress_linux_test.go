@@ -26,6 +26,7 @@ import (
 	"github.com/weirnet/weir/internal/k8s"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
+	"github.com/weirnet/weir/internal/testutil"
 )
 
 // egressHTTPNode starts pods client and server on one node, the
@@ -351,21 +352,10 @@ func sendRawTCP(src, dst netip.AddrPort, seq, ack uint32, payload []byte) error 
 	return unix.Sendto(fd, seg, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()})
 }
 
-// tcpChecksum is the checksum of a TCP segment whose checksum field is 0.
+// tcpChecksum is the checksum of a TCP segment whose checksum field is 0:
+// the Internet checksum over the IPv4 pseudo-header and the segment.
 func tcpChecksum(src, dst netip.Addr, seg []byte) uint16 {
 	s, d := src.As4(), dst.As4()
 	pseudo := append(append(append([]byte{}, s[:]...), d[:]...), 0, syscall.IPPROTO_TCP, byte(len(seg)>>8), byte(len(seg)))
-	var sum uint32
-	for _, b := range [][]byte{pseudo, seg} {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(b[i:]))
-		}
-		if len(b)%2 == 1 {
-			sum += uint32(b[len(b)-1]) << 8
-		}
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
+	return testutil.Checksum(append(pseudo, seg...))
 }
