@@ -54,6 +54,10 @@ type Result struct {
 	// "-dirty" for uncommitted changes) when the run began.
 	Rerun  string `json:"rerun"`
 	Commit string `json:"commit,omitempty"`
+	// Restarts says why the suite's own process was started again after
+	// it crashed before judging every case (each with the evidence
+	// gathered), one entry per restart.
+	Restarts []string `json:"restarts,omitempty"`
 }
 
 // count adds one case that ran, named name, to r and to group's key
@@ -107,6 +111,9 @@ func (r Result) String() string {
 	}
 	for k, why := range r.NotRunnable {
 		s += fmt.Sprintf("; %s not runnable: %s", k, why)
+	}
+	for _, why := range r.Restarts {
+		s += "; restarted: " + why
 	}
 	return s
 }

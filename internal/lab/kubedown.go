@@ -122,10 +122,13 @@ func hasArgPair(args []string, flag, value string) bool {
 }
 
 // removeCgroupRoot kills every process left in a node's cgroups and
-// removes them, deepest first.
+// removes them, deepest first. Besides the v1 hierarchies kubelet was
+// given a root in, it walks the hybrid cgroup2 mount ("unified"):
+// systemd-style runtimes make the same paths there, and nothing else
+// would remove them.
 func removeCgroupRoot(root string) error {
 	var errs []error
-	for _, c := range cgroupControllers {
+	for _, c := range append(cgroupControllers[:len(cgroupControllers):len(cgroupControllers)], "unified") {
 		top := filepath.Join("/sys/fs/cgroup", c, root)
 		if _, err := os.Stat(top); err != nil {
 			continue

@@ -905,10 +905,15 @@ func checkNoTrace(t *testing.T, name string) {
 			t.Errorf("lab down left a mount: %s", l)
 		}
 	}
-	for _, dir := range []string{"/run/" + name, "/var/lib/" + name, "/sys/fs/bpf/" + name, "/sys/fs/cgroup/pids/" + name + "-n1"} {
+	for _, dir := range []string{"/run/" + name, "/var/lib/" + name, "/sys/fs/bpf/" + name} {
 		if _, err := os.Stat(dir); err == nil {
 			t.Errorf("lab down left %s", dir)
 		}
+	}
+	// Every hierarchy, the hybrid cgroup2 mount included.
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + name + "-*")
+	for _, dir := range cgroups {
+		t.Errorf("lab down left cgroup %s", dir)
 	}
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
