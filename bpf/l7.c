@@ -19,7 +19,11 @@
  *                    requests a client socket sends, where the client's
  *                    egress policy restricts them (lib/l7client.h)
  *   l7_client_skb    skb_verdict of weir_l7_client: passes what the
- *                    client receives, in order with the answers
+ *                    client receives, in order with the answers, and
+ *                    reads the status of each (lib/l7reply.h)
+ *   l7_server_msg    sk_msg of weir_l7_http: passes what a server
+ *                    sends, and reads the status of each answer
+ *                    (lib/l7reply.h)
  *
  * The first two verdicts pass everything: they measure what the path
  * itself costs (bench l7-gate). l7_http_verdict judges each request
@@ -90,6 +94,7 @@ __always_inline_fn int l7_join_http(struct bpf_sock_ops *ctx, struct l7_sock_key
 
 	if (bpf_sock_hash_update(ctx, &weir_l7_http, key, BPF_NOEXIST))
 		return -1;
+	l7_replies_make(key, bpf_get_socket_cookie(ctx));
 	return tracked;
 }
 
@@ -142,7 +147,9 @@ __always_inline_fn void l7_client_closed(struct l7_sock_key *own, struct l7_clie
 	struct l7_out_flow *f = bpf_map_lookup_elem(&weir_l7_out, own);
 	__u32 none[L7_FLOW_SETS] = {};
 
+	l7_reply_flush(bpf_map_lookup_elem(&weir_l7_replies, own), &server, f ? f->sets : none, L7_DIR_EGRESS);
 	l7_event_repeats(&cl->conn.run, &server, cl->cookie, f ? f->sets : none, L7_DIR_EGRESS);
+	bpf_map_delete_elem(&weir_l7_replies, own);
 	bpf_map_delete_elem(&weir_l7_client_conns, own);
 	bpf_map_delete_elem(&weir_l7_out, own);
 }
@@ -169,6 +176,8 @@ __always_inline_fn void l7_closed(struct bpf_sock_ops *ctx)
 		return;
 	}
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
+	l7_reply_flush(bpf_map_lookup_elem(&weir_l7_replies, &key), &key, f ? f->sets : none, L7_DIR_INGRESS);
+	bpf_map_delete_elem(&weir_l7_replies, &key);
 	if (c)
 		l7_event_repeats(&c->run, &key, cookie, f ? f->sets : none, L7_DIR_INGRESS);
 	if (c && c->slot)
@@ -215,6 +224,7 @@ __always_inline_fn void l7_client_join(struct bpf_sock_ops *ctx, struct l7_sock_
 	 * Open data, a send that was waiting for the handshake) is above
 	 * the mark, never sent, and the first message finds TCP's write
 	 * sequence past the mark, and closes the connection. */
+	l7_replies_make(key, cookie);
 	f->cookie = cookie;
 	f->judged = ctx->snd_una;
 	f->joined = 1;
@@ -356,6 +366,7 @@ __always_inline_fn void l7_record_stop(struct l7_walk *w, __u8 ev_verdict, __u8 
 {
 	struct l7_request_event *ev;
 
+	l7_reply_flush(w->replies, &w->key, w->sets, w->dir);
 	l7_event_repeats(&w->conn->run, &w->key, w->cookie, w->sets, w->dir);
 	ev = l7_event_reserve(&w->key, w->cookie, w->sets, w->dir);
 	if (!ev)
@@ -412,6 +423,8 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix)
 	h->seq_owed = c->seq_at_allow;
 	h->state = L7_SLOT_ACTIVE;
 	c->slot = slot + 1;
+	/* The proxy's requests go on unseen here: their answers are not read. */
+	l7_reply_stop(w->replies, &w->key, w->sets, w->dir);
 	if (l7_to_proxy(w->skb, c->slot, h) != SK_PASS) {
 		h->state = L7_SLOT_CLOSED;
 		return -1;
@@ -440,6 +453,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_conns, &cookie);
 	struct l7_walk w = { .skb = skb, .len = skb->len, .head_pos = L7_NO_HEAD };
 	struct l7_sock_key key = {};
+	struct l7_replies *replies;
 	struct l7_flow *f;
 	__u64 start;
 	int r, keep;
@@ -473,8 +487,9 @@ int l7_http_verdict(struct __sk_buff *skb)
 	key.local_port = skb->local_port;
 	w.key = key;
 	w.cookie = cookie;
+	replies = l7_replies_of(&key);
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
-	if (!f) {
+	if (!f || !replies) {
 		/* Evicted or never written: what to judge against is unknown. */
 		l7_count(L7_STAT_NO_STATE, 1);
 		return l7_close(skb, cookie, c);
@@ -483,6 +498,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 	w.sets[1] = f->sets[1];
 	w.sets[2] = f->sets[2];
 	w.conn = c;
+	w.replies = replies;
 	start = c->s.offset;
 	l7_dfa_prepare(&c->s, w.sets);
 	bpf_loop(w.len + 1, l7_step, &w, 0);
@@ -663,6 +679,7 @@ int l7_client_msg(struct sk_msg_md *msg)
 {
 	struct l7_walk w = { .msg = msg, .len = msg->size, .head_pos = L7_NO_HEAD, .dir = L7_DIR_EGRESS };
 	struct l7_sock_key own = {};
+	struct l7_replies *replies;
 	struct l7_out_flow *f;
 	struct l7_client *cl;
 	__u64 start;
@@ -682,8 +699,9 @@ int l7_client_msg(struct sk_msg_md *msg)
 	w.conn = &cl->conn;
 	w.cookie = cl->cookie;
 	w.key = l7_server_view(&own);
+	replies = l7_replies_of(&own);
 	f = bpf_map_lookup_elem(&weir_l7_out, &own);
-	if (!f) {
+	if (!f || !replies) {
 		/* Evicted: what to judge against is unknown. */
 		l7_count(L7_STAT_NO_STATE, 1);
 		return l7_client_close(&w, cl);
@@ -691,6 +709,7 @@ int l7_client_msg(struct sk_msg_md *msg)
 	w.sets[0] = f->sets[0];
 	w.sets[1] = f->sets[1];
 	w.sets[2] = f->sets[2];
+	w.replies = replies;
 	/* Every byte TCP took must be one the verdict judged, and nothing
 	 * more: a send TCP took only in part (a full send buffer, a signal,
 	 * a timeout), another thread's send interleaved with it while it
@@ -741,8 +760,54 @@ int l7_client_msg(struct sk_msg_md *msg)
 	return l7_client_stop(&w, cl, 0);
 }
 
+/* l7_client_skb passes everything the client receives, and reads the
+ * status of the answers to the requests its verdict allowed. */
 SEC("sk_skb/verdict")
 int l7_client_skb(struct __sk_buff *skb)
 {
+	struct l7_src src = { .skb = skb, .len = skb->len };
+	struct l7_sock_key own = {}, server;
+	struct l7_out_flow *f;
+	struct l7_replies *r;
+
+	if (!skb->len)
+		return SK_PASS;
+	own.remote = skb->remote_ip4;
+	own.local = skb->local_ip4;
+	own.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
+	own.local_port = skb->local_port;
+	r = bpf_map_lookup_elem(&weir_l7_replies, &own);
+	if (!r || r->lost || !r->waiting)
+		return SK_PASS;
+	f = bpf_map_lookup_elem(&weir_l7_out, &own);
+	if (!f)
+		return SK_PASS;
+	server = l7_server_view(&own);
+	l7_reply_read(r, &src, &server, f->sets, L7_DIR_EGRESS);
+	return SK_PASS;
+}
+
+/* l7_server_msg passes everything a server sends, and reads the status
+ * of the answers to the requests its verdict allowed. What Weir writes
+ * in the server's place (l7_http_verdict's answers) comes this way too,
+ * when no answer is awaited: it answers a denied request. */
+SEC("sk_msg")
+int l7_server_msg(struct sk_msg_md *msg)
+{
+	struct l7_src src = { .msg = msg, .len = msg->size, .is_msg = 1 };
+	struct l7_sock_key key;
+	struct l7_replies *r;
+	struct l7_flow *f;
+
+	/* The socket's own name for the connection is the server's. */
+	if (l7_msg_key(msg, &key))
+		return SK_PASS;
+	r = bpf_map_lookup_elem(&weir_l7_replies, &key);
+	if (!r || r->lost || !r->waiting)
+		return SK_PASS;
+	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
+	if (!f)
+		return SK_PASS;
+	l7_reply_read(r, &src, &key, f->sets, L7_DIR_INGRESS);
 	return SK_PASS;
 }

@@ -30,6 +30,7 @@
 #include "http.h"
 #include "l7events.h"
 #include "l7match.h"
+#include "l7reply.h"
 #include "l7reset.h"
 #include "l7sock.h"
 
@@ -75,6 +76,7 @@ struct l7_walk {
 	 * program is verified only along its own source's branches. */
 	__u64 dir;
 	struct l7_conn *conn;
+	struct l7_replies *replies; /* the connection's answer side, NULL: none (l7reply.h) */
 	__u64 cookie;
 	struct l7_sock_key key; /* the connection as its server names it, for records */
 	__u32 sets[L7_FLOW_SETS]; /* the flow's, as l7flow.h */
@@ -113,11 +115,13 @@ __always_inline_fn int l7_peer_seq(struct l7_walk *w, __u32 *seq)
 }
 
 /* l7_request_went notes that an allowed request went on to the server,
- * and how far the answering side stood then (l7_peer_seq). */
+ * and how far the answering side stood then (l7_peer_seq): its answer
+ * is the next the server sends. */
 __always_inline_fn void l7_request_went(struct l7_walk *w)
 {
 	__u32 seq = 0;
 
+	l7_reply_asked(w->replies, &w->key, w->sets, w->dir);
 	w->conn->outstanding = 1;
 	if (l7_peer_seq(w, &seq))
 		seq = 0;
@@ -210,6 +214,8 @@ __always_inline_fn void l7_record_allowed(struct l7_walk *w, struct http_state *
 		run->last_ns = now;
 		return;
 	}
+	/* The answers so far are to the requests recorded so far. */
+	l7_reply_flush(w->replies, &w->key, w->sets, w->dir);
 	l7_event_repeats(run, &w->key, w->cookie, w->sets, w->dir);
 	ev = l7_event_reserve(&w->key, w->cookie, w->sets, w->dir);
 	if (ev) {

@@ -93,6 +93,8 @@ enum {
 	L7_STAT_CLIENTS,    /* client sockets that joined weir_l7_client (l7client.h) */
 	L7_STAT_CORKED,     /* messages held for the rest of a head they end in the middle of */
 	L7_STAT_SEND_DESYNC, /* client connections closed: TCP took other bytes than the verdict judged */
+	L7_STAT_REPLIES,    /* answers to allowed requests read (l7reply.h) */
+	L7_STAT_REPLIES_LOST, /* connections whose answers are no longer read */
 	L7_STAT_MAX,
 };
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
@@ -33,7 +34,7 @@ const maxRequestTexts = 65536
 type httpFlows struct {
 	node  string
 	set   func(kernel uint32) (policy.HTTPSetID, bool)
-	texts map[uint64]api.FlowHTTP
+	texts map[uint64]lastRequest
 	// What records say of a rule or of a flow's sets, for the names
 	// they were said with (saidWith): the same for every request, and
 	// at one record a request, worth saying once.
@@ -60,8 +61,17 @@ type restrictedText struct {
 	decider *api.FlowRule
 }
 
+// lastRequest is a connection's last recorded allowed request, which
+// the records of its repeats and of the server's answers name, and the
+// rule that allowed it.
+type lastRequest struct {
+	http api.FlowHTTP
+	set  uint32
+	rule int
+}
+
 func newHTTPFlows(node string, set func(uint32) (policy.HTTPSetID, bool)) *httpFlows {
-	return &httpFlows{node: node, set: set, texts: map[uint64]api.FlowHTTP{}}
+	return &httpFlows{node: node, set: set, texts: map[uint64]lastRequest{}}
 }
 
 // sayWith starts over what was said when the names change (a policy
@@ -100,6 +110,10 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 		}
 	}
 	h.sayWith(names)
+	if ev.Verdict == datapath.L7Replied {
+		h.explainReplies(names, ev, &f)
+		return f
+	}
 	req := h.request(ev)
 	f.HTTP = &req
 	switch {
@@ -153,12 +167,34 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 	return f
 }
 
+// explainReplies names a record of the server's answers by the request
+// they answer: the connection's last recorded one (bpf/lib/l7reply.h
+// records answers before any later request), with the rule that allowed
+// it.
+func (h *httpFlows) explainReplies(names *flowNames, ev datapath.L7Event, f *api.Flow) {
+	req := api.FlowHTTP{Reply: true, Status: ev.Status, LatencyMax: ev.LatencyMax}
+	if ev.Count > 0 {
+		req.Latency = ev.Latency / time.Duration(ev.Count)
+	}
+	f.Verdict = "allowed"
+	if last, ok := h.texts[ev.Cookie]; ok {
+		req.Method, req.Host, req.Target, req.TargetCut = last.http.Method, last.http.Host, last.http.Target, last.http.TargetCut
+		by := ev
+		by.Set, by.Rule = last.set, last.rule
+		f.Rule, f.Decider, req.Rule = h.allowedBy(names, by)
+	} else {
+		req.Reason = "answers requests recorded before this agent started"
+		f.Rule = "the server's answers to requests recorded before this agent started"
+	}
+	f.HTTP = &req
+}
+
 // request is the request a record is about: its text, or for a repeat
 // the connection's last recorded request's.
 func (h *httpFlows) request(ev datapath.L7Event) api.FlowHTTP {
 	if ev.Repeat {
 		if last, ok := h.texts[ev.Cookie]; ok {
-			return api.FlowHTTP{Method: last.Method, Host: last.Host, Target: last.Target, TargetCut: last.TargetCut}
+			return api.FlowHTTP{Method: last.http.Method, Host: last.http.Host, Target: last.http.Target, TargetCut: last.http.TargetCut}
 		}
 		return api.FlowHTTP{Reason: "repeats a request recorded before this agent started"}
 	}
@@ -170,7 +206,7 @@ func (h *httpFlows) request(ev datapath.L7Event) api.FlowHTTP {
 		if len(h.texts) >= maxRequestTexts {
 			h.forgetOne()
 		}
-		h.texts[ev.Cookie] = req
+		h.texts[ev.Cookie] = lastRequest{http: req, set: ev.Set, rule: ev.Rule}
 	} else {
 		delete(h.texts, ev.Cookie)
 	}

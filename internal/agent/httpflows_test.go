@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
@@ -282,5 +284,49 @@ func TestProxyRecordsSayUserSpace(t *testing.T) {
 	ev.Handed = true
 	if f = h.explain(names, ev); f.Verdict != "unjudged" || f.HTTP.Status != 0 || !strings.Contains(f.Rule, "handed to user space, which judges and answers it") {
 		t.Fatalf("the kernel's record of a denial handed over: %q %+v", f.Rule, f)
+	}
+}
+
+// TestHTTPReplyRecordsNameTheirRequest: a record of the server's answers
+// names the connection's last recorded request and the rule that
+// allowed it, with the answers' status and mean and longest latency; it
+// is counted as answers, not as requests.
+func TestHTTPReplyRecordsNameTheirRequest(t *testing.T) {
+	names, set := deathstarNames()
+	h := newHTTPFlows("n1", set)
+	ev := requestRecord(datapath.L7Allowed, "GET /v1/status/ok HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	ev.Set, ev.Rule = 103, 1
+	req := h.explain(names, ev)
+
+	reply := datapath.L7Event{Time: ev.Time.Add(time.Second), Cookie: 42, Client: ev.Client, Server: ev.Server, Sets: ev.Sets,
+		Count: 3, Verdict: datapath.L7Replied, Status: 503, Latency: 6 * time.Millisecond, LatencyMax: 3 * time.Millisecond}
+	f := h.explain(names, reply)
+	if f.Verdict != "allowed" || f.Count != 3 || f.Pod != "empire/deathstar-0" || f.HTTP == nil || !f.HTTP.Reply ||
+		f.HTTP.Status != 503 || f.HTTP.Latency != 2*time.Millisecond || f.HTTP.LatencyMax != 3*time.Millisecond ||
+		f.HTTP.Method != "GET" || f.HTTP.Target != "/v1/status/ok" || f.HTTP.Host != "deathstar.empire" {
+		t.Fatalf("answers' record %+v %+v", f, f.HTTP)
+	}
+	if f.Rule != req.Rule || f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Rule == nil || f.HTTP.Rule.Index != 1 {
+		t.Fatalf("answers' record names %q %+v %+v, want the request's rule %q", f.Rule, f.Decider, f.HTTP.Rule, req.Rule)
+	}
+
+	m, _ := newTestMetrics(t, &metricsDatapath{})
+	m.countHTTP(req)
+	m.countHTTP(f)
+	by := []string{"503", "WeirNetworkPolicy", "empire", "deathstar"}
+	if n := promtest.ToFloat64(m.httpReplies.WithLabelValues(by...)); n != 3 {
+		t.Errorf("%s: %v, want 3", metricHTTPReplies, n)
+	}
+	if s := promtest.ToFloat64(m.httpReplySeconds.WithLabelValues(by...)); s < 0.0059 || s > 0.0061 {
+		t.Errorf("%s: %v, want 0.006", metricHTTPReplySeconds, s)
+	}
+	if n := promtest.CollectAndCount(m.httpRequests); n != 1 {
+		t.Errorf("%s has %d series, want the request's alone", metricHTTPRequests, n)
+	}
+
+	// Answers on a connection this agent never saw a request of.
+	reply.Cookie = 7
+	if f = h.explain(names, reply); !f.HTTP.Reply || f.HTTP.Method != "" || !strings.Contains(f.HTTP.Reason, "before this agent started") {
+		t.Fatalf("answers of an unknown connection %+v", f.HTTP)
 	}
 }

@@ -63,7 +63,10 @@ const (
 	metricMapFill     = "weir_map_fill_ratio"
 
 	metricHTTPRequests = "weir_http_requests_total"
-	metricL7           = "weir_l7_total"
+	// Servers' answers to allowed requests, and their latencies summed.
+	metricHTTPReplies      = "weir_http_replies_total"
+	metricHTTPReplySeconds = "weir_http_reply_seconds_total"
+	metricL7               = "weir_l7_total"
 	// weir_l7_proxy_ended_total{reason}: handed connections the node's
 	// proxy ended for a limit (internal/proxy.Limits); weir_l7_proxy_busy_slots:
 	// its slots serving a connection.
@@ -96,6 +99,9 @@ type metrics struct {
 	reconcileErrors prometheus.Counter
 	maps            *mapFill
 	httpRequests    *prometheus.CounterVec
+	// httpReplies and httpReplySeconds count servers' answers to
+	// allowed requests and sum their latencies.
+	httpReplies, httpReplySeconds *prometheus.CounterVec
 	// proxy is the node's L7 proxy once it runs.
 	proxy atomic.Pointer[proxy.Proxy]
 }
@@ -113,10 +119,16 @@ func newMetrics(dp Datapath, flows *flowLog, log *slog.Logger) *metrics {
 		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricHTTPRequests,
 			Help: "Requests L7 policy judged, from their records, by verdict, the answer Weir wrote in the server's place (403, 400; empty when the request went on) and the policy that allowed or restricted them."},
 			[]string{"verdict", "status", "kind", "namespace", "policy"}),
+		httpReplies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricHTTPReplies,
+			Help: "Servers' answers to requests L7 policy allowed, read in the kernel, by status and the policy that allowed the requests."},
+			[]string{"status", "kind", "namespace", "policy"}),
+		httpReplySeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricHTTPReplySeconds,
+			Help: "The time from each allowed request going on to the first byte of its answer, summed; over weir_http_replies_total, the mean latency."},
+			[]string{"status", "kind", "namespace", "policy"}),
 	}
 	m.verdicts.src, _ = dp.(verdictCounter)
 	l7src, _ := dp.(l7Counter)
-	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors, m.httpRequests, l7Collector{l7src}, proxyCollector{&m.proxy},
+	m.reg.MustRegister(m.verdicts, m.reconcile, m.reconcileErrors, m.httpRequests, m.httpReplies, m.httpReplySeconds, l7Collector{l7src}, proxyCollector{&m.proxy},
 		datapathCollector{dp}, flowStoreCollector{flows}, m.maps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -216,6 +228,11 @@ func (m *metrics) countHTTP(f api.Flow) {
 	n := f.Count
 	if n == 0 {
 		n = 1
+	}
+	if f.HTTP.Reply {
+		m.httpReplies.WithLabelValues(status, kind, ns, name).Add(float64(n))
+		m.httpReplySeconds.WithLabelValues(status, kind, ns, name).Add(f.HTTP.Latency.Seconds() * float64(n))
+		return
 	}
 	m.httpRequests.WithLabelValues(f.Verdict, status, kind, ns, name).Add(float64(n))
 }
@@ -321,6 +338,7 @@ func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
 		"denials_pipelined": st.Pipelined, "connections_reset": st.Reset, "resets_unlisted": st.ResetUnlisted,
 		"connections_handed": st.Handed, "proxy_forwarded_bytes": st.ProxyForwarded, "proxy_answered": st.ProxyAnswered, "proxy_behind": st.ProxyBehind,
 		"clients": st.Clients, "heads_corked": st.Corked, "sends_desync": st.SendDesync,
+		"replies": st.Replies, "replies_lost": st.RepliesLost,
 	} {
 		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}

@@ -218,6 +218,10 @@ func gatherAll(t *testing.T) map[string]*dto.MetricFamily {
 	m.verdicts.names = verdictNames
 	m.reconciled(2*time.Millisecond, &policy.Result{}, nil, nil)
 	m.reconciled(time.Millisecond, nil, nil, errLoadFailed)
+	// A request's record and one of its answers: their counters have
+	// series only once counted.
+	m.countHTTP(api.Flow{Verdict: "allowed", HTTP: &api.FlowHTTP{Method: "GET"}})
+	m.countHTTP(api.Flow{Verdict: "allowed", HTTP: &api.FlowHTTP{Method: "GET", Reply: true, Status: 200, Latency: time.Millisecond}})
 	families, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -349,10 +349,19 @@ type FlowHTTP struct {
 	// says the record kept only its start.
 	Target    string `json:"target,omitempty"`
 	TargetCut bool   `json:"targetCut,omitempty"`
-	// Status is the answer Weir wrote in the server's place (403, 400);
-	// 0 when the request went on to the server or the connection was
+	// Status is the answer Weir wrote in the server's place (403, 400),
+	// or with Reply the server's own; 0 when the request went on to the
+	// server (its answer has a Reply record) or the connection was
 	// closed without an answer.
 	Status int `json:"status,omitempty"`
+	// Reply makes the record one of the server's answers (Count of them,
+	// all of Status) to the requests recorded before it on the
+	// connection, whose Method, Host, Target and Rule it repeats.
+	// Latency is their mean time from the request going on to the
+	// answer's first byte, LatencyMax the longest (in nanoseconds).
+	Reply      bool          `json:"reply,omitempty"`
+	Latency    time.Duration `json:"latency,omitempty"`
+	LatencyMax time.Duration `json:"latencyMax,omitempty"`
 	// Rule is the HTTP rule that allowed it (Decider is its policy rule).
 	Rule *FlowHTTPRule `json:"rule,omitempty"`
 	// Reason says why a refused or unjudged request was.

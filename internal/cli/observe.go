@@ -80,7 +80,7 @@ func NewObserveCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&f.http, "http", false, "only requests L7 policy judged, in a table of requests")
 	cmd.Flags().StringVar(&f.method, "method", "", "only requests with this method (implies --http)")
 	cmd.Flags().StringVar(&f.path, "path", "", "only requests whose path is this or under it, e.g. /v1 (implies --http)")
-	cmd.Flags().IntVar(&f.status, "status", 0, "only requests Weir answered with this status: 403 (denied) or 400 (refused) (implies --http)")
+	cmd.Flags().IntVar(&f.status, "status", 0, "only records with this status: the server's answers' (e.g. 200, 503), or Weir's in the server's place, 403 (denied) or 400 (refused) (implies --http)")
 	return cmd
 }
 
@@ -222,7 +222,7 @@ func printFlowHeader(tw io.Writer, output string) {
 	switch output {
 	case "json", "yaml":
 	case "http":
-		fmt.Fprintln(tw, "TIME\tCOUNT\tVERDICT\tSTATUS\tPOD\tPEER\tREQUEST\tRULE")
+		fmt.Fprintln(tw, "TIME\tCOUNT\tVERDICT\tSTATUS\tLATENCY\tPOD\tPEER\tREQUEST\tRULE")
 	case "wide":
 		fmt.Fprintln(tw, "TIME\tLAST\tCOUNT\tNODE\tVERDICT\tSTAGE\tDIR\tPOD\tPEER\tPROTO\tSRC\tDST\tSERVICE\tPEER-ID\tPEER-LABELS\tRULE\tLOGGED-BY")
 	default:
@@ -255,7 +255,8 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 		if fl.HTTP != nil && fl.HTTP.Status != 0 {
 			status = fmt.Sprint(fl.HTTP.Status)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, status, fl.Pod, fl.Peer, requestText(fl.HTTP), fl.Rule)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ts, max(fl.Count, 1), fl.Verdict, status, latencyText(fl),
+			fl.Pod, fl.Peer, requestText(fl.HTTP), fl.Rule)
 	default:
 		dst := fl.Dst + "/" + fl.Proto
 		if fl.ServiceAddr != "" {
@@ -268,13 +269,44 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 	}
 }
 
+// latencyText writes a record of answers' latency: the mean, and the
+// longest when it stands for more than one; "-" for a request's record.
+func latencyText(fl api.Flow) string {
+	h := fl.HTTP
+	if h == nil || !h.Reply {
+		return "-"
+	}
+	t := roundLatency(h.Latency).String()
+	if fl.Count > 1 {
+		t += " (max " + roundLatency(h.LatencyMax).String() + ")"
+	}
+	return t
+}
+
+// roundLatency keeps three significant digits or so: 1.23ms, 456µs.
+func roundLatency(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	case d >= time.Microsecond:
+		return d.Round(time.Microsecond)
+	}
+	return d
+}
+
 // requestText writes a record's request as "METHOD host target",
-// with "..." when the record kept only the target's start.
+// with "..." when the record kept only the target's start, and a record
+// of answers as "answer to" its request.
 func requestText(h *api.FlowHTTP) string {
 	if h == nil {
 		return "-"
 	}
 	t := h.Method
+	if h.Reply {
+		t = "answer to " + t
+	}
 	if h.Host != "" {
 		t += " " + h.Host
 	}

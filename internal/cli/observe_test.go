@@ -111,6 +111,22 @@ func TestObserveHTTPTableShowsRequests(t *testing.T) {
 	}
 }
 
+func TestObserveHTTPTableShowsAnswers(t *testing.T) {
+	var b bytes.Buffer
+	f := observeFlags{http: true}
+	printFlowHeader(&b, f.tableFormat())
+	fl := observeFlows()[3]
+	fl.Verdict, fl.Count = "allowed", 12
+	fl.HTTP = &api.FlowHTTP{Method: "GET", Host: "deathstar.demo", Target: "/v1/status", Status: 503, Reply: true,
+		Latency: 1234567 * time.Nanosecond, LatencyMax: 20 * time.Millisecond}
+	printFlow(&b, &b, fl, f.tableFormat())
+	for _, want := range []string{"LATENCY", "\t503\t", "1.23ms (max 20ms)", "answer to GET deathstar.demo /v1/status"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("requests table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
 func TestStatusPrintsPolicy(t *testing.T) {
 	var b bytes.Buffer
 	printStatus(&api.Status{Node: "n1", Policy: &api.PolicyStatus{

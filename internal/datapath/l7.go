@@ -81,6 +81,11 @@ type L7Stats struct {
 	// (a send taken in part, sends interleaved by threads, bytes written
 	// before the join).
 	Clients, Corked, SendDesync uint64
+	// Replies are answers to allowed requests whose status was read;
+	// RepliesLost are connections whose answers are no longer read
+	// (bpf/lib/l7reply.h: a client that pipelines, a send that does not
+	// begin an answer, a 101, a connection handed to user space).
+	Replies, RepliesLost uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -151,11 +156,13 @@ func AttachL7Sockets(cgroup string, flows L7FlowMaps) (_ *L7Sockets, retErr erro
 		{s.objs.WeirL7Strp, s.objs.L7Parser, ebpf.AttachSkSKBStreamParser},
 		{s.objs.WeirL7Strp, s.objs.L7Verdict, ebpf.AttachSkSKBStreamVerdict},
 		{s.objs.WeirL7Skb, s.objs.L7SkbVerdict, ebpf.AttachSkSKBVerdict},
-		{s.objs.WeirL7Http, s.objs.L7HttpVerdict, ebpf.AttachSkSKBVerdict},
 	} {
 		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: a.m.FD(), Program: a.p, Attach: a.kind}); err != nil {
 			return nil, fmt.Errorf("attach %v to its socket hash: %w", a.kind, err)
 		}
+	}
+	if err := attachServerReader(&s.objs); err != nil {
+		return nil, err
 	}
 	if err := attachProxyMsg(&s.objs); err != nil {
 		return nil, err
@@ -300,7 +307,7 @@ func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
 		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined,
 		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered, &out.ProxyBehind,
-		&out.Clients, &out.Corked, &out.SendDesync}
+		&out.Clients, &out.Corked, &out.SendDesync, &out.Replies, &out.RepliesLost}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

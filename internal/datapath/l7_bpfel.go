@@ -247,26 +247,44 @@ type l7L7Port struct {
 	Set  uint32
 }
 
+type l7L7Replies struct {
+	_       structs.HostLayout
+	Cookie  uint64
+	AskedNs uint64
+	FirstNs uint64
+	LastNs  uint64
+	SumNs   uint64
+	MaxNs   uint64
+	Count   uint32
+	Status  uint16
+	Waiting uint8
+	Lost    uint8
+}
+
 type l7L7RequestEvent struct {
-	_          structs.HostLayout
-	TsNs       uint64
-	Cookie     uint64
-	Client     uint32
-	Server     uint32
-	ClientPort uint16
-	ServerPort uint16
-	Sets       [3]uint32
-	Set        uint32
-	Count      uint32
-	Verdict    uint8
-	Rule       uint8
-	Error      uint8
-	Flags      uint8
-	LineLen    uint16
-	HostLen    uint8
-	Dir        uint8
-	Line       [128]uint8
-	Host       [64]uint8
+	_            structs.HostLayout
+	TsNs         uint64
+	Cookie       uint64
+	Client       uint32
+	Server       uint32
+	ClientPort   uint16
+	ServerPort   uint16
+	Sets         [3]uint32
+	Set          uint32
+	Count        uint32
+	Verdict      uint8
+	Rule         uint8
+	Error        uint8
+	Flags        uint8
+	LineLen      uint16
+	HostLen      uint8
+	Dir          uint8
+	Status       uint16
+	Pad          [6]uint8
+	LatencyNs    uint64
+	LatencyMaxNs uint64
+	Line         [128]uint8
+	Host         [64]uint8
 }
 
 type l7L7Set struct {
@@ -318,6 +336,7 @@ const (
 	l7MapWeirL7Proxy             = "weir_l7_proxy"
 	l7MapWeirL7ProxyPorts        = "weir_l7_proxy_ports"
 	l7MapWeirL7ProxyRead         = "weir_l7_proxy_read"
+	l7MapWeirL7Replies           = "weir_l7_replies"
 	l7MapWeirL7Scratch           = "weir_l7_scratch"
 	l7MapWeirL7Sets              = "weir_l7_sets"
 	l7MapWeirL7Skb               = "weir_l7_skb"
@@ -329,6 +348,7 @@ const (
 	l7ProgL7Parser               = "l7_parser"
 	l7ProgL7ProxyMsg             = "l7_proxy_msg"
 	l7ProgL7ResetTcp             = "l7_reset_tcp"
+	l7ProgL7ServerMsg            = "l7_server_msg"
 	l7ProgL7SkbVerdict           = "l7_skb_verdict"
 	l7ProgL7Sockops              = "l7_sockops"
 	l7ProgL7Verdict              = "l7_verdict"
@@ -396,6 +416,7 @@ type l7ProgramSpecs struct {
 	L7Parser      *ebpf.ProgramSpec `ebpf:"l7_parser"`
 	L7ProxyMsg    *ebpf.ProgramSpec `ebpf:"l7_proxy_msg"`
 	L7ResetTcp    *ebpf.ProgramSpec `ebpf:"l7_reset_tcp"`
+	L7ServerMsg   *ebpf.ProgramSpec `ebpf:"l7_server_msg"`
 	L7SkbVerdict  *ebpf.ProgramSpec `ebpf:"l7_skb_verdict"`
 	L7Sockops     *ebpf.ProgramSpec `ebpf:"l7_sockops"`
 	L7Verdict     *ebpf.ProgramSpec `ebpf:"l7_verdict"`
@@ -424,6 +445,7 @@ type l7MapSpecs struct {
 	WeirL7Proxy         *ebpf.MapSpec `ebpf:"weir_l7_proxy"`
 	WeirL7ProxyPorts    *ebpf.MapSpec `ebpf:"weir_l7_proxy_ports"`
 	WeirL7ProxyRead     *ebpf.MapSpec `ebpf:"weir_l7_proxy_read"`
+	WeirL7Replies       *ebpf.MapSpec `ebpf:"weir_l7_replies"`
 	WeirL7Scratch       *ebpf.MapSpec `ebpf:"weir_l7_scratch"`
 	WeirL7Sets          *ebpf.MapSpec `ebpf:"weir_l7_sets"`
 	WeirL7Skb           *ebpf.MapSpec `ebpf:"weir_l7_skb"`
@@ -490,6 +512,7 @@ type l7Maps struct {
 	WeirL7Proxy         *ebpf.Map `ebpf:"weir_l7_proxy"`
 	WeirL7ProxyPorts    *ebpf.Map `ebpf:"weir_l7_proxy_ports"`
 	WeirL7ProxyRead     *ebpf.Map `ebpf:"weir_l7_proxy_read"`
+	WeirL7Replies       *ebpf.Map `ebpf:"weir_l7_replies"`
 	WeirL7Scratch       *ebpf.Map `ebpf:"weir_l7_scratch"`
 	WeirL7Sets          *ebpf.Map `ebpf:"weir_l7_sets"`
 	WeirL7Skb           *ebpf.Map `ebpf:"weir_l7_skb"`
@@ -518,6 +541,7 @@ func (m *l7Maps) Close() error {
 		m.WeirL7Proxy,
 		m.WeirL7ProxyPorts,
 		m.WeirL7ProxyRead,
+		m.WeirL7Replies,
 		m.WeirL7Scratch,
 		m.WeirL7Sets,
 		m.WeirL7Skb,
@@ -556,6 +580,7 @@ type l7Programs struct {
 	L7Parser      *ebpf.Program `ebpf:"l7_parser"`
 	L7ProxyMsg    *ebpf.Program `ebpf:"l7_proxy_msg"`
 	L7ResetTcp    *ebpf.Program `ebpf:"l7_reset_tcp"`
+	L7ServerMsg   *ebpf.Program `ebpf:"l7_server_msg"`
 	L7SkbVerdict  *ebpf.Program `ebpf:"l7_skb_verdict"`
 	L7Sockops     *ebpf.Program `ebpf:"l7_sockops"`
 	L7Verdict     *ebpf.Program `ebpf:"l7_verdict"`
@@ -569,6 +594,7 @@ func (p *l7Programs) Close() error {
 		p.L7Parser,
 		p.L7ProxyMsg,
 		p.L7ResetTcp,
+		p.L7ServerMsg,
 		p.L7SkbVerdict,
 		p.L7Sockops,
 		p.L7Verdict,

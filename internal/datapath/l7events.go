@@ -23,6 +23,9 @@ const (
 	L7Refused           // the stream cannot be read safely (400)
 	L7Punted            // the kernel cannot judge it
 	L7Split             // its head did not end in the skb it began in
+	// L7Replied: the record is of the server's answers to allowed
+	// requests (Status, Latency), not of requests.
+	L7Replied
 )
 
 func (v L7Verdict) String() string {
@@ -37,6 +40,8 @@ func (v L7Verdict) String() string {
 		return "punted"
 	case L7Split:
 		return "split"
+	case L7Replied:
+		return "replied"
 	}
 	return fmt.Sprintf("L7Verdict(%d)", uint8(v))
 }
@@ -92,6 +97,12 @@ type L7Event struct {
 	Line    []byte
 	LineCut bool
 	Host    string // the Host name as it arrived
+	// Status is the server's answer's (Verdict L7Replied: Count answers
+	// of this status, to the connection's last recorded requests);
+	// Latency sums their times from the request going on to the
+	// answer's first byte, LatencyMax is the longest (bpf/lib/l7reply.h).
+	Status              int
+	Latency, LatencyMax time.Duration
 }
 
 // L7EventReader reads request records. Only one reader per ring.
@@ -151,11 +162,18 @@ const l7DirEgress = 1
 // l7EventSize is sizeof(struct l7_request_event).
 var l7EventSize = binary.Size(l7L7RequestEvent{})
 
+// l7ReplyFieldsSize is the size of the members the answers' records
+// added (status, padding, latency_ns, latency_max_ns): a record of the
+// version before them is this much shorter, and still comes after an
+// upgrade, from the programs of the sockets that joined before it.
+const l7ReplyFieldsSize = 24
+
 // decodeL7Event decodes struct l7_request_event by its offsets, as
 // rawVerdictEvent does (TestDecodeL7EventMatchesLayout holds them to the
 // generated type).
 func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
-	if len(b) != l7EventSize {
+	older := len(b) == l7EventSize-l7ReplyFieldsSize
+	if len(b) != l7EventSize && !older {
 		return L7Event{}, fmt.Errorf("decode request record: %d bytes, want %d", len(b), l7EventSize)
 	}
 	e := binary.NativeEndian
@@ -178,7 +196,14 @@ func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
 	ev.Pipelined, ev.Handed = flags&l7evPipeline != 0, flags&l7evHanded != 0
 	lineLen, hostLen := int(e.Uint16(b[52:])), int(b[54])
 	ev.Egress = b[55] == l7DirEgress
-	const lineAt, hostAt = 56, 56 + 128
+	lineAt := 56
+	if !older {
+		ev.Status = int(e.Uint16(b[56:]))
+		ev.Latency = time.Duration(e.Uint64(b[64:]))
+		ev.LatencyMax = time.Duration(e.Uint64(b[72:]))
+		lineAt += l7ReplyFieldsSize
+	}
+	hostAt := lineAt + 128
 	if lineLen > 128 || hostLen > 64 {
 		return L7Event{}, fmt.Errorf("decode request record: text of %d and %d bytes", lineLen, hostLen)
 	}

@@ -12,20 +12,29 @@ import (
 	"github.com/weirnet/weir/internal/l7"
 )
 
-// recordCollector gathers a reader's request records as they come.
+// recordCollector gathers a reader's request records as they come, and
+// apart from them the records of answers.
 type recordCollector struct {
-	ch chan L7Event
+	ch, replies chan L7Event
 }
 
 func collectRecords(t *testing.T, rd *L7EventReader) *recordCollector {
 	t.Helper()
-	c := &recordCollector{ch: make(chan L7Event, 1024)}
+	c := &recordCollector{ch: make(chan L7Event, 1024), replies: make(chan L7Event, 4096)}
 	go func() {
 		for {
 			ev, err := rd.Read()
 			if err != nil {
 				close(c.ch)
+				close(c.replies)
 				return
+			}
+			if ev.Verdict == L7Replied {
+				select {
+				case c.replies <- ev:
+				default: // a test that reads no answers' records
+				}
+				continue
 			}
 			c.ch <- ev
 		}
@@ -34,14 +43,25 @@ func collectRecords(t *testing.T, rd *L7EventReader) *recordCollector {
 	return c
 }
 
-// take returns the next n records, failing after a few seconds.
+// take returns the next n request records, failing after a few seconds.
 func (c *recordCollector) take(t *testing.T, n int) []L7Event {
+	t.Helper()
+	return takeFrom(t, c.ch, n)
+}
+
+// takeReplies returns the next n records of answers.
+func (c *recordCollector) takeReplies(t *testing.T, n int) []L7Event {
+	t.Helper()
+	return takeFrom(t, c.replies, n)
+}
+
+func takeFrom(t *testing.T, ch chan L7Event, n int) []L7Event {
 	t.Helper()
 	var out []L7Event
 	deadline := time.After(5 * time.Second)
 	for len(out) < n {
 		select {
-		case ev, ok := <-c.ch:
+		case ev, ok := <-ch:
 			if !ok {
 				t.Fatalf("reader closed after %d of %d records: %+v", len(out), n, out)
 			}

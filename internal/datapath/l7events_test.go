@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 )
 
 // TestDecodeL7EventMatchesLayout holds decodeL7Event's offsets to the
@@ -16,6 +17,7 @@ func TestDecodeL7EventMatchesLayout(t *testing.T) {
 		ClientPort: 40000, ServerPort: 80, Sets: [3]uint32{101, 102, 103}, Set: 102, Count: 9,
 		Verdict: uint8(L7Denied), Rule: 63, Error: 5, Flags: l7evAnswered | l7evClosed | l7evLineCut,
 		LineLen: 128, HostLen: 64, Dir: l7DirEgress,
+		Status: 503, LatencyNs: 7_000_000, LatencyMaxNs: 4_000_000,
 	}
 	for i := range raw.Line {
 		raw.Line[i] = 'a' + byte(i%26)
@@ -35,6 +37,7 @@ func TestDecodeL7EventMatchesLayout(t *testing.T) {
 		ev.Client != netip.MustParseAddrPort("10.244.2.9:40000") || ev.Server != netip.MustParseAddrPort("10.244.1.7:80") ||
 		ev.Sets != raw.Sets || ev.Set != 102 || ev.Count != 9 || ev.Verdict != L7Denied || ev.Rule != 63 || ev.Error != 5 ||
 		ev.Repeat || !ev.Answered || !ev.Closed || !ev.LineCut || !ev.Egress ||
+		ev.Status != 503 || ev.Latency != 7*time.Millisecond || ev.LatencyMax != 4*time.Millisecond ||
 		!bytes.Equal(ev.Line, raw.Line[:]) || ev.Host != string(raw.Host[:]) {
 		t.Fatalf("decoded %+v", ev)
 	}
@@ -43,6 +46,18 @@ func TestDecodeL7EventMatchesLayout(t *testing.T) {
 	}
 	if _, err := decodeL7Event(b.Bytes()[:100], 0); err == nil {
 		t.Fatal("a short record decoded")
+	}
+	// A record of the version before answers were read, as the programs
+	// of sockets that joined before an upgrade still write it: the same
+	// members up to dir, then the text.
+	full := b.Bytes()
+	older := append(append([]byte(nil), full[:56]...), full[56+l7ReplyFieldsSize:]...)
+	ev, err = decodeL7Event(older, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Verdict != L7Denied || ev.Cookie != raw.Cookie || ev.Status != 0 || !bytes.Equal(ev.Line, raw.Line[:]) || ev.Host != string(raw.Host[:]) {
+		t.Fatalf("older record decoded as %+v", ev)
 	}
 	raw.LineLen = 129
 	b.Reset()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,12 @@ const l7SeenPath = "/public/seen"
 
 // l7SlowPath is answered after 300 ms.
 const l7SlowPath = "/public/slow"
+
+// l7StatusPath+"NNN" is answered with status NNN.
+const l7StatusPath = "/public/status/"
+
+// l7BigPath is answered with a body of 256 KiB, written in four sends.
+const l7BigPath = "/public/big"
 
 // TestL7HTTPHelper is not a test: run with l7HTTPHelperEnv set, it
 // serves HTTP until killed, answering "<method> <path>" to every request.
@@ -56,8 +63,19 @@ func TestL7HTTPHelper(t *testing.T) {
 		seen = append(seen, r.Method+" "+r.URL.Path)
 		list := strings.Join(seen, "\n")
 		mu.Unlock()
-		if r.URL.Path == l7SeenPath {
+		switch {
+		case r.URL.Path == l7SeenPath:
 			io.WriteString(w, list)
+			return
+		case strings.HasPrefix(r.URL.Path, l7StatusPath):
+			code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, l7StatusPath))
+			w.WriteHeader(code)
+		case r.URL.Path == l7BigPath:
+			w.Header().Set("Content-Length", strconv.Itoa(256<<10))
+			for range 4 {
+				w.Write([]byte(strings.Repeat("b", 64<<10)))
+				w.(http.Flusher).Flush()
+			}
 			return
 		}
 		fmt.Fprintf(w, "%s %s", r.Method, r.URL.Path)

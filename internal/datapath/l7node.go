@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/weirnet/weir/internal/l7"
 )
@@ -57,9 +56,8 @@ func (n *Node) setupL7(cgroup string) (retErr error) {
 			objs.Close()
 		}
 	}()
-	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: objs.WeirL7Http.FD(), Program: objs.L7HttpVerdict,
-		Attach: ebpf.AttachSkSKBVerdict}); err != nil {
-		return fmt.Errorf("attach the HTTP verdict to weir_l7_http: %w", err)
+	if err := attachServerReader(objs); err != nil {
+		return err
 	}
 	if err := attachProxyMsg(objs); err != nil {
 		return err

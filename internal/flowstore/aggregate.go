@@ -23,12 +23,12 @@ type key struct {
 }
 
 // httpKey is what makes requests the same record: everything of
-// api.FlowHTTP.
+// api.FlowHTTP but the latencies, which a record of answers sums.
 type httpKey struct {
-	method, host, target, reason string
-	status                       int
-	targetCut, closed, set       bool
-	rule                         api.FlowHTTPRule
+	method, host, target, reason  string
+	status                        int
+	targetCut, closed, set, reply bool
+	rule                          api.FlowHTTPRule
 }
 
 func keyOf(f api.Flow) key {
@@ -47,7 +47,7 @@ func httpKeyOf(h *api.FlowHTTP) httpKey {
 		return httpKey{}
 	}
 	k := httpKey{method: h.Method, host: h.Host, target: h.Target, reason: h.Reason, status: h.Status,
-		targetCut: h.TargetCut, closed: h.Closed, set: true}
+		targetCut: h.TargetCut, closed: h.Closed, set: true, reply: h.Reply}
 	if h.Rule != nil {
 		k.rule = *h.Rule
 	}
@@ -114,12 +114,23 @@ func newAggregate(f api.Flow, k key, now func() time.Time) *api.Flow {
 	agg := f
 	agg.Src = k.src
 	agg.Count, agg.Time, agg.LastTime = span(f, now)
+	if f.HTTP != nil && f.HTTP.Reply {
+		h := *f.HTTP // merge changes its latencies
+		agg.HTTP = &h
+	}
 	return &agg
 }
 
 // merge counts f into agg.
 func merge(agg *api.Flow, f api.Flow, now func() time.Time) {
 	n, first, last := span(f, now)
+	if agg.HTTP != nil && agg.HTTP.Reply && f.HTTP != nil {
+		// The mean over both, each weighted by its answers.
+		h := agg.HTTP
+		h.Latency = time.Duration((float64(h.Latency)*float64(agg.Count) + float64(f.HTTP.Latency)*float64(n)) /
+			float64(agg.Count+n))
+		h.LatencyMax = max(h.LatencyMax, f.HTTP.LatencyMax)
+	}
 	agg.Count += n
 	if first.Before(agg.Time) {
 		agg.Time = first

@@ -213,10 +213,11 @@ func (st *State) demoHTTPPolicy(ctx context.Context, f corev1.Pod, out io.Writer
 }
 
 // printHTTPFlows waits for the records of the frontend's two requests to
-// the deathstar (the records reach the agent within a poll) and prints
-// them with the rule that decided each.
+// the deathstar and of the deathstar's answer to the allowed one (the
+// records reach the agent within a poll; the answer's when the
+// connection closes) and prints them with the rule that decided each.
 func (st *State) printHTTPFlows(ctx context.Context, f corev1.Pod, out io.Writer) error {
-	want := map[string]string{"PUT": "denied", "POST": "allowed"}
+	want := map[string]string{"PUT": "denied", "POST": "allowed", "POST answer": "allowed"}
 	var found map[string]api.Flow
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -224,8 +225,12 @@ func (st *State) printHTTPFlows(ctx context.Context, f corev1.Pod, out io.Writer
 		for _, n := range st.Nodes {
 			q := api.FlowsQuery{FlowFilter: api.FlowFilter{Namespace: DemoNamespace, Pod: f.Name, HTTP: true}}
 			err := n.Client().Flows(ctx, q, func(fl api.Flow) error {
-				if want[fl.HTTP.Method] == fl.Verdict && fl.Time.After(found[fl.HTTP.Method].Time) {
-					found[fl.HTTP.Method] = fl
+				k := fl.HTTP.Method
+				if fl.HTTP.Reply {
+					k += " answer"
+				}
+				if want[k] == fl.Verdict && fl.Time.After(found[k].Time) {
+					found[k] = fl
 				}
 				return nil
 			})
@@ -238,10 +243,15 @@ func (st *State) printHTTPFlows(ctx context.Context, f corev1.Pod, out io.Writer
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	for _, m := range []string{"PUT", "POST"} {
+	for _, m := range []string{"PUT", "POST", "POST answer"} {
 		fl, ok := found[m]
 		if !ok {
 			return fmt.Errorf("demo: no %s record of the frontend's %s to the deathstar within 10 s", want[m], m)
+		}
+		if fl.HTTP.Reply {
+			fmt.Fprintf(out, "  answer  %-3d %s %s%s -> %s in %v (the deathstar's own, read in the kernel as it was sent)\n",
+				fl.HTTP.Status, fl.HTTP.Method, fl.HTTP.Host, fl.HTTP.Target, fl.Peer, fl.HTTP.Latency.Round(time.Microsecond))
+			continue
 		}
 		status := "-"
 		if fl.HTTP.Status != 0 {

@@ -479,6 +479,12 @@ func TestKubernetes(t *testing.T) {
 				case f.Verdict == "allowed" && f.HTTP.Method == "PUT" && strings.Contains(strings.ToLower(f.Rule), `ports[0].http[2] (put exact /hostname header x-role exact "admin"`):
 					seen["headers"] = true
 				}
+				// The server's answer to an allowed request, read in the
+				// kernel as it was sent, named by its request and rule.
+				if f.HTTP.Reply && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 &&
+					f.HTTP.LatencyMax >= f.HTTP.Latency && strings.Contains(f.Rule, "ports[0].http[0] (GET Exact /hostname)") {
+					seen["answer"] = true
+				}
 				// Also the allowed GET /hostname above when it came in
 				// two pieces.
 				if f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.HasSuffix(f.Rule, "(judged in user space)") {
@@ -489,8 +495,8 @@ func TestKubernetes(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if len(seen) != 6 {
-				return fmt.Errorf("records of %s: %v, want allowed, denied, host, refused, headers and user space", server.Name, seen)
+			if len(seen) != 7 {
+				return fmt.Errorf("records of %s: %v, want allowed, denied, host, refused, headers, user space and answer", server.Name, seen)
 			}
 			return nil
 		})
@@ -561,13 +567,17 @@ func TestKubernetes(t *testing.T) {
 					f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/client-egress-http egress[0]":
 					seen["denied"] = true
 				}
+				// The server's answer, read as it reached the client.
+				if f.HTTP.Reply && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 {
+					seen["answer"] = true
+				}
 				return nil
 			})
 			if err != nil {
 				return err
 			}
-			if len(seen) != 2 {
-				return fmt.Errorf("egress records of %s: %v, want allowed and denied", client.Name, seen)
+			if len(seen) != 3 {
+				return fmt.Errorf("egress records of %s: %v, want allowed, denied and answer", client.Name, seen)
 			}
 			return nil
 		})
@@ -594,7 +604,7 @@ func TestKubernetes(t *testing.T) {
 			"PUT  /v1/exhaust-port     -> 403", `POST /v1/request-landing -> 200 "Ship landed"`,
 			"by no HTTP rule allows it: weirnetworkpolicy demo/deathstar ingress[0]",
 			"by weirnetworkpolicy demo/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing)",
-			"HTTP denied: answered 403"} {
+			"HTTP denied: answered 403", "answer  200 POST "} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("demo output lacks %q", want)
 			}
