@@ -366,11 +366,11 @@ __always_inline_fn void l7_record_stop(struct l7_walk *w, __u8 ev_verdict, __u8 
 {
 	struct l7_request_event *ev;
 
-	l7_reply_flush(w->replies, &w->key, w->sets, w->dir);
 	l7_event_repeats(&w->conn->run, &w->key, w->cookie, w->sets, w->dir);
 	ev = l7_event_reserve(&w->key, w->cookie, w->sets, w->dir);
 	if (!ev)
 		return;
+	l7_reply_attach(w->replies, ev);
 	ev->verdict = ev_verdict;
 	ev->error = w->conn->s.error;
 	ev->flags = flags | w->punt_why;
@@ -777,7 +777,7 @@ int l7_client_skb(struct __sk_buff *skb)
 	own.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
 	own.local_port = skb->local_port;
 	r = bpf_map_lookup_elem(&weir_l7_replies, &own);
-	if (!r || r->lost || !r->waiting)
+	if (!r || r->lost || !r->waiting || r->cookie != bpf_get_socket_cookie(skb))
 		return SK_PASS;
 	f = bpf_map_lookup_elem(&weir_l7_out, &own);
 	if (!f)

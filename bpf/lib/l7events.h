@@ -19,7 +19,8 @@
  * next request, or when the socket closes. A keep-alive client repeating
  * one call costs a record a second, not one per request. Denials,
  * refusals and punts are always recorded one by one. The server's
- * answers to allowed requests are recorded in runs too (l7reply.h).
+ * answers to allowed requests are counted in runs too, and ride on the
+ * connection's next record (l7reply.h).
  *
  * A full ring loses the record, never the request's verdict; the loss is
  * counted (L7_STAT_EVENTS_LOST).
@@ -43,7 +44,7 @@ enum {
 	L7_EV_REFUSED, /* the stream cannot be read safely (400) */
 	L7_EV_PUNTED,  /* the kernel cannot judge it */
 	L7_EV_SPLIT,   /* its head did not end in the skb it began in */
-	L7_EV_REPLY,   /* the server's answers to allowed requests (l7reply.h) */
+	L7_EV_REPLY,   /* only the server's answers (replies), no request (l7reply.h) */
 };
 
 /* l7_request_event.flags */
@@ -79,10 +80,13 @@ struct l7_request_event {
 	__u16 line_len;
 	__u8 host_len;
 	__u8 dir;     /* L7_DIR_*: whose policy judged it */
-	/* L7_EV_REPLY: the answers' status, and the sum and maximum of their
-	 * latencies (from the request going on to the answer's first byte) */
+	/* The server's answers since the connection's last record, to its
+	 * last recorded request (l7reply.h), on any record: how many (0:
+	 * none), their status, and the sum and maximum of their latencies
+	 * (from the request going on to the answer's first byte). */
 	__u16 status;
-	__u8 pad[6];
+	__u16 pad;
+	__u32 replies;
 	__u64 latency_ns;
 	__u64 latency_max_ns;
 	__u8 line[L7_EVENT_LINE];

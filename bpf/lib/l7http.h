@@ -214,13 +214,13 @@ __always_inline_fn void l7_record_allowed(struct l7_walk *w, struct http_state *
 		run->last_ns = now;
 		return;
 	}
-	/* The answers so far are to the requests recorded so far. */
-	l7_reply_flush(w->replies, &w->key, w->sets, w->dir);
 	l7_event_repeats(run, &w->key, w->cookie, w->sets, w->dir);
 	ev = l7_event_reserve(&w->key, w->cookie, w->sets, w->dir);
 	if (ev) {
 		struct l7_src src = l7_walk_src(w);
 
+		/* The answers so far, to the requests recorded so far. */
+		l7_reply_attach(w->replies, ev);
 		ev->ts_ns = now;
 		ev->verdict = L7_EV_ALLOWED;
 		ev->set = set;

@@ -45,11 +45,15 @@
  * it when the socket joins its reader and deletes it when it closes.
  *
  * Answers fold like requests (l7events.h): consecutive answers with the
- * same status, within a second of the first of them, make one record
- * (L7_EV_REPLY) with their count and the sum and maximum of their
- * latencies. The run is recorded before any request record of the
- * connection, so each reply record follows the record of the requests it
- * answers: the agent names it by the connection's last recorded request.
+ * same status, within a second of the first of them, make one run, with
+ * their count and the sum and maximum of their latencies. A run rides
+ * on the connection's next record, whatever it records (a request, a
+ * denial, repeats), before that record's own request counts: so it
+ * always answers the connection's last recorded request, which names it
+ * (the agent keeps it), and a connection costs no more records than its
+ * requests do. A run that must end without a record to ride (its status
+ * changes, it is a second old, the connection closes or its answers stop
+ * being read) is a record of its own (L7_EV_REPLY).
  */
 #ifndef WEIR_LIB_L7REPLY_H
 #define WEIR_LIB_L7REPLY_H
@@ -77,11 +81,13 @@ struct l7_replies {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 131072); /* a server's and a client's socket for each reader */
+	/* LRU: an entry left by a socket whose close went unseen (a version
+	 * without this map ran meanwhile) makes room; a live connection's
+	 * entry evicted only has its answers not read. */
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
 	__type(key, struct l7_sock_key);
 	__type(value, struct l7_replies);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } weir_l7_replies SEC(".maps");
 
@@ -95,7 +101,21 @@ __always_inline_fn void l7_replies_make(const struct l7_sock_key *own, __u64 coo
 		l7_count(L7_STAT_REPLIES_LOST, 1);
 }
 
-/* l7_reply_flush records the run of answers, if any, and ends it. */
+/* l7_reply_attach puts the run of answers, if any, on a record being
+ * written, and ends it. */
+__always_inline_fn void l7_reply_attach(struct l7_replies *r, struct l7_request_event *ev)
+{
+	if (!r || !r->count)
+		return;
+	ev->replies = r->count;
+	ev->status = r->status;
+	ev->latency_ns = r->sum_ns;
+	ev->latency_max_ns = r->max_ns;
+	r->count = 0;
+}
+
+/* l7_reply_flush records the run of answers, if any, on a record of its
+ * own, and ends it. */
 __always_inline_fn void l7_reply_flush(struct l7_replies *r, const struct l7_sock_key *key, const __u32 *sets,
 				       __u8 dir)
 {
@@ -107,10 +127,8 @@ __always_inline_fn void l7_reply_flush(struct l7_replies *r, const struct l7_soc
 	if (ev) {
 		ev->ts_ns = r->last_ns;
 		ev->verdict = L7_EV_REPLY;
-		ev->count = r->count;
-		ev->status = r->status;
-		ev->latency_ns = r->sum_ns;
-		ev->latency_max_ns = r->max_ns;
+		ev->count = 0;
+		l7_reply_attach(r, ev);
 		l7_event_submit(ev);
 	}
 	r->count = 0;
@@ -162,7 +180,9 @@ __always_inline_fn int l7_status_at(const struct l7_src *src, __u32 off)
 			return -1;
 		status = status * 10 + b[i] - '0';
 	}
-	if (status < 100)
+	/* RFC 9110's range: a server cannot fill the status label of the
+	 * metrics with 900 values. */
+	if (status < 100 || status > 599)
 		return -1;
 	return status;
 }

@@ -84,36 +84,24 @@ func (h *httpFlows) sayWith(names *flowNames) {
 	}
 }
 
+// flowsOf turns a record into its flows: the server's answers it
+// carries (named by the connection's last recorded request, so before
+// this record's own request is remembered), then its request, if it is
+// of one.
+func (h *httpFlows) flowsOf(names *flowNames, ev datapath.L7Event) []api.Flow {
+	var out []api.Flow
+	if ev.Replies > 0 {
+		out = append(out, h.explainReplies(names, ev))
+	}
+	if ev.Verdict != datapath.L7Replied {
+		out = append(out, h.explain(names, ev))
+	}
+	return out
+}
+
 // explain names a request record.
 func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
-	// The local pod is the one whose rules judged the request: the
-	// server for ingress, the client for egress.
-	dir, pod, peer := policy.Ingress, ev.Server.Addr(), ev.Client.Addr()
-	if ev.Egress {
-		dir, pod, peer = policy.Egress, ev.Client.Addr(), ev.Server.Addr()
-	}
-	f := api.Flow{
-		Time: ev.Time, Node: h.node, Direction: dir.String(), Stage: StageHTTP,
-		Src: ev.Client.String(), Dst: ev.Server.String(), Proto: "TCP",
-		Pod: pod.String(), Peer: peer.String(),
-	}
-	if ev.Count > 1 {
-		f.Count = uint64(ev.Count)
-		f.LastTime = ev.Time
-	}
-	if names != nil {
-		if name, ok := names.byIP[pod]; ok {
-			f.Pod = name
-		}
-		if name, ok := names.byIP[peer]; ok {
-			f.Peer = name
-		}
-	}
-	h.sayWith(names)
-	if ev.Verdict == datapath.L7Replied {
-		h.explainReplies(names, ev, &f)
-		return f
-	}
+	f := h.flowOf(names, ev, ev.Count)
 	req := h.request(ev)
 	f.HTTP = &req
 	switch {
@@ -167,15 +155,43 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 	return f
 }
 
-// explainReplies names a record of the server's answers by the request
-// they answer: the connection's last recorded one (bpf/lib/l7reply.h
-// records answers before any later request), with the rule that allowed
-// it.
-func (h *httpFlows) explainReplies(names *flowNames, ev datapath.L7Event, f *api.Flow) {
-	req := api.FlowHTTP{Reply: true, Status: ev.Status, LatencyMax: ev.LatencyMax}
-	if ev.Count > 0 {
-		req.Latency = ev.Latency / time.Duration(ev.Count)
+// flowOf is the flow of a record's connection, of n requests or answers,
+// with the pods named; what it is about is the caller's to say.
+func (h *httpFlows) flowOf(names *flowNames, ev datapath.L7Event, n uint32) api.Flow {
+	// The local pod is the one whose rules judged the request: the
+	// server for ingress, the client for egress.
+	dir, pod, peer := policy.Ingress, ev.Server.Addr(), ev.Client.Addr()
+	if ev.Egress {
+		dir, pod, peer = policy.Egress, ev.Client.Addr(), ev.Server.Addr()
 	}
+	f := api.Flow{
+		Time: ev.Time, Node: h.node, Direction: dir.String(), Stage: StageHTTP,
+		Src: ev.Client.String(), Dst: ev.Server.String(), Proto: "TCP",
+		Pod: pod.String(), Peer: peer.String(),
+	}
+	if n > 1 {
+		f.Count = uint64(n)
+		f.LastTime = ev.Time
+	}
+	if names != nil {
+		if name, ok := names.byIP[pod]; ok {
+			f.Pod = name
+		}
+		if name, ok := names.byIP[peer]; ok {
+			f.Peer = name
+		}
+	}
+	h.sayWith(names)
+	return f
+}
+
+// explainReplies names the server's answers a record carries by the
+// request they answer: the connection's last recorded one
+// (bpf/lib/l7reply.h), with the rule that allowed it.
+func (h *httpFlows) explainReplies(names *flowNames, ev datapath.L7Event) api.Flow {
+	f := h.flowOf(names, ev, ev.Replies)
+	req := api.FlowHTTP{Reply: true, Status: ev.Status, LatencyMax: ev.LatencyMax,
+		Latency: ev.Latency / time.Duration(ev.Replies)}
 	f.Verdict = "allowed"
 	if last, ok := h.texts[ev.Cookie]; ok {
 		req.Method, req.Host, req.Target, req.TargetCut = last.http.Method, last.http.Host, last.http.Target, last.http.TargetCut
@@ -187,6 +203,7 @@ func (h *httpFlows) explainReplies(names *flowNames, ev datapath.L7Event, f *api
 		f.Rule = "the server's answers to requests recorded before this agent started"
 	}
 	f.HTTP = &req
+	return f
 }
 
 // request is the request a record is about: its text, or for a repeat
@@ -202,6 +219,13 @@ func (h *httpFlows) request(ev datapath.L7Event) api.FlowHTTP {
 	// anything, so they are escaped like the line's.
 	req := api.FlowHTTP{Host: printable([]byte(ev.Host))}
 	req.Method, req.Target, req.TargetCut = requestLine(ev.Line, ev.LineCut)
+	// The proxy's records come from another goroutine, in no set order
+	// with the kernel's: the answers the kernel recorded of the request
+	// before a hand-off are named by that request, never by the proxy's
+	// (the kernel reads no answers after a hand-off).
+	if ev.Proxied {
+		return req
+	}
 	if ev.Verdict == datapath.L7Allowed && !ev.Closed {
 		if len(h.texts) >= maxRequestTexts {
 			h.forgetOne()
@@ -375,12 +399,14 @@ func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
 	var mu sync.Mutex
 	record := func(ev datapath.L7Event) {
 		mu.Lock()
-		f := h.explain(a.flowNames.Load(), ev)
+		flows := h.flowsOf(a.flowNames.Load(), ev)
 		mu.Unlock()
-		a.metrics.countHTTP(f)
-		a.flows.record(f)
-		if a.flows.following.Load() > 0 {
-			a.flows.send(f)
+		for _, f := range flows {
+			a.metrics.countHTTP(f)
+			a.flows.record(f)
+			if a.flows.following.Load() > 0 {
+				a.flows.send(f)
+			}
 		}
 	}
 	if err := a.startL7Proxy(ctx, node, record); err != nil {
@@ -411,7 +437,11 @@ func NewRequestRecorder(dir string) (*RequestRecorder, error) {
 }
 
 // Record explains one record and counts it into the store.
-func (r *RequestRecorder) Record(ev datapath.L7Event) { r.log.record(r.h.explain(nil, ev)) }
+func (r *RequestRecorder) Record(ev datapath.L7Event) {
+	for _, f := range r.h.flowsOf(nil, ev) {
+		r.log.record(f)
+	}
+}
 
 // Close writes what the store holds in memory and closes it.
 func (r *RequestRecorder) Close() error { return r.log.close() }

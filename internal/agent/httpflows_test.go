@@ -287,27 +287,54 @@ func TestProxyRecordsSayUserSpace(t *testing.T) {
 	}
 }
 
-// TestHTTPReplyRecordsNameTheirRequest: a record of the server's answers
-// names the connection's last recorded request and the rule that
-// allowed it, with the answers' status and mean and longest latency; it
-// is counted as answers, not as requests.
+// TestHTTPReplyRecordsNameTheirRequest: the server's answers a record
+// carries name the connection's last recorded request and the rule that
+// allowed it, with their status and mean and longest latency, before the
+// record's own request; a record of answers alone makes one flow; the
+// proxy's records never rename them; answers count as answers, not as
+// requests.
 func TestHTTPReplyRecordsNameTheirRequest(t *testing.T) {
 	names, set := deathstarNames()
 	h := newHTTPFlows("n1", set)
 	ev := requestRecord(datapath.L7Allowed, "GET /v1/status/ok HTTP/1.1\r\nHost: deathstar.empire\r\n")
 	ev.Set, ev.Rule = 103, 1
-	req := h.explain(names, ev)
+	flows := h.flowsOf(names, ev)
+	if len(flows) != 1 || flows[0].HTTP.Reply {
+		t.Fatalf("a request's record without answers: %+v", flows)
+	}
+	req := flows[0]
 
-	reply := datapath.L7Event{Time: ev.Time.Add(time.Second), Cookie: 42, Client: ev.Client, Server: ev.Server, Sets: ev.Sets,
-		Count: 3, Verdict: datapath.L7Replied, Status: 503, Latency: 6 * time.Millisecond, LatencyMax: 3 * time.Millisecond}
-	f := h.explain(names, reply)
-	if f.Verdict != "allowed" || f.Count != 3 || f.Pod != "empire/deathstar-0" || f.HTTP == nil || !f.HTTP.Reply ||
-		f.HTTP.Status != 503 || f.HTTP.Latency != 2*time.Millisecond || f.HTTP.LatencyMax != 3*time.Millisecond ||
+	// The proxy's record of a later request on the connection (after a
+	// hand-off) does not become what the kernel's answers are named by.
+	proxied := requestRecord(datapath.L7Allowed, "GET /v1/status/other HTTP/1.1\r\n")
+	proxied.Set, proxied.Rule, proxied.Proxied = 103, 1, true
+	h.flowsOf(names, proxied)
+
+	// The next request's record carries 3 answers of 503 to the first.
+	next := requestRecord(datapath.L7Allowed, "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	next.Set, next.Rule = 103, 0
+	next.Replies, next.Status, next.Latency, next.LatencyMax = 3, 503, 6*time.Millisecond, 3*time.Millisecond
+	flows = h.flowsOf(names, next)
+	if len(flows) != 2 || !flows[0].HTTP.Reply || flows[1].HTTP.Reply || flows[1].HTTP.Target != "/v1/request-landing" {
+		t.Fatalf("a request's record carrying answers: %+v, want the answers' flow, then the request's", flows)
+	}
+	f := flows[0]
+	if f.Verdict != "allowed" || f.Count != 3 || f.Pod != "empire/deathstar-0" || f.HTTP.Status != 503 ||
+		f.HTTP.Latency != 2*time.Millisecond || f.HTTP.LatencyMax != 3*time.Millisecond ||
 		f.HTTP.Method != "GET" || f.HTTP.Target != "/v1/status/ok" || f.HTTP.Host != "deathstar.empire" {
-		t.Fatalf("answers' record %+v %+v", f, f.HTTP)
+		t.Fatalf("answers' flow %+v %+v", f, f.HTTP)
 	}
 	if f.Rule != req.Rule || f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Rule == nil || f.HTTP.Rule.Index != 1 {
-		t.Fatalf("answers' record names %q %+v %+v, want the request's rule %q", f.Rule, f.Decider, f.HTTP.Rule, req.Rule)
+		t.Fatalf("answers' flow names %q %+v %+v, want the request's rule %q", f.Rule, f.Decider, f.HTTP.Rule, req.Rule)
+	}
+
+	// A record of answers alone, to the landing.
+	alone := datapath.L7Event{Time: ev.Time.Add(time.Second), Cookie: 42, Client: ev.Client, Server: ev.Server, Sets: ev.Sets,
+		Verdict: datapath.L7Replied, Replies: 1, Status: 200, Latency: time.Millisecond, LatencyMax: time.Millisecond}
+	flows = h.flowsOf(names, alone)
+	if len(flows) != 1 || !flows[0].HTTP.Reply || flows[0].HTTP.Target != "/v1/request-landing" || flows[0].Count != 0 ||
+		flows[0].HTTP.Rule == nil || flows[0].HTTP.Rule.Index != 0 {
+		t.Fatalf("a record of answers alone: %+v", flows)
 	}
 
 	m, _ := newTestMetrics(t, &metricsDatapath{})
@@ -325,8 +352,8 @@ func TestHTTPReplyRecordsNameTheirRequest(t *testing.T) {
 	}
 
 	// Answers on a connection this agent never saw a request of.
-	reply.Cookie = 7
-	if f = h.explain(names, reply); !f.HTTP.Reply || f.HTTP.Method != "" || !strings.Contains(f.HTTP.Reason, "before this agent started") {
+	alone.Cookie = 7
+	if f = h.flowsOf(names, alone)[0]; !f.HTTP.Reply || f.HTTP.Method != "" || !strings.Contains(f.HTTP.Reason, "before this agent started") {
 		t.Fatalf("answers of an unknown connection %+v", f.HTTP)
 	}
 }

@@ -280,7 +280,8 @@ type l7L7RequestEvent struct {
 	HostLen      uint8
 	Dir          uint8
 	Status       uint16
-	Pad          [6]uint8
+	Pad          uint16
+	Replies      uint32
 	LatencyNs    uint64
 	LatencyMaxNs uint64
 	Line         [128]uint8

@@ -23,8 +23,8 @@ const (
 	L7Refused           // the stream cannot be read safely (400)
 	L7Punted            // the kernel cannot judge it
 	L7Split             // its head did not end in the skb it began in
-	// L7Replied: the record is of the server's answers to allowed
-	// requests (Status, Latency), not of requests.
+	// L7Replied: the record is only of the server's answers (Replies),
+	// of no request.
 	L7Replied
 )
 
@@ -97,10 +97,12 @@ type L7Event struct {
 	Line    []byte
 	LineCut bool
 	Host    string // the Host name as it arrived
-	// Status is the server's answer's (Verdict L7Replied: Count answers
-	// of this status, to the connection's last recorded requests);
-	// Latency sums their times from the request going on to the
-	// answer's first byte, LatencyMax is the longest (bpf/lib/l7reply.h).
+	// Replies are the server's answers since the connection's last
+	// record, to its last recorded request, all of Status, on a record
+	// of any verdict (bpf/lib/l7reply.h); 0: none. Latency sums their
+	// times from the request going on to the answer's first byte,
+	// LatencyMax is the longest.
+	Replies             uint32
 	Status              int
 	Latency, LatencyMax time.Duration
 }
@@ -163,7 +165,7 @@ const l7DirEgress = 1
 var l7EventSize = binary.Size(l7L7RequestEvent{})
 
 // l7ReplyFieldsSize is the size of the members the answers' records
-// added (status, padding, latency_ns, latency_max_ns): a record of the
+// added (status, padding, replies, latency_ns, latency_max_ns): a record of the
 // version before them is this much shorter, and still comes after an
 // upgrade, from the programs of the sockets that joined before it.
 const l7ReplyFieldsSize = 24
@@ -199,6 +201,7 @@ func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
 	lineAt := 56
 	if !older {
 		ev.Status = int(e.Uint16(b[56:]))
+		ev.Replies = e.Uint32(b[60:])
 		ev.Latency = time.Duration(e.Uint64(b[64:]))
 		ev.LatencyMax = time.Duration(e.Uint64(b[72:]))
 		lineAt += l7ReplyFieldsSize

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,9 +14,11 @@ import (
 )
 
 // recordCollector gathers a reader's request records as they come, and
-// apart from them the records of answers.
+// apart from them the answers each record carries (as a record of
+// answers alone: Verdict L7Replied, Count the answers).
 type recordCollector struct {
 	ch, replies chan L7Event
+	read        atomic.Int64 // records read, of answers alone too
 }
 
 func collectRecords(t *testing.T, rd *L7EventReader) *recordCollector {
@@ -29,14 +32,18 @@ func collectRecords(t *testing.T, rd *L7EventReader) *recordCollector {
 				close(c.replies)
 				return
 			}
-			if ev.Verdict == L7Replied {
+			c.read.Add(1)
+			if ev.Replies > 0 {
+				reply := ev
+				reply.Verdict, reply.Count, reply.Line, reply.Host = L7Replied, ev.Replies, nil, ""
 				select {
-				case c.replies <- ev:
+				case c.replies <- reply:
 				default: // a test that reads no answers' records
 				}
-				continue
 			}
-			c.ch <- ev
+			if ev.Verdict != L7Replied {
+				c.ch <- ev
+			}
 		}
 	}()
 	t.Cleanup(func() { rd.Close() })

@@ -17,7 +17,7 @@ func TestDecodeL7EventMatchesLayout(t *testing.T) {
 		ClientPort: 40000, ServerPort: 80, Sets: [3]uint32{101, 102, 103}, Set: 102, Count: 9,
 		Verdict: uint8(L7Denied), Rule: 63, Error: 5, Flags: l7evAnswered | l7evClosed | l7evLineCut,
 		LineLen: 128, HostLen: 64, Dir: l7DirEgress,
-		Status: 503, LatencyNs: 7_000_000, LatencyMaxNs: 4_000_000,
+		Status: 503, Replies: 2, LatencyNs: 7_000_000, LatencyMaxNs: 4_000_000,
 	}
 	for i := range raw.Line {
 		raw.Line[i] = 'a' + byte(i%26)
@@ -37,7 +37,7 @@ func TestDecodeL7EventMatchesLayout(t *testing.T) {
 		ev.Client != netip.MustParseAddrPort("10.244.2.9:40000") || ev.Server != netip.MustParseAddrPort("10.244.1.7:80") ||
 		ev.Sets != raw.Sets || ev.Set != 102 || ev.Count != 9 || ev.Verdict != L7Denied || ev.Rule != 63 || ev.Error != 5 ||
 		ev.Repeat || !ev.Answered || !ev.Closed || !ev.LineCut || !ev.Egress ||
-		ev.Status != 503 || ev.Latency != 7*time.Millisecond || ev.LatencyMax != 4*time.Millisecond ||
+		ev.Status != 503 || ev.Replies != 2 || ev.Latency != 7*time.Millisecond || ev.LatencyMax != 4*time.Millisecond ||
 		!bytes.Equal(ev.Line, raw.Line[:]) || ev.Host != string(raw.Host[:]) {
 		t.Fatalf("decoded %+v", ev)
 	}

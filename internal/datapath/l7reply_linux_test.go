@@ -95,6 +95,7 @@ func TestL7ReplyRecords(t *testing.T) {
 	serveHTTPRules(t, s, cg, addr, port, 9, []l7.Rule{{Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}}})
 
 	t.Run("ingress", func(t *testing.T) {
+		before := recs.read.Load()
 		c, err := net.Dial("tcp4", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -107,6 +108,11 @@ func TestL7ReplyRecords(t *testing.T) {
 		reqs := recs.take(t, 6) // a, its 2 repeats, 503, slow, big, a
 		checkReplies(t, recs.takeReplies(t, 5), []wantReply{{200, 3, 0}, {503, 1, 0}, {200, 1, 300 * time.Millisecond}, {200, 1, 0}, {200, 1, 0}},
 			reqs[0].Cookie, false)
+		// The first four runs rode on the next request's record; only
+		// the last, at the close, is a record of its own.
+		if n := recs.read.Load() - before; n != 7 {
+			t.Fatalf("%d records for 7 requests (6 records) and their answers, want 7", n)
+		}
 	})
 
 	t.Run("an interim answer", func(t *testing.T) {

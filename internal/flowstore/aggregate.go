@@ -114,10 +114,6 @@ func newAggregate(f api.Flow, k key, now func() time.Time) *api.Flow {
 	agg := f
 	agg.Src = k.src
 	agg.Count, agg.Time, agg.LastTime = span(f, now)
-	if f.HTTP != nil && f.HTTP.Reply {
-		h := *f.HTTP // merge changes its latencies
-		agg.HTTP = &h
-	}
 	return &agg
 }
 
@@ -125,8 +121,11 @@ func newAggregate(f api.Flow, k key, now func() time.Time) *api.Flow {
 func merge(agg *api.Flow, f api.Flow, now func() time.Time) {
 	n, first, last := span(f, now)
 	if agg.HTTP != nil && agg.HTTP.Reply && f.HTTP != nil {
-		// The mean over both, each weighted by its answers.
-		h := agg.HTTP
+		// The mean over both, each weighted by its answers, in a copy:
+		// a query may hold the aggregate's HTTP it read under the lock.
+		h := new(api.FlowHTTP)
+		*h = *agg.HTTP
+		agg.HTTP = h
 		h.Latency = time.Duration((float64(h.Latency)*float64(agg.Count) + float64(f.HTTP.Latency)*float64(n)) /
 			float64(agg.Count+n))
 		h.LatencyMax = max(h.LatencyMax, f.HTTP.LatencyMax)
