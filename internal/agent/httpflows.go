@@ -41,7 +41,23 @@ type httpFlows struct {
 	saidWith   *flowNames
 	allowed    map[setRule]allowedText
 	restricted map[[3]uint32]restrictedText
+	// held are allowed requests' flows waiting, by connection, for the
+	// next record of their connection, which carries the server's
+	// answer when it came: then the request's flow says it (one flow a
+	// request, as before answers were read). A flow held longer than
+	// holdFor goes without (flushHeld); its answer, when it comes, is a
+	// flow of its own.
+	held map[uint64]heldFlow
 }
+
+// heldFlow is a request's flow waiting for its answer, since at.
+type heldFlow struct {
+	f  api.Flow
+	at time.Time
+}
+
+// holdFor is how long a request's flow waits for its answer.
+const holdFor = time.Second
 
 // setRule names a rule of a kernel set.
 type setRule struct {
@@ -71,7 +87,7 @@ type lastRequest struct {
 }
 
 func newHTTPFlows(node string, set func(uint32) (policy.HTTPSetID, bool)) *httpFlows {
-	return &httpFlows{node: node, set: set, texts: map[uint64]lastRequest{}}
+	return &httpFlows{node: node, set: set, texts: map[uint64]lastRequest{}, held: map[uint64]heldFlow{}}
 }
 
 // sayWith starts over what was said when the names change (a policy
@@ -84,17 +100,57 @@ func (h *httpFlows) sayWith(names *flowNames) {
 	}
 }
 
-// flowsOf turns a record into its flows: the server's answers it
-// carries (named by the connection's last recorded request, so before
-// this record's own request is remembered), then its request, if it is
-// of one.
+// flowsOf turns a record into the flows it completes: the connection's
+// held request with the answer the record carries, or the server's
+// answers as a flow of their own (named by the connection's last
+// recorded request, so before this record's own request is
+// remembered); then the record's own request, unless it is held for its
+// answer.
 func (h *httpFlows) flowsOf(names *flowNames, ev datapath.L7Event) []api.Flow {
 	var out []api.Flow
-	if ev.Replies > 0 {
+	held, isHeld := h.held[ev.Cookie]
+	delete(h.held, ev.Cookie)
+	switch {
+	case isHeld && ev.Replies == 1 && held.f.Count == 0:
+		// Exactly its answer.
+		out = append(out, withAnswer(held.f, ev))
+	case ev.Replies > 0:
+		if isHeld {
+			out = append(out, held.f)
+		}
 		out = append(out, h.explainReplies(names, ev))
+	case isHeld:
+		out = append(out, held.f)
 	}
-	if ev.Verdict != datapath.L7Replied {
-		out = append(out, h.explain(names, ev))
+	if ev.Verdict == datapath.L7Replied {
+		return out
+	}
+	f := h.explain(names, ev)
+	if ev.Verdict == datapath.L7Allowed && !ev.Repeat && !ev.Closed && !ev.Proxied && ev.Count <= 1 {
+		h.held[ev.Cookie] = heldFlow{f: f, at: time.Now()}
+		return out
+	}
+	return append(out, f)
+}
+
+// withAnswer is a request's flow with the server's answer a record
+// carries.
+func withAnswer(f api.Flow, ev datapath.L7Event) api.Flow {
+	req := *f.HTTP
+	req.Status, req.Latency, req.LatencyMax = ev.Status, ev.Latency, ev.LatencyMax
+	f.HTTP = &req
+	return f
+}
+
+// flushHeld returns the flows held since before, without their
+// answers, and forgets them; all of them when before is zero.
+func (h *httpFlows) flushHeld(before time.Time) []api.Flow {
+	var out []api.Flow
+	for k, hf := range h.held {
+		if before.IsZero() || hf.at.Before(before) {
+			out = append(out, hf.f)
+			delete(h.held, k)
+		}
 	}
 	return out
 }
@@ -397,16 +453,19 @@ func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
 	// The kernel's records and the proxy's come from different
 	// goroutines; h is one connection table for both.
 	var mu sync.Mutex
+	emit := func(f api.Flow) {
+		a.metrics.countHTTP(f)
+		a.flows.record(f)
+		if a.flows.following.Load() > 0 {
+			a.flows.send(f)
+		}
+	}
 	record := func(ev datapath.L7Event) {
 		mu.Lock()
 		flows := h.flowsOf(a.flowNames.Load(), ev)
 		mu.Unlock()
 		for _, f := range flows {
-			a.metrics.countHTTP(f)
-			a.flows.record(f)
-			if a.flows.following.Load() > 0 {
-				a.flows.send(f)
-			}
+			emit(f)
 		}
 	}
 	if err := a.startL7Proxy(ctx, node, record); err != nil {
@@ -415,6 +474,24 @@ func (a *Agent) readHTTPFlows(ctx context.Context, node *datapath.Node) error {
 		a.log.Warn("L7 proxy not running: connections the kernel cannot judge are closed", "err", err)
 	}
 	go readUntilClosed(ctx, a.log, "request record", rd.Read, rd.Close, record)
+	// Requests whose answers did not come within holdFor go without.
+	go func() {
+		tick := time.NewTicker(holdFor / 2)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				mu.Lock()
+				flows := h.flushHeld(now.Add(-holdFor))
+				mu.Unlock()
+				for _, f := range flows {
+					emit(f)
+				}
+			}
+		}
+	}()
 	return nil
 }
 
@@ -443,5 +520,11 @@ func (r *RequestRecorder) Record(ev datapath.L7Event) {
 	}
 }
 
-// Close writes what the store holds in memory and closes it.
-func (r *RequestRecorder) Close() error { return r.log.close() }
+// Close writes what the store holds in memory, the requests held for
+// their answers too, and closes it.
+func (r *RequestRecorder) Close() error {
+	for _, f := range r.h.flushHeld(time.Time{}) {
+		r.log.record(f)
+	}
+	return r.log.close()
+}

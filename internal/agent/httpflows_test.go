@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/weirnet/weir/internal/api"
@@ -287,73 +288,105 @@ func TestProxyRecordsSayUserSpace(t *testing.T) {
 	}
 }
 
-// TestHTTPReplyRecordsNameTheirRequest: the server's answers a record
-// carries name the connection's last recorded request and the rule that
-// allowed it, with their status and mean and longest latency, before the
-// record's own request; a record of answers alone makes one flow; the
-// proxy's records never rename them; answers count as answers, not as
-// requests.
-func TestHTTPReplyRecordsNameTheirRequest(t *testing.T) {
+// TestHTTPAnswersJoinTheirRequests: an allowed request's flow waits for
+// the next record of its connection; when that carries exactly its
+// answer, the request's flow says the server's status and latency (one
+// flow a request). Answers to several requests (a run of repeats), or
+// after the request's flow went without (a second passed, or the
+// proxy's record came between), are a flow of their own named by the
+// request and its rule. Answers count as answers, requests as requests.
+func TestHTTPAnswersJoinTheirRequests(t *testing.T) {
 	names, set := deathstarNames()
 	h := newHTTPFlows("n1", set)
-	ev := requestRecord(datapath.L7Allowed, "GET /v1/status/ok HTTP/1.1\r\nHost: deathstar.empire\r\n")
-	ev.Set, ev.Rule = 103, 1
-	flows := h.flowsOf(names, ev)
-	if len(flows) != 1 || flows[0].HTTP.Reply {
-		t.Fatalf("a request's record without answers: %+v", flows)
+	status := requestRecord(datapath.L7Allowed, "GET /v1/status/ok HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	status.Set, status.Rule = 103, 1
+	landing := requestRecord(datapath.L7Allowed, "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar.empire\r\n")
+	landing.Set, landing.Rule = 103, 0
+	answers := func(ev datapath.L7Event, n uint32, code int, sum, longest time.Duration) datapath.L7Event {
+		ev.Replies, ev.Status, ev.Latency, ev.LatencyMax = n, code, sum, longest
+		return ev
 	}
-	req := flows[0]
+	alone := datapath.L7Event{Time: status.Time.Add(time.Second), Cookie: 42, Client: status.Client, Server: status.Server,
+		Sets: status.Sets, Verdict: datapath.L7Replied}
 
-	// The proxy's record of a later request on the connection (after a
-	// hand-off) does not become what the kernel's answers are named by.
-	proxied := requestRecord(datapath.L7Allowed, "GET /v1/status/other HTTP/1.1\r\n")
-	proxied.Set, proxied.Rule, proxied.Proxied = 103, 1, true
-	h.flowsOf(names, proxied)
+	if flows := h.flowsOf(names, status); len(flows) != 0 {
+		t.Fatalf("an allowed request's flow did not wait for its answer: %+v", flows)
+	}
+	// The landing's record carries the status request's answer.
+	flows := h.flowsOf(names, answers(landing, 1, 503, 2*time.Millisecond, 2*time.Millisecond))
+	if len(flows) != 1 || flows[0].HTTP.Target != "/v1/status/ok" || flows[0].HTTP.Status != 503 || flows[0].HTTP.Reply ||
+		flows[0].HTTP.Latency != 2*time.Millisecond || flows[0].HTTP.Rule == nil || flows[0].HTTP.Rule.Index != 1 {
+		t.Fatalf("the status request with its answer: %+v", flows)
+	}
+	withAnswer := flows[0]
+	// The connection closes: a record of the landing's answer alone.
+	flows = h.flowsOf(names, answers(alone, 1, 200, time.Millisecond, time.Millisecond))
+	if len(flows) != 1 || flows[0].HTTP.Target != "/v1/request-landing" || flows[0].HTTP.Status != 200 || flows[0].HTTP.Reply {
+		t.Fatalf("the landing with its answer: %+v", flows)
+	}
 
-	// The next request's record carries 3 answers of 503 to the first.
-	next := requestRecord(datapath.L7Allowed, "POST /v1/request-landing HTTP/1.1\r\nHost: deathstar.empire\r\n")
-	next.Set, next.Rule = 103, 0
-	next.Replies, next.Status, next.Latency, next.LatencyMax = 3, 503, 6*time.Millisecond, 3*time.Millisecond
-	flows = h.flowsOf(names, next)
-	if len(flows) != 2 || !flows[0].HTTP.Reply || flows[1].HTTP.Reply || flows[1].HTTP.Target != "/v1/request-landing" {
-		t.Fatalf("a request's record carrying answers: %+v, want the answers' flow, then the request's", flows)
+	// Repeats: the first request's flow goes when the repeats' record
+	// comes, and the answers to all four are a flow of their own.
+	h.flowsOf(names, status)
+	rep := status
+	rep.Repeat, rep.Count, rep.Line, rep.Host = true, 3, nil, ""
+	flows = h.flowsOf(names, rep)
+	if len(flows) != 2 || flows[0].HTTP.Status != 0 || flows[1].Count != 3 {
+		t.Fatalf("a request and its repeats: %+v", flows)
+	}
+	flows = h.flowsOf(names, answers(landing, 4, 200, 8*time.Millisecond, 5*time.Millisecond))
+	if len(flows) != 1 {
+		t.Fatalf("answers to four requests, then a held landing: %+v", flows)
 	}
 	f := flows[0]
-	if f.Verdict != "allowed" || f.Count != 3 || f.Pod != "empire/deathstar-0" || f.HTTP.Status != 503 ||
-		f.HTTP.Latency != 2*time.Millisecond || f.HTTP.LatencyMax != 3*time.Millisecond ||
-		f.HTTP.Method != "GET" || f.HTTP.Target != "/v1/status/ok" || f.HTTP.Host != "deathstar.empire" {
+	if !f.HTTP.Reply || f.Count != 4 || f.HTTP.Status != 200 || f.HTTP.Latency != 2*time.Millisecond || f.HTTP.LatencyMax != 5*time.Millisecond ||
+		f.HTTP.Method != "GET" || f.HTTP.Target != "/v1/status/ok" || f.Verdict != "allowed" || f.Decider == nil || f.Decider.Name != "deathstar" ||
+		f.HTTP.Rule == nil || f.HTTP.Rule.Index != 1 {
 		t.Fatalf("answers' flow %+v %+v", f, f.HTTP)
 	}
-	if f.Rule != req.Rule || f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Rule == nil || f.HTTP.Rule.Index != 1 {
-		t.Fatalf("answers' flow names %q %+v %+v, want the request's rule %q", f.Rule, f.Decider, f.HTTP.Rule, req.Rule)
+
+	// A second without a record: the landing goes without its answer,
+	// which comes later as a flow of its own.
+	if got := h.flushHeld(time.Now().Add(time.Hour)); len(got) != 1 || got[0].HTTP.Target != "/v1/request-landing" || got[0].HTTP.Status != 0 {
+		t.Fatalf("flushed %+v, want the landing without an answer", got)
+	}
+	flows = h.flowsOf(names, answers(alone, 1, 200, time.Millisecond, time.Millisecond))
+	if len(flows) != 1 || !flows[0].HTTP.Reply || flows[0].HTTP.Target != "/v1/request-landing" {
+		t.Fatalf("a late answer: %+v", flows)
 	}
 
-	// A record of answers alone, to the landing.
-	alone := datapath.L7Event{Time: ev.Time.Add(time.Second), Cookie: 42, Client: ev.Client, Server: ev.Server, Sets: ev.Sets,
-		Verdict: datapath.L7Replied, Replies: 1, Status: 200, Latency: time.Millisecond, LatencyMax: time.Millisecond}
-	flows = h.flowsOf(names, alone)
-	if len(flows) != 1 || !flows[0].HTTP.Reply || flows[0].HTTP.Target != "/v1/request-landing" || flows[0].Count != 0 ||
-		flows[0].HTTP.Rule == nil || flows[0].HTTP.Rule.Index != 0 {
-		t.Fatalf("a record of answers alone: %+v", flows)
+	// The proxy's record of a later request (after a hand-off) lets the
+	// held flow go, and does not become what answers are named by.
+	h.flowsOf(names, status)
+	proxied := requestRecord(datapath.L7Allowed, "GET /v1/status/other HTTP/1.1\r\n")
+	proxied.Set, proxied.Rule, proxied.Proxied = 103, 1, true
+	if flows = h.flowsOf(names, proxied); len(flows) != 2 || flows[0].HTTP.Target != "/v1/status/ok" {
+		t.Fatalf("the proxy's record: %+v", flows)
+	}
+	if flows = h.flowsOf(names, answers(alone, 1, 200, time.Millisecond, time.Millisecond)); flows[0].HTTP.Target != "/v1/status/ok" {
+		t.Fatalf("answers after the proxy's record named %q", flows[0].HTTP.Target)
 	}
 
 	m, _ := newTestMetrics(t, &metricsDatapath{})
-	m.countHTTP(req)
+	m.countHTTP(withAnswer)
 	m.countHTTP(f)
-	by := []string{"503", "WeirNetworkPolicy", "empire", "deathstar"}
-	if n := promtest.ToFloat64(m.httpReplies.WithLabelValues(by...)); n != 3 {
-		t.Errorf("%s: %v, want 3", metricHTTPReplies, n)
+	count := func(v *prometheus.CounterVec, labels ...string) float64 { return promtest.ToFloat64(v.WithLabelValues(labels...)) }
+	if n := count(m.httpReplies, "503", "WeirNetworkPolicy", "empire", "deathstar"); n != 1 {
+		t.Errorf("503 answers: %v, want 1", n)
 	}
-	if s := promtest.ToFloat64(m.httpReplySeconds.WithLabelValues(by...)); s < 0.0059 || s > 0.0061 {
-		t.Errorf("%s: %v, want 0.006", metricHTTPReplySeconds, s)
+	if n := count(m.httpReplies, "200", "WeirNetworkPolicy", "empire", "deathstar"); n != 4 {
+		t.Errorf("200 answers: %v, want 4", n)
 	}
-	if n := promtest.CollectAndCount(m.httpRequests); n != 1 {
-		t.Errorf("%s has %d series, want the request's alone", metricHTTPRequests, n)
+	if s := count(m.httpReplySeconds, "200", "WeirNetworkPolicy", "empire", "deathstar"); s < 0.0079 || s > 0.0081 {
+		t.Errorf("200 answers' seconds: %v, want 0.008", s)
+	}
+	if n := count(m.httpRequests, "allowed", "", "WeirNetworkPolicy", "empire", "deathstar"); n != 1 || promtest.CollectAndCount(m.httpRequests) != 1 {
+		t.Errorf("requests: %v allowed in %d series, want the one request alone", n, promtest.CollectAndCount(m.httpRequests))
 	}
 
 	// Answers on a connection this agent never saw a request of.
 	alone.Cookie = 7
-	if f = h.flowsOf(names, alone)[0]; !f.HTTP.Reply || f.HTTP.Method != "" || !strings.Contains(f.HTTP.Reason, "before this agent started") {
+	if f = h.flowsOf(names, answers(alone, 1, 200, 1, 1))[0]; !f.HTTP.Reply || f.HTTP.Method != "" || !strings.Contains(f.HTTP.Reason, "before this agent started") {
 		t.Fatalf("answers of an unknown connection %+v", f.HTTP)
 	}
 }

@@ -229,12 +229,16 @@ func (m *metrics) countHTTP(f api.Flow) {
 	if n == 0 {
 		n = 1
 	}
-	if f.HTTP.Reply {
+	// An allowed request's status is the server's answer, counted as
+	// one; a request's own label is the answer Weir wrote.
+	if f.Verdict == "allowed" && f.HTTP.Status != 0 {
 		m.httpReplies.WithLabelValues(status, kind, ns, name).Add(float64(n))
 		m.httpReplySeconds.WithLabelValues(status, kind, ns, name).Add(f.HTTP.Latency.Seconds() * float64(n))
-		return
+		status = ""
 	}
-	m.httpRequests.WithLabelValues(f.Verdict, status, kind, ns, name).Add(float64(n))
+	if !f.HTTP.Reply {
+		m.httpRequests.WithLabelValues(f.Verdict, status, kind, ns, name).Add(float64(n))
+	}
 }
 
 // dropCause is the kind, namespace, policy and action labels of a drop.

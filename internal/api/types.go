@@ -349,16 +349,18 @@ type FlowHTTP struct {
 	// says the record kept only its start.
 	Target    string `json:"target,omitempty"`
 	TargetCut bool   `json:"targetCut,omitempty"`
-	// Status is the answer Weir wrote in the server's place (403, 400),
-	// or with Reply the server's own; 0 when the request went on to the
-	// server (its answer has a Reply record) or the connection was
-	// closed without an answer.
+	// Status is the answer the client got: the one Weir wrote in the
+	// server's place (403, 400), or for an allowed request the server's
+	// own, read in the kernel (Latency then set). 0: no answer was
+	// read (the connection closed without one, or it came later than a
+	// second and has a Reply record of its own, or the connection's
+	// answers are not read: it pipelines, or user space judged it).
 	Status int `json:"status,omitempty"`
-	// Reply makes the record one of the server's answers (Count of them,
-	// all of Status) to the requests recorded before it on the
+	// Reply makes the record one of the server's answers alone (Count
+	// of them, all of Status) to a request recorded before it on the
 	// connection, whose Method, Host, Target and Rule it repeats.
-	// Latency is their mean time from the request going on to the
-	// answer's first byte, LatencyMax the longest (in nanoseconds).
+	// Latency is the answers' mean time from the request going on to
+	// the answer's first byte, LatencyMax the longest (nanoseconds).
 	Reply      bool          `json:"reply,omitempty"`
 	Latency    time.Duration `json:"latency,omitempty"`
 	LatencyMax time.Duration `json:"latencyMax,omitempty"`

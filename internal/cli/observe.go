@@ -269,11 +269,12 @@ func printFlow(tw io.Writer, out io.Writer, fl api.Flow, output string) {
 	}
 }
 
-// latencyText writes a record of answers' latency: the mean, and the
-// longest when it stands for more than one; "-" for a request's record.
+// latencyText writes the latency of the server's answers a record
+// holds: the mean, and the longest when it stands for more than one;
+// "-" when it holds none.
 func latencyText(fl api.Flow) string {
 	h := fl.HTTP
-	if h == nil || !h.Reply {
+	if h == nil || (!h.Reply && h.Latency == 0) {
 		return "-"
 	}
 	t := roundLatency(h.Latency).String()

@@ -120,7 +120,7 @@ func newAggregate(f api.Flow, k key, now func() time.Time) *api.Flow {
 // merge counts f into agg.
 func merge(agg *api.Flow, f api.Flow, now func() time.Time) {
 	n, first, last := span(f, now)
-	if agg.HTTP != nil && agg.HTTP.Reply && f.HTTP != nil {
+	if agg.HTTP != nil && f.HTTP != nil && (agg.HTTP.Latency > 0 || f.HTTP.Latency > 0) {
 		// The mean over both, each weighted by its answers, in a copy:
 		// a query may hold the aggregate's HTTP it read under the lock.
 		h := new(api.FlowHTTP)
