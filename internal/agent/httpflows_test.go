@@ -370,7 +370,9 @@ func TestHTTPAnswersJoinTheirRequests(t *testing.T) {
 	m, _ := newTestMetrics(t, &metricsDatapath{})
 	m.countHTTP(withAnswer)
 	m.countHTTP(f)
-	count := func(v *prometheus.CounterVec, labels ...string) float64 { return promtest.ToFloat64(v.WithLabelValues(labels...)) }
+	count := func(v *prometheus.CounterVec, labels ...string) float64 {
+		return promtest.ToFloat64(v.WithLabelValues(labels...))
+	}
 	if n := count(m.httpReplies, "503", "WeirNetworkPolicy", "empire", "deathstar"); n != 1 {
 		t.Errorf("503 answers: %v, want 1", n)
 	}
