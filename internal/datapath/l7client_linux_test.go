@@ -78,18 +78,7 @@ func (d *clientDialer) flow(client netip.AddrPort) l7L7OutFlow {
 // the connection, and nothing of that write leaves. Every request is
 // recorded as judged by the client's egress rules.
 func TestL7ClientJudged(t *testing.T) {
-	testutil.RequireRoot(t)
-	root, cg := testutil.Cgroup2(t)
-	s, err := AttachL7Sockets(cg, L7FlowMaps{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	events, err := s.OpenEventReader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs := collectRecords(t, events)
+	s, root, cg, recs := attachL7Recorded(t)
 	k, err := l7.CompileKernel([]l7.Rule{
 		{Method: "POST", Path: &l7.PathMatch{Type: l7.PathExact, Value: "/v1/request-landing"}},
 		{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}},
@@ -183,6 +172,25 @@ func TestL7ClientJudged(t *testing.T) {
 		t.Fatalf("denial behind allowed bytes %+v, want closed unanswered", evs[6])
 	}
 	recs.none(t)
+}
+
+// attachL7Recorded attaches a standalone L7 path to a new cgroup of the
+// test's (root is the cgroup v2 root it is below) and collects its
+// records.
+func attachL7Recorded(t *testing.T) (s *L7Sockets, root, cg string, recs *recordCollector) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	root, cg = testutil.Cgroup2(t)
+	s, err := AttachL7Sockets(cg, L7FlowMaps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	events, err := s.OpenEventReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, root, cg, collectRecords(t, events)
 }
 
 // askOn writes req on c and returns the answer: what arrives within a

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/weirnet/weir/internal/l7"
-	"github.com/weirnet/weir/internal/testutil"
 )
 
 // roundTrips sends a GET of each path on c in turn, as a client that
@@ -78,18 +77,7 @@ func checkReplies(t *testing.T, got []L7Event, want []wantReply, cookie uint64, 
 // for the final one; a long answer sent in several writes counts once; a
 // client that pipelines stops the reading of its connection's answers.
 func TestL7ReplyRecords(t *testing.T) {
-	testutil.RequireRoot(t)
-	root, cg := testutil.Cgroup2(t)
-	s, err := AttachL7Sockets(cg, L7FlowMaps{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	rd, err := s.OpenEventReader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs := collectRecords(t, rd)
+	s, root, cg, recs := attachL7Recorded(t)
 	const port = 18680
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	serveHTTPRules(t, s, cg, addr, port, 9, []l7.Rule{{Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/public"}}})
