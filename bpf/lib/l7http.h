@@ -138,12 +138,17 @@ __always_inline_fn void l7_request_went(struct l7_walk *w)
  * with the earlier request) or land in the middle of it. Then the
  * connection is closed instead. A server that has written since may be
  * mid-way through a long answer to a pipelined request; only a client
- * that pipelines can meet that, and only then (docs/l7.md).
+ * that pipelines can meet that, and only then (docs/l7.md). Where the
+ * answers are read (lib/l7reply.h), a final answer still awaited is
+ * known for sure: the server may have written an interim one (100
+ * Continue), which moves its sequence but leaves the answer to come.
  */
 __always_inline_fn int l7_answer_safe(struct l7_walk *w)
 {
 	__u32 seq;
 
+	if (w->replies->waiting)
+		return 0;
 	if (!w->conn->outstanding)
 		return 1;
 	if (l7_peer_seq(w, &seq))

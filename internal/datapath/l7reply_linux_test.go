@@ -127,6 +127,42 @@ func TestL7ReplyRecords(t *testing.T) {
 		checkReplies(t, recs.takeReplies(t, 1), []wantReply{{200, 1, 0}}, 0, false)
 	})
 
+	// After an interim answer the final one is still to come: a denied
+	// request pipelined then is not answered in place (the client would
+	// read the 403 as the earlier request's answer); the server's answer
+	// comes, then the connection closes.
+	t.Run("a denial pipelined behind an interim answer", func(t *testing.T) {
+		c, err := net.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		io.WriteString(c, "POST "+l7SlowPath+" HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+		br := bufio.NewReader(c)
+		if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+			t.Fatalf("interim answer %q, %v", line, err)
+		}
+		br.ReadString('\n')
+		io.WriteString(c, "body")
+		time.Sleep(30 * time.Millisecond)
+		io.WriteString(c, "PUT /private/x HTTP/1.1\r\nHost: h\r\nX-Pad: "+strings.Repeat("p", 80)+"\r\n\r\n")
+		// What comes within a second: the server's answer after its
+		// 300 ms, and no more (the connection carries nothing after).
+		c.SetDeadline(time.Now().Add(time.Second))
+		rest, _ := io.ReadAll(br)
+		if !strings.HasPrefix(string(rest), "HTTP/1.1 200 ") || strings.Contains(string(rest), " 403 ") {
+			t.Fatalf("after the interim answer: %q, want the server's 200 and no 403", rest)
+		}
+		if evs := recs.take(t, 2); evs[1].Verdict != L7Denied || !evs[1].Pipelined || evs[1].Answered || !evs[1].Closed {
+			t.Fatalf("the denial %+v, want not answered (pipelined), closed", evs[1])
+		}
+		// The server's answer to the upload is read all the same, and
+		// recorded when the connection closes.
+		c.Close()
+		checkReplies(t, recs.takeReplies(t, 1), []wantReply{{200, 1, 300 * time.Millisecond}}, 0, false)
+	})
+
 	t.Run("a client that pipelines", func(t *testing.T) {
 		before, err := s.Stats()
 		if err != nil {
