@@ -481,10 +481,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 			return SK_PASS;
 		return l7_close(skb, cookie, c);
 	}
-	key.remote = skb->remote_ip4;
-	key.local = skb->local_ip4;
-	key.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
-	key.local_port = skb->local_port;
+	key = l7_skb_key(skb);
 	w.key = key;
 	w.cookie = cookie;
 	replies = l7_replies_of(&key);
@@ -772,10 +769,7 @@ int l7_client_skb(struct __sk_buff *skb)
 
 	if (!skb->len)
 		return SK_PASS;
-	own.remote = skb->remote_ip4;
-	own.local = skb->local_ip4;
-	own.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16));
-	own.local_port = skb->local_port;
+	own = l7_skb_key(skb);
 	r = bpf_map_lookup_elem(&weir_l7_replies, &own);
 	if (!r || r->lost || !r->waiting || r->cookie != bpf_get_socket_cookie(skb))
 		return SK_PASS;

@@ -43,6 +43,21 @@ struct l7_sock_key {
 	__u16 local_port;
 };
 
+/* l7_skb_key names the socket an sk_skb program's skb is for, as its
+ * own socket names the connection (remote_port holds the port in
+ * network order in its upper half). */
+__always_inline_fn struct l7_sock_key l7_skb_key(const struct __sk_buff *skb)
+{
+	struct l7_sock_key k = {
+		.remote = skb->remote_ip4,
+		.local = skb->local_ip4,
+		.remote_port = bpf_ntohs((__u16)(skb->remote_port >> 16)),
+		.local_port = (__u16)skb->local_port,
+	};
+
+	return k;
+}
+
 /* l7_flow is what a restricted connection's requests are judged against:
  * a request is allowed when one of the sets allows it (policy unions
  * the HTTP rules of every rule that allows the connection; each of the
