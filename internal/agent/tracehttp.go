@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
@@ -86,15 +87,37 @@ func traceHTTP(res *policy.Result, pod string, dir policy.Direction, peer netip.
 	case !d.Restricted:
 		out.Verdict, out.Rule = "allowed", "no HTTP rules restrict this connection: its requests are not read"
 		return out, nil
-	case d.Allowed:
-		out.Verdict = "allowed"
-		out.Rule = fmt.Sprintf("%s ports[%d].http[%d] (%s)", traceRuleName(res, d.Rule.Rule), d.Rule.Port, d.Rule.Index,
-			describeHTTPRule(res.HTTPRules[d.Rule]))
-	default:
-		out.Verdict, out.Rule = "denied", "answered 403: no HTTP rule of the connection matches"
 	}
+	out.Verdict, out.Rule = "denied", "answered 403: "
+	if d.Allowed {
+		out.Verdict, out.Rule = "allowed", ""
+	}
+	out.Rule += requestRule(res, d)
 	out.Kernel = kernelPath(res, pod, dir, peer, port, req)
 	return out, nil
+}
+
+// requestRule names what decided a judged request: the HTTP rule of a
+// conditional cluster rule or of an allowing NetworkPolicy rule, a
+// cluster rule without HTTP rules, or the stage that decided by default.
+func requestRule(res *policy.Result, d policy.HTTPDecision) string {
+	switch {
+	case d.Rule == (policy.HTTPRuleRef{}):
+	case res.HTTPTiers[d.Rule.Rule].Found():
+		return fmt.Sprintf("%s http[%d] (%s)", traceRuleName(res, d.Rule.Rule), d.Rule.Index, describeHTTPRule(res.HTTPRules[d.Rule]))
+	default:
+		return fmt.Sprintf("%s ports[%d].http[%d] (%s)", traceRuleName(res, d.Rule.Rule), d.Rule.Port, d.Rule.Index,
+			describeHTTPRule(res.HTTPRules[d.Rule]))
+	}
+	switch d.Request.Stage {
+	case policy.StageAdmin, policy.StageBaseline:
+		return traceRuleName(res, d.Request.Rule) + ", a rule without HTTP rules"
+	case policy.StageNetworkPolicy:
+		return traceRuleName(res, d.Request.Rule) + ", a rule without HTTP rules on the port"
+	case policy.StageNetworkPolicyDefaultDeny:
+		return "no HTTP rule of the connection matches"
+	}
+	return "no rule decides it, and the default allows"
 }
 
 // kernelPath says where the datapath judges a request of a restricted
@@ -106,6 +129,9 @@ func kernelPath(res *policy.Result, pod string, dir policy.Direction, peer netip
 	userSpace := " (the connection is handed to the node's proxy, which judges it with every rule)"
 	if dir == policy.Egress {
 		userSpace = " (on the client's socket nothing judges it in user space yet: the connection is closed)"
+	}
+	if len(res.ConditionalRulesOf(pod, dir, peer, port)) > 0 {
+		return "closed: " + datapath.ErrConditionalRules.Error()
 	}
 	if ok, why := l7.KernelReads(req); !ok {
 		return "user space: the in-kernel reader does not hold " + why + userSpace
@@ -135,9 +161,16 @@ func kernelPath(res *policy.Result, pod string, dir policy.Direction, peer netip
 	return "kernel: denied there"
 }
 
-// httpRulesOf lists the HTTP rules a connection is judged against.
+// httpRulesOf lists the HTTP rules a connection is judged against:
+// those of conditional cluster rules in precedence order, then those of
+// the NetworkPolicy rules that allow it.
 func httpRulesOf(res *policy.Result, pod string, dir policy.Direction, peer netip.Addr, port uint16) []string {
 	var out []string
+	for _, ref := range res.ConditionalRulesOf(pod, dir, peer, port) {
+		t := res.HTTPTiers[ref.Rule]
+		out = append(out, fmt.Sprintf("%s http[%d]: %s (%s the requests it matches)", traceRuleName(res, ref.Rule), ref.Index,
+			describeHTTPRule(res.HTTPRules[ref]), strings.ToLower(t.Action.String())))
+	}
 	seen := map[policy.HTTPRuleRef]bool{}
 	for _, set := range res.HTTPSetsOf(pod, dir, peer, port) {
 		for _, ref := range res.HTTPSets[set] {

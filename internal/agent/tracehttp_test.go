@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
+
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
@@ -23,7 +25,7 @@ var (
 // deathstarPolicy compiles the demo's WeirNetworkPolicy: the empire's
 // ships may POST /v1/request-landing on port 80, and GET /v1/status with
 // an X-Fleet header (a rule the kernel leaves to user space).
-func deathstarPolicy(t *testing.T) *policy.Result {
+func deathstarPolicy(t *testing.T, cluster ...*policy.ClusterPolicy) *policy.Result {
 	t.Helper()
 	port := intstr.FromInt32(80)
 	np := &networkingv1.NetworkPolicy{
@@ -48,9 +50,10 @@ func deathstarPolicy(t *testing.T) *policy.Result {
 			{Namespace: "empire", Name: "tiefighter", Labels: map[string]string{"org": "empire"}, IPs: []netip.Addr{traceFighter}},
 			{Namespace: "empire", Name: "xwing", Labels: map[string]string{"org": "alliance"}, IPs: []netip.Addr{traceXWing}},
 		},
-		Identities: map[string]policy.Identity{},
-		Policies:   []*networkingv1.NetworkPolicy{np},
-		HTTP:       map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{np: {Ingress: [][][]l7.Rule{{rules}}}},
+		Identities:      map[string]policy.Identity{},
+		Policies:        []*networkingv1.NetworkPolicy{np},
+		HTTP:            map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{np: {Ingress: [][][]l7.Rule{{rules}}}},
+		ClusterPolicies: cluster,
 	}
 	for i, p := range s.Pods {
 		s.Identities[policy.IdentityLabels(s.Namespaces[p.Namespace], p.Labels).Key()] = policy.MinClusterIdentity + policy.Identity(i)
@@ -171,5 +174,44 @@ func TestTraceHTTPExplainsEgressRules(t *testing.T) {
 	}
 	if h = trace("GET", "/fleet/1", "X-Fleet: 7"); h.Verdict != "allowed" || !strings.Contains(h.Kernel, "the connection is closed") {
 		t.Fatalf("a rule only user space judges: %+v", h)
+	}
+}
+
+// TestTraceHTTPExplainsClusterRules: a request a conditional cluster
+// rule decides is traced to that rule and its HTTP rule; one it does not
+// match goes on to the WeirNetworkPolicy; and the trace says this
+// datapath does not enforce such rules yet (the endpoint is closed).
+func TestTraceHTTPExplainsClusterRules(t *testing.T) {
+	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
+		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
+	cnp.Spec.Tier, cnp.Spec.Priority = npav1alpha2.AdminTier, 5
+	cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
+	cnp.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "no-put", Action: "Deny",
+		From:      []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+		Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 80}}}}}}
+	res := deathstarPolicy(t, cnp)
+	trace := func(method, path string) *api.TraceHTTP {
+		t.Helper()
+		h, err := traceHTTP(res, "empire/deathstar-0", policy.Ingress, traceFighter, 80, &api.TraceRequest{Method: method, Path: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	h := trace("PUT", "/v1/exhaust-port")
+	want := `answered 403: weirclusternetworkpolicy no-put (Admin tier, priority 5) ingress[0] "no-put" Deny http[0] (PUT)`
+	if h.Verdict != "denied" || h.Rule != want || !strings.HasPrefix(h.Kernel, "closed: ") {
+		t.Fatalf("PUT: %+v, want denied by %s", h, want)
+	}
+	if len(h.Rules) != 3 || !strings.Contains(h.Rules[0], "deny the requests it matches") {
+		t.Fatalf("rules: %q, want the cluster rule's first, then the policy's two", h.Rules)
+	}
+	h = trace("POST", "/v1/request-landing")
+	if h.Verdict != "allowed" || !strings.Contains(h.Rule, "weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0]") {
+		t.Fatalf("POST: %+v", h)
+	}
+	h = trace("GET", "/")
+	if h.Verdict != "denied" || h.Rule != "answered 403: no HTTP rule of the connection matches" {
+		t.Fatalf("GET: %+v", h)
 	}
 }

@@ -8,7 +8,10 @@ import (
 
 	"github.com/cilium/ebpf"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
+	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
 
@@ -157,5 +160,39 @@ func drain(rd *EventReader) {
 		if _, err := rd.ring.rd.Read(); err != nil {
 			return
 		}
+	}
+}
+
+// TestConditionalClusterRulesClose: a cluster rule with HTTP rules,
+// which this datapath does not judge yet, must not be written without
+// them (its Deny would be lost): the endpoint it selects is closed, and
+// the apply says why.
+func TestConditionalClusterRulesClose(t *testing.T) {
+	p, n, rd := eventNode(t)
+	c := policy.NewCompiler()
+	base := loadPolicy(t, n, c, nil, policyFixture())
+	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
+		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
+	cnp.Spec.Tier = npav1alpha2.AdminTier
+	cnp.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "b"}}}
+	cnp.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Action: "Deny",
+		From:      []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+		Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 7777}}}}}}
+	s := policyFixture()
+	s.ClusterPolicies = []*policy.ClusterPolicy{cnp}
+	next := c.Compile(s)
+	if len(next.Errors) > 0 {
+		t.Fatal(next.Errors)
+	}
+	err := n.ApplyPolicy(policy.DiffResults(base, next), endpointsOf(next))
+	if !errors.Is(err, ErrConditionalRules) || !errors.Is(err, ErrPolicyClosed) {
+		t.Fatalf("apply: %v, want ErrConditionalRules and ErrPolicyClosed", err)
+	}
+	drain(rd)
+	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 53), ifA); ret != tcActShot {
+		t.Errorf("a flow into the endpoint the rule selects: verdict %d, want drop", ret)
+	}
+	if ev := readEvent(t, rd); ev.Stage != policy.StageClosed {
+		t.Errorf("event %+v, want stage closed", ev)
 	}
 }

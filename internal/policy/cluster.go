@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 
+	"github.com/weirnet/weir/internal/l7"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 )
 
@@ -98,6 +99,34 @@ type ClusterPolicy struct {
 	Name       string
 	Generation int64
 	Spec       npav1alpha2.ClusterNetworkPolicySpec
+	// HTTP holds the HTTP rules of Weir's kind's rules; nil for none.
+	HTTP *ClusterHTTP
+}
+
+// ClusterHTTP is what WeirClusterNetworkPolicy adds to the upstream
+// shape: Ingress[i] are the HTTP rules of spec.ingress[i], Egress
+// likewise. A rule with HTTP rules is conditional: on its TCP ports it
+// matches only the requests one of them matches, and every other request
+// goes on to the rules after it, exactly as traffic a rule does not
+// match goes on at L4. Its action (Accept, Deny, Reject, Pass, Log) is
+// then the action on those requests; a denied request is answered 403.
+type ClusterHTTP struct {
+	Ingress, Egress [][]l7.Rule
+}
+
+// rules returns the HTTP rules of one rule, nil for none.
+func (h *ClusterHTTP) rules(d Direction, index int) []l7.Rule {
+	if h == nil {
+		return nil
+	}
+	byRule := h.Ingress
+	if d == Egress {
+		byRule = h.Egress
+	}
+	if index >= len(byRule) {
+		return nil
+	}
+	return byRule[index]
 }
 
 // Ref is kind/name, as flows and status name the policy.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sort"
 
+	"github.com/weirnet/weir/internal/l7"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
@@ -31,24 +32,54 @@ type clusterRule struct {
 	action    string
 	peers     []npav1alpha2.ClusterNetworkPolicyEgressPeer
 	protocols []npav1alpha2.ClusterNetworkPolicyProtocol
+	// http makes the rule conditional (ClusterHTTP); nil for none.
+	http []l7.Rule
 }
 
-func clusterRules(spec *npav1alpha2.ClusterNetworkPolicySpec, d Direction) []clusterRule {
+func clusterRules(p *ClusterPolicy, d Direction) []clusterRule {
 	var out []clusterRule
 	if d == Ingress {
-		for _, r := range spec.Ingress {
+		for i, r := range p.Spec.Ingress {
 			peers := make([]npav1alpha2.ClusterNetworkPolicyEgressPeer, len(r.From))
 			for i, p := range r.From {
 				peers[i] = npav1alpha2.ClusterNetworkPolicyEgressPeer{Namespaces: p.Namespaces, Pods: p.Pods}
 			}
-			out = append(out, clusterRule{r.Name, string(r.Action), peers, r.Protocols})
+			out = append(out, clusterRule{r.Name, string(r.Action), peers, r.Protocols, p.HTTP.rules(d, i)})
 		}
 		return out
 	}
-	for _, r := range spec.Egress {
-		out = append(out, clusterRule{r.Name, string(r.Action), r.To, r.Protocols})
+	for i, r := range p.Spec.Egress {
+		out = append(out, clusterRule{r.Name, string(r.Action), r.To, r.Protocols, p.HTTP.rules(d, i)})
 	}
 	return out
+}
+
+// checkClusterHTTP refuses HTTP rules the datapath could not hold to: in
+// the upstream kind, on a rule whose protocols are not all single TCP
+// ports by number (every port, a range, a named port, UDP or SCTP), or
+// rules the matcher refuses.
+func checkClusterHTTP(kind string, r clusterRule) error {
+	if len(r.http) == 0 {
+		return nil
+	}
+	if kind != KindWeirClusterNetworkPolicy {
+		return fmt.Errorf("HTTP rules are only in %s: %w", KindWeirClusterNetworkPolicy, ErrInvalidPolicy)
+	}
+	if len(r.protocols) == 0 {
+		return fmt.Errorf("HTTP rules on a rule without protocols: name its TCP ports: %w", ErrInvalidPolicy)
+	}
+	for i, p := range r.protocols {
+		if p.TCP == nil || p.TCP.DestinationPort == nil || p.TCP.DestinationPort.Range != nil || p.TCP.DestinationPort.Number == 0 {
+			return fmt.Errorf("protocols[%d]: HTTP rules need every protocol to be one TCP port by number: %w", i, ErrInvalidPolicy)
+		}
+	}
+	if len(r.http) > l7.MaxKernelRules {
+		return fmt.Errorf("%d HTTP rules, at most %d: %w", len(r.http), l7.MaxKernelRules, ErrInvalidPolicy)
+	}
+	if _, err := l7.Compile(r.http); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalidPolicy)
+	}
+	return nil
 }
 
 // placedPolicy is a cluster policy with its place in the precedence order.
@@ -157,7 +188,7 @@ func (cp *compilation) applyClusterPolicy(pp placedPolicy) error {
 	}
 	var errs []error
 	for _, d := range []Direction{Ingress, Egress} {
-		rules := clusterRules(&pp.p.Spec, d)
+		rules := clusterRules(pp.p, d)
 		if len(rules) == 0 {
 			continue
 		}
@@ -182,7 +213,7 @@ func (cp *compilation) applyClusterRule(pp placedPolicy, d Direction, index int,
 	action, actErr := ParseAction(pp.p.Kind, r.action)
 	targets, peerErr := cp.clusterPeerTargets(r.peers)
 	specs, portErr := clusterPorts(r.protocols)
-	err := errors.Join(actErr, peerErr, portErr)
+	err := errors.Join(actErr, peerErr, portErr, checkClusterHTTP(pp.p.Kind, r))
 	if namedPortWithAddressPeer(r) {
 		err = errors.Join(err, fmt.Errorf("named port with a networks, nodes or domainNames peer: %w", ErrInvalidPolicy))
 	}
@@ -196,6 +227,7 @@ func (cp *compilation) applyClusterRule(pp placedPolicy, d Direction, index int,
 		}
 		targets = []peerTarget{{id: IdentityAny}}
 		specs = []portSpec{{proto: ProtoAny, ports: []PortPrefix{AllPorts}}}
+		r.http = nil
 	}
 	if len(subjects) == 0 {
 		return err
@@ -203,18 +235,22 @@ func (cp *compilation) applyClusterRule(pp placedPolicy, d Direction, index int,
 	ref := RuleRef{Kind: pp.p.Kind, Name: pp.p.Name, Direction: d, Index: index,
 		Tier: pp.tier, Priority: pp.p.Spec.Priority, Action: action, RuleName: r.name}
 	m := Match{Rule: RuleID(cp.c.rules.get(ref)), Rank: pp.base + uint32(index), Action: action}
+	set := cp.http.tierSet(m, pp.tier, r.http)
 	used := false
 	for _, subj := range subjects {
 		ep := cp.res.Endpoints[subj.Key()]
 		for _, k := range ruleKeys(d, targets, specs, subj, cp.sets, cp.cidrIDs) {
 			used = true
 			e := ep.Entries[k]
-			slot := &e.Tier[pp.tier]
-			if action == ActionLog {
-				slot = &e.Log[pp.tier]
-			}
-			if m.before(*slot) {
-				*slot = m
+			switch {
+			case set != 0:
+				e.Tiers = cp.http.unionTiers(e.Tiers, set)
+			case action == ActionLog:
+				if m.before(e.Log[pp.tier]) {
+					e.Log[pp.tier] = m
+				}
+			case m.before(e.Tier[pp.tier]):
+				e.Tier[pp.tier] = m
 			}
 			ep.Entries[k] = e
 		}

@@ -119,8 +119,12 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 	}
 	cp.applyClusterPolicies()
 	for _, ep := range cp.res.Endpoints {
-		ep.Entries = flatten(ep.Entries, cp.http.union)
+		ep.Entries = flatten(ep.Entries, cp.http)
+		for k, e := range ep.Entries {
+			ep.Entries[k] = cp.http.finishTiers(e, ep.Enforced[k.Direction])
+		}
 	}
+	cp.http.keepReferenced(cp.res.Endpoints)
 	c.cidrs.keepOnly(cp.usedCIDR)
 	c.rules.forget(cp.usedRule) // a rule's number is never reused: verdict counters are keyed by it
 	c.http.forget(cp.http.used) // nor a set's: the datapath holds sets by number
@@ -759,18 +763,18 @@ func podPrefixIdentities(pod *Pod, cidrIDs map[netip.Prefix]Identity) []Identity
 // same peer and direction with a shorter port prefix, or any protocol. An
 // LPM lookup returns only the longest key, so without this a port rule of
 // one tier would hide a wider rule of another.
-func flatten(entries map[Key]Entry, union func(a, b HTTPSetID) HTTPSetID) map[Key]Entry {
+func flatten(entries map[Key]Entry, h *httpSets) map[Key]Entry {
 	out := make(map[Key]Entry, len(entries))
 	for k, e := range entries {
 		if k.Proto != ProtoAny {
 			for bits := int(k.Ports.Bits) - 1; bits >= 0; bits-- {
 				up := Key{k.Direction, k.Peer, k.Proto, PortPrefix{maskPort(k.Ports.Port, uint8(bits)), uint8(bits)}}
 				if o, ok := entries[up]; ok {
-					e = e.merge(o, union)
+					e = e.merge(o, h)
 				}
 			}
 			if o, ok := entries[Key{k.Direction, k.Peer, ProtoAny, AllPorts}]; ok {
-				e = e.merge(o, union)
+				e = e.merge(o, h)
 			}
 		}
 		out[k] = e

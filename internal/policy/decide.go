@@ -82,6 +82,10 @@ type Decision struct {
 	// Passed is the Pass rule that sent evaluation on from the Admin
 	// tier, or from the Baseline tier to the default.
 	Passed RuleID
+	// Inspect says conditional cluster rules (ClusterHTTP) judge the
+	// connection's requests one by one; allowed connections only. When a
+	// conditional Accept or Pass let the connection on, Rule is that rule.
+	Inspect bool
 }
 
 // Allowed reports whether the packet goes on.
@@ -99,39 +103,56 @@ func (d Decision) Allowed() bool { return d.Verdict == VerdictAllow }
 //  4. Allow.
 //
 // A Log rule is reported when it comes before the decision of its tier
-// and its tier is reached. The datapath (bpf/lib/policy.h) runs the same
-// steps on the same entries.
+// and its tier is reached. Conditional rules (Entry.Cond) decide only
+// some requests, so they never decide a connection: one that comes
+// first in its tier makes an allowed connection inspected (Inspect), and
+// an Accept or Pass among them coming first lets the connection on,
+// inspected, whatever the tier's own rule would have done. The datapath
+// (bpf/lib/policy.h) runs the same steps on the same entries.
 func Decide(npEnforced bool, found [3]*Entry) Decision {
 	var d Decision
-	admin := bestOf(found, func(e *Entry) Match { return e.Tier[TierAdmin] })
-	d.Log = reachedLog(found, TierAdmin, admin)
-	switch admin.Action {
-	case ActionAccept, ActionDeny, ActionReject:
-		return d.decided(StageAdmin, admin)
-	case ActionPass:
-		d.Passed = admin.Rule
-	}
-	if npEnforced {
-		for _, e := range found {
-			if e != nil && e.Allow != 0 {
-				d.Verdict, d.Stage, d.Rule = VerdictAllow, StageNetworkPolicy, e.Allow
-				return d
+	inspect := false
+	for _, tier := range []Tier{TierAdmin, TierBaseline} {
+		if tier == TierBaseline {
+			if npEnforced {
+				return d.networkPolicy(found, inspect)
 			}
 		}
-		d.Verdict, d.Stage = VerdictDeny, StageNetworkPolicyDefaultDeny
-		return d
+		m := bestOf(found, func(e *Entry) Match { return e.Tier[tier] })
+		if open := bestOf(found, func(e *Entry) Match { return e.Cond[tier].Open }); open.before(m) {
+			m = open
+			d.Inspect = true
+		}
+		inspect = inspect || bestOf(found, func(e *Entry) Match { return e.Cond[tier].First }).before(m)
+		if d.Log == 0 {
+			d.Log = reachedLog(found, tier, m)
+		}
+		if d.Inspect {
+			d.Verdict, d.Stage, d.Rule = VerdictAllow, stageOf(tier), m.Rule
+			return d
+		}
+		switch m.Action {
+		case ActionAccept, ActionDeny, ActionReject:
+			d = d.decided(stageOf(tier), m)
+			d.Inspect = inspect && d.Allowed()
+			return d
+		case ActionPass:
+			d.Passed = m.Rule
+		}
 	}
-	baseline := bestOf(found, func(e *Entry) Match { return e.Tier[TierBaseline] })
-	if d.Log == 0 {
-		d.Log = reachedLog(found, TierBaseline, baseline)
+	d.Verdict, d.Stage, d.Inspect = VerdictAllow, StageDefault, inspect
+	return d
+}
+
+// networkPolicy is step 2: an allow in any entry allows, none denies.
+func (d Decision) networkPolicy(found [3]*Entry, inspect bool) Decision {
+	for _, e := range found {
+		if e != nil && e.Allow != 0 {
+			d.Verdict, d.Stage, d.Rule, d.Inspect = VerdictAllow, StageNetworkPolicy, e.Allow, inspect
+			return d
+		}
 	}
-	switch baseline.Action {
-	case ActionAccept, ActionDeny, ActionReject:
-		return d.decided(StageBaseline, baseline)
-	case ActionPass:
-		d.Passed = baseline.Rule
-	}
-	d.Verdict, d.Stage = VerdictAllow, StageDefault
+	d.Verdict, d.Stage = VerdictDeny, StageNetworkPolicyDefaultDeny
 	return d
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/weirnet/weir/internal/l7"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
@@ -19,6 +20,9 @@ type Outcome struct {
 	Stage   Stage
 	Rule    RuleRef // zero unless a rule decided
 	Log     RuleRef // the first Log rule passed, zero for none
+	// Inspect: conditional cluster rules judge the requests (see
+	// Decision.Inspect).
+	Inspect bool
 }
 
 // Evaluate decides one packet by reading the policies directly, with no
@@ -28,16 +32,33 @@ type Outcome struct {
 // receiver for Ingress, the sender for Egress) and peer the address on the
 // other side. It is the reference the compiled Lookup is tested against;
 // it is far too slow for the datapath.
+//
+// A conditional cluster rule (ClusterHTTP) decides requests, not
+// connections: reached before the decision, an Accept or Pass lets the
+// connection on (it may let a request on), any other marks it inspected
+// and evaluation goes on.
 func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) Outcome {
+	return evaluate(s, target, d, peer, proto, port, nil)
+}
+
+// evaluate is Evaluate, or with req the decision on one request of the
+// connection: a conditional rule then matches when its HTTP rules match
+// req as well, and decides as any rule does; NetworkPolicy allows when a
+// rule allowing the connection has no HTTP rules on the port or one of
+// them matches req.
+func evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16, req *l7.Request) Outcome {
 	var out Outcome
 	placed, _ := placeClusterPolicies(s.ClusterPolicies)
-	tiered := false
+	tiered, inspect := false, false
 	for _, tier := range []Tier{TierAdmin, TierBaseline} {
 		if tier == TierBaseline {
 			selected, allowed, ref := evaluateNetworkPolicy(s, target, d, peer, proto, port)
+			if allowed && selected && req != nil {
+				allowed = networkPolicyAllowsRequest(s, target, d, peer, port, req)
+			}
 			switch {
 			case allowed && selected:
-				out.Verdict, out.Stage, out.Rule = VerdictAllow, StageNetworkPolicy, ref
+				out.Verdict, out.Stage, out.Rule, out.Inspect = VerdictAllow, StageNetworkPolicy, ref, inspect
 				return out
 			case selected:
 				out.Verdict, out.Stage = VerdictDeny, StageNetworkPolicyDefaultDeny
@@ -49,15 +70,26 @@ func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint
 			if pp.tier != tier || !clusterSelects(s, pp.p, target) {
 				continue
 			}
-			rules := clusterRules(&pp.p.Spec, d)
+			rules := clusterRules(pp.p, d)
 			tiered = tiered || len(rules) > 0
 			for i, r := range rules {
-				action, ok := evaluateClusterRule(s, pp.p.Kind, r, target, d, peer, proto, port)
+				action, ok, conditional := evaluateClusterRule(s, pp.p.Kind, r, target, d, peer, proto, port)
 				if !ok {
 					continue
 				}
 				ref := RuleRef{Kind: pp.p.Kind, Name: pp.p.Name, Direction: d, Index: i,
 					Tier: tier, Priority: pp.p.Spec.Priority, Action: action, RuleName: r.name}
+				if conditional && req != nil && !httpRulesMatch(r.http, req) {
+					continue
+				}
+				if conditional && req == nil {
+					if action == ActionAccept || action == ActionPass {
+						out.Verdict, out.Stage, out.Rule, out.Inspect = VerdictAllow, stageOf(tier), ref, true
+						return out
+					}
+					inspect = true
+					continue
+				}
 				switch action {
 				case ActionLog:
 					if out.Log.Name == "" {
@@ -66,7 +98,7 @@ func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint
 				case ActionPass:
 					break tierRules
 				case ActionAccept:
-					out.Verdict, out.Stage, out.Rule = VerdictAllow, stageOf(tier), ref
+					out.Verdict, out.Stage, out.Rule, out.Inspect = VerdictAllow, stageOf(tier), ref, inspect
 					return out
 				case ActionReject:
 					out.Verdict, out.Stage, out.Rule = VerdictReject, stageOf(tier), ref
@@ -78,11 +110,22 @@ func Evaluate(s *Snapshot, target *Pod, d Direction, peer netip.Addr, proto uint
 			}
 		}
 	}
-	out.Verdict, out.Stage = VerdictAllow, StageDefault
+	out.Verdict, out.Stage, out.Inspect = VerdictAllow, StageDefault, inspect
 	if !tiered {
 		out.Stage = StageUnenforced
 	}
 	return out
+}
+
+// httpRulesMatch reports whether one of rules matches req (rules the
+// matcher refuses were refused with their policy before here).
+func httpRulesMatch(rules []l7.Rule, req *l7.Request) bool {
+	m, err := l7.Compile(rules)
+	if err != nil {
+		return false
+	}
+	i, err := m.Match(req)
+	return err == nil && i >= 0
 }
 
 func stageOf(t Tier) Stage {
@@ -273,10 +316,13 @@ func selectorMatches(sel *metav1.LabelSelector, set labels.Set) bool {
 	return err == nil && s.Matches(set)
 }
 
-// evaluateClusterRule reports whether r matches the packet and with what
-// action; a rule it cannot read fails closed as the compiler's does.
-func evaluateClusterRule(s *Snapshot, kind string, r clusterRule, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) (Action, bool) {
+// evaluateClusterRule reports whether r matches the packet, with what
+// action, and whether it is conditional (its HTTP rules decide which
+// requests it matches); a rule it cannot read fails closed as the
+// compiler's does, unconditionally.
+func evaluateClusterRule(s *Snapshot, kind string, r clusterRule, target *Pod, d Direction, peer netip.Addr, proto uint8, port uint16) (action Action, matches, conditional bool) {
 	action, err := ParseAction(kind, r.action)
+	err = errors.Join(err, checkClusterHTTP(kind, r))
 	peerPod := podByIP(s, peer)
 	peerOK := false
 	for _, p := range r.peers {
@@ -291,13 +337,13 @@ func evaluateClusterRule(s *Snapshot, kind string, r clusterRule, target *Pod, d
 	if err = errors.Join(err, perr); err != nil {
 		switch action {
 		case ActionAccept, ActionLog:
-			return action, false
+			return action, false, false
 		case ActionReject:
-			return ActionReject, true
+			return ActionReject, true, false
 		}
-		return ActionDeny, true
+		return ActionDeny, true, false
 	}
-	return action, peerOK && portOK
+	return action, peerOK && portOK, len(r.http) > 0
 }
 
 func clusterPeerMatches(s *Snapshot, p npav1alpha2.ClusterNetworkPolicyEgressPeer, addr netip.Addr, pod *Pod) (bool, error) {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/weirnet/weir/internal/l7"
 	"math/rand/v2"
 	"net/netip"
 
@@ -247,6 +248,8 @@ func sameDecision(res *Result, got Decision, want Outcome) error {
 		return fmt.Errorf("compiled rule %v, evaluated %v", gotRule, want.Rule)
 	case gotLog != want.Log:
 		return fmt.Errorf("compiled log rule %v, evaluated %v", gotLog, want.Log)
+	case got.Inspect != want.Inspect:
+		return fmt.Errorf("compiled inspect %v, evaluated %v (%s at %s, rule %v)", got.Inspect, want.Inspect, want.Verdict, want.Stage, want.Rule)
 	}
 	return nil
 }
@@ -265,9 +268,43 @@ func genClusterSnapshot(r *rand.Rand, policies, clusterPolicies int) *Snapshot {
 	s := genSnapshot(r, policies)
 	s.Nodes = genNodes()
 	for i := 0; i < clusterPolicies; i++ {
-		s.ClusterPolicies = append(s.ClusterPolicies, genClusterPolicy(r, fmt.Sprintf("c%d", i)))
+		p := genClusterPolicy(r, fmt.Sprintf("c%d", i))
+		genClusterHTTP(r, p)
+		s.ClusterPolicies = append(s.ClusterPolicies, p)
 	}
 	return s
+}
+
+// genClusterHTTP makes about half the rules of a WeirClusterNetworkPolicy
+// conditional: on TCP port 80 (sometimes 81 too) with one or two HTTP
+// rules of the generated vocabulary.
+func genClusterHTTP(r *rand.Rand, p *ClusterPolicy) {
+	if p.Kind != KindWeirClusterNetworkPolicy {
+		return
+	}
+	p.HTTP = &ClusterHTTP{Ingress: make([][]l7.Rule, len(p.Spec.Ingress)), Egress: make([][]l7.Rule, len(p.Spec.Egress))}
+	conditional := func(protos *[]npav1alpha2.ClusterNetworkPolicyProtocol) []l7.Rule {
+		if r.IntN(2) == 0 {
+			return nil
+		}
+		*protos = []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
+			DestinationPort: &npav1alpha2.Port{Number: 80}}}}
+		if r.IntN(3) == 0 {
+			*protos = append(*protos, npav1alpha2.ClusterNetworkPolicyProtocol{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
+				DestinationPort: &npav1alpha2.Port{Number: 81}}})
+		}
+		var rules []l7.Rule
+		for k := 1 + r.IntN(2); k > 0; k-- {
+			rules = append(rules, genHTTPRules[r.IntN(len(genHTTPRules))])
+		}
+		return rules
+	}
+	for i := range p.Spec.Ingress {
+		p.HTTP.Ingress[i] = conditional(&p.Spec.Ingress[i].Protocols)
+	}
+	for i := range p.Spec.Egress {
+		p.HTTP.Egress[i] = conditional(&p.Spec.Egress[i].Protocols)
+	}
 }
 
 func genClusterPolicy(r *rand.Rand, name string) *ClusterPolicy {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -77,6 +78,7 @@ type httpSets struct {
 func newHTTPSets(res *Result, alloc *idAllocator[string]) *httpSets {
 	res.HTTPSets = map[HTTPSetID][]HTTPRuleRef{}
 	res.HTTPRules = map[HTTPRuleRef]l7.Rule{}
+	res.HTTPTiers = map[RuleID]TierHTTP{}
 	return &httpSets{res: res, alloc: alloc, used: map[string]bool{}, byKey: map[string]HTTPSetID{}}
 }
 
@@ -85,7 +87,13 @@ func newHTTPSets(res *Result, alloc *idAllocator[string]) *httpSets {
 func (h *httpSets) intern(refs []HTTPRuleRef) HTTPSetID {
 	var key strings.Builder
 	for _, r := range refs {
-		fmt.Fprintf(&key, "%d/%d/%d=%q,", r.Rule, r.Port, r.Index, ruleKey(h.res.HTTPRules[r]))
+		fmt.Fprintf(&key, "%d/%d/%d=%q", r.Rule, r.Port, r.Index, ruleKey(h.res.HTTPRules[r]))
+		if t, ok := h.res.HTTPTiers[r.Rule]; ok {
+			// A cluster rule's place and action are part of what the
+			// set decides: a set whose rules moved is another set.
+			fmt.Fprintf(&key, "@%d/%d/%d", t.Tier, t.Rank, t.Action)
+		}
+		key.WriteByte(',')
 	}
 	if id, ok := h.byKey[key.String()]; ok {
 		return id
@@ -138,6 +146,116 @@ func (h *httpSets) portSet(rule RuleID, port int, rules []l7.Rule) HTTPSetID {
 		h.res.HTTPRules[refs[i]] = r
 	}
 	return h.intern(refs)
+}
+
+// TierHTTP is where a conditional cluster rule (one with HTTP rules)
+// stands: its tier, and its place and action in the precedence order.
+type TierHTTP struct {
+	Tier Tier
+	Match
+}
+
+// tierSet records a cluster rule's HTTP rules and returns their set, 0
+// for a rule without any (unconditional).
+func (h *httpSets) tierSet(m Match, t Tier, rules []l7.Rule) HTTPSetID {
+	if len(rules) == 0 {
+		return 0
+	}
+	h.res.HTTPTiers[m.Rule] = TierHTTP{Tier: t, Match: m}
+	refs := make([]HTTPRuleRef, len(rules))
+	for i, r := range rules {
+		refs[i] = HTTPRuleRef{Rule: m.Rule, Index: i}
+		h.res.HTTPRules[refs[i]] = r
+	}
+	return h.intern(refs)
+}
+
+// compareTier orders the rules of conditional cluster rules by
+// precedence: tier, rank, then the HTTP rule's own index.
+func (r *Result) compareTier(a, b HTTPRuleRef) int {
+	ta, tb := r.HTTPTiers[a.Rule], r.HTTPTiers[b.Rule]
+	if ta.Tier != tb.Tier {
+		return int(ta.Tier) - int(tb.Tier)
+	}
+	if ta.Rank != tb.Rank {
+		return cmp.Compare(ta.Rank, tb.Rank)
+	}
+	return a.Index - b.Index
+}
+
+// unionTiers joins two sets of conditional cluster rules: every rule of
+// both applies, in precedence order (0 is the empty set here, not an
+// unrestricted one).
+func (h *httpSets) unionTiers(a, b HTTPSetID) HTTPSetID {
+	if a == 0 || a == b {
+		return b
+	}
+	if b == 0 {
+		return a
+	}
+	refs := append(slices.Clone(h.res.HTTPSets[a]), h.res.HTTPSets[b]...)
+	slices.SortFunc(refs, h.res.compareTier)
+	return h.intern(slices.CompactFunc(refs, func(x, y HTTPRuleRef) bool { return x == y }))
+}
+
+// finishTiers settles an entry's conditional cluster rules once the
+// entries are flattened: it drops those its tier's first unconditional
+// rule already hides (a rule after an Accept, Deny, Reject or Pass is
+// never reached, nor is a Baseline rule where NetworkPolicy selects the
+// endpoint, npEnforced), notes per tier the first left (Cond.First, any action)
+// and the first that can let a request on (Cond.Open, Accept or Pass),
+// and names the set the datapath judges the entry's requests by (L7):
+// the NetworkPolicy restriction's rules and the conditional rules'.
+func (h *httpSets) finishTiers(e Entry, npEnforced bool) Entry {
+	e.Cond = [2]CondMatch{}
+	if e.Tiers != 0 {
+		var kept []HTTPRuleRef
+		for _, ref := range h.res.HTTPSets[e.Tiers] {
+			t := h.res.HTTPTiers[ref.Rule]
+			if hidden := e.Tier[t.Tier]; (hidden.Found() && hidden.Rank < t.Rank) || (npEnforced && t.Tier == TierBaseline) {
+				continue
+			}
+			kept = append(kept, ref)
+			c := &e.Cond[t.Tier]
+			if !c.First.Found() {
+				c.First = t.Match
+			}
+			if !c.Open.Found() && (t.Action == ActionAccept || t.Action == ActionPass) {
+				c.Open = t.Match
+			}
+		}
+		e.Tiers = 0
+		if len(kept) > 0 {
+			e.Tiers = h.intern(kept)
+		}
+	}
+	e.L7 = e.HTTP
+	if e.Tiers != 0 {
+		refs := slices.Clone(h.res.HTTPSets[e.Tiers])
+		if e.HTTP != 0 {
+			refs = append(refs, h.res.HTTPSets[e.HTTP]...)
+		}
+		e.L7 = h.intern(refs)
+	}
+	return e
+}
+
+// keepReferenced drops the sets no entry names (those only a union or
+// a hidden rule passed through), so the datapath writes and numbers
+// only what it judges by.
+func (h *httpSets) keepReferenced(eps map[string]*EndpointPolicy) {
+	named := map[HTTPSetID]bool{}
+	for _, ep := range eps {
+		for _, e := range ep.Entries {
+			named[e.HTTP], named[e.Tiers], named[e.L7] = true, true, true
+		}
+	}
+	for key, id := range h.byKey {
+		if !named[id] {
+			delete(h.used, key)
+			delete(h.res.HTTPSets, id)
+		}
+	}
 }
 
 // checkHTTPPorts refuses HTTP rules the datapath could not hold to: on a

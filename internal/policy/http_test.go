@@ -104,6 +104,42 @@ func TestHTTPCompiledMatchesEvaluate(t *testing.T) {
 	}
 }
 
+// TestClusterHTTPCompiledMatchesEvaluate holds conditional cluster
+// rules, compiled into entries and judged as the datapath will
+// (LookupHTTP), to the direct reading (EvaluateHTTP) on random clusters
+// of NetworkPolicies, WeirNetworkPolicies and cluster policies of both
+// tiers with HTTP rules: the connection, whether its requests are judged,
+// each request's verdict, stage and deciding rule, and its Log rule.
+func TestClusterHTTPCompiledMatchesEvaluate(t *testing.T) {
+	c := NewCompiler()
+	seen := map[string]int{}
+	for seed := uint64(0); seed < 300; seed++ {
+		r := rand.New(rand.NewPCG(seed, 17))
+		s := genHTTPSnapshot(r, r.IntN(4))
+		s.Nodes = genNodes()
+		for i := 1 + r.IntN(4); i > 0; i-- {
+			p := genClusterPolicy(r, fmt.Sprintf("c%d", i))
+			if r.IntN(4) > 0 {
+				p.Kind = KindWeirClusterNetworkPolicy
+			}
+			genClusterHTTP(r, p)
+			s.ClusterPolicies = append(s.ClusterPolicies, p)
+		}
+		res := c.Compile(s)
+		if err := checkHTTPAgainstEvaluate(t, s, res, seen); err != nil {
+			t.Fatalf("seed %d: %v\npolicies: %s", seed, err, dumpPolicies(s))
+		}
+	}
+	t.Logf("probes: %v", seen)
+	for _, want := range []string{"restricted allowed", "restricted denied", "request admin", "request baseline",
+		"request networkpolicy", "request networkpolicy-default-deny", "request default", "request logged",
+		"request decided by an HTTP rule"} {
+		if seen[want] < 20 {
+			t.Errorf("only %d probes reached %q: %v", seen[want], want, seen)
+		}
+	}
+}
+
 func checkHTTPAgainstEvaluate(t *testing.T, s *Snapshot, res *Result, seen map[string]int) error {
 	reqs := make([]*l7.Request, len(genHTTPRequests))
 	for i, g := range genHTTPRequests {
@@ -125,10 +161,22 @@ func checkHTTPAgainstEvaluate(t *testing.T, s *Snapshot, res *Result, seen map[s
 							return fmt.Errorf("%s: errors %v, %v", where, werr, gerr)
 						}
 						if got.Allowed != want.Allowed || got.Restricted != want.Restricted {
-							return fmt.Errorf("%s: compiled allowed %v restricted %v, evaluated allowed %v restricted %v",
-								where, got.Allowed, got.Restricted, want.Allowed, want.Restricted)
+							return fmt.Errorf("%s: compiled allowed %v restricted %v (conn %+v request %+v), evaluated allowed %v restricted %v (conn %+v request %+v)",
+								where, got.Allowed, got.Restricted, got.Conn, got.Request, want.Allowed, want.Restricted, want.Conn, want.Request)
 						}
-						if got.Restricted && got.Allowed {
+						if got.Restricted {
+							if err := sameDecision(res, got.Request, want.Request); err != nil {
+								return fmt.Errorf("%s: request: %w", where, err)
+							}
+							seen["request "+got.Request.Stage.String()]++
+							if got.Request.Log != 0 {
+								seen["request logged"]++
+							}
+							if _, ok := res.HTTPTiers[got.Rule.Rule]; ok {
+								seen["request decided by an HTTP rule"]++
+							}
+						}
+						if got.Restricted && got.Rule != (HTTPRuleRef{}) {
 							m, err := l7.Compile([]l7.Rule{res.HTTPRules[got.Rule]})
 							if i, _ := m.Match(req); err != nil || i != 0 {
 								return fmt.Errorf("%s: compiled names rule %+v, which does not match", where, got.Rule)

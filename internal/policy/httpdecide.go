@@ -11,66 +11,196 @@ import (
 type HTTPDecision struct {
 	// Conn is the connection's decision, as Lookup gives it.
 	Conn Decision
-	// Restricted says HTTP rules apply: NetworkPolicy allowed the
-	// connection, and only through rules with HTTP rules on its port.
+	// Restricted says the requests are judged one by one: conditional
+	// cluster rules inspect the connection (Conn.Inspect), or
+	// NetworkPolicy allowed it only through rules with HTTP rules on
+	// its port.
 	Restricted bool
+	// Request is the request's own decision (Restricted only): the
+	// precedence order walked again with the conditional rules whose
+	// HTTP rules match the request.
+	Request Decision
 	// Allowed is the request's verdict.
 	Allowed bool
-	// Rule is the HTTP rule that allowed the request (Restricted and
-	// Allowed only).
+	// Rule is the HTTP rule that decided the request (Restricted only):
+	// of the conditional cluster rule that decided it, or of the
+	// NetworkPolicy rule that allowed it; zero when a rule without HTTP
+	// rules decided.
 	Rule HTTPRuleRef
 }
 
 // LookupHTTP decides one request the way the datapath will: the
 // connection's decision from the three longest-match entries (Lookup);
-// when NetworkPolicy allowed it, an entry that allows with no HTTP set
-// allows every request, and otherwise the request must match a rule of
-// one of the entries' sets. It returns l7.ErrAmbiguousHeader for a
-// request carrying twice a header one of those rules names (answered
-// 400).
+// when it is judged request by request, the precedence order again
+// (decideRequest) with each tier's first conditional rule that matches
+// the request taking the place of the tier's rule when it comes first,
+// and at NetworkPolicy an entry that allows with no HTTP set allowing
+// every request, otherwise one of the allowing entries' sets must match
+// the request. It returns l7.ErrAmbiguousHeader for a request carrying
+// twice a header a rule of the entries' sets names (answered 400).
 func (r *Result) LookupHTTP(pod string, d Direction, peer netip.Addr, port uint16, req *l7.Request) (HTTPDecision, error) {
 	ep, ok := r.Endpoints[pod]
 	if !ok || (!ep.Enforced[d] && !ep.Tiered[d]) {
 		return HTTPDecision{Conn: Decision{Verdict: VerdictAllow, Stage: StageUnenforced}, Allowed: true}, nil
 	}
-	label, cidr := r.PeerIdentities(peer)
-	var found [3]*Entry
-	for i, id := range []Identity{label, cidr, IdentityAny} {
-		if e, ok := ep.match(d, id, ProtoTCP, port); ok {
-			found[i] = &e
-		}
-	}
+	found := ep.lookup(r, d, peer, ProtoTCP, port)
 	out := HTTPDecision{Conn: Decide(ep.Enforced[d], found)}
-	if !out.Conn.Allowed() || out.Conn.Stage != StageNetworkPolicy {
-		out.Allowed = out.Conn.Allowed()
+	if !out.Conn.Allowed() {
 		return out, nil
 	}
-	sets := r.HTTPSetsOf(pod, d, peer, port)
-	if sets == nil {
+	npRestricted := out.Conn.Stage == StageNetworkPolicy && r.HTTPSetsOf(pod, d, peer, port) != nil
+	if !out.Conn.Inspect && !npRestricted {
 		out.Allowed = true
 		return out, nil
 	}
 	out.Restricted = true
-	var refs []HTTPRuleRef
-	for _, id := range sets {
-		refs = append(refs, r.HTTPSets[id]...)
+	if err := r.refuseAmbiguous(found, req); err != nil {
+		return out, err
 	}
-	slices.SortFunc(refs, HTTPRuleRef.compare)
-	refs = slices.Compact(refs)
-	rules := make([]l7.Rule, len(refs))
-	for i, ref := range refs {
-		rules[i] = r.HTTPRules[ref]
+	out.Request, out.Rule = r.decideRequest(ep.Enforced[d], found, req)
+	out.Allowed = out.Request.Allowed()
+	return out, nil
+}
+
+// lookup finds the three entries the datapath looks up.
+func (ep *EndpointPolicy) lookup(r *Result, d Direction, peer netip.Addr, proto uint8, port uint16) [3]*Entry {
+	label, cidr := r.PeerIdentities(peer)
+	var found [3]*Entry
+	for i, id := range []Identity{label, cidr, IdentityAny} {
+		if e, ok := ep.match(d, id, proto, port); ok {
+			found[i] = &e
+		}
+	}
+	return found
+}
+
+// refuseAmbiguous is the datapath's first check on a judged request:
+// one carrying twice a header some rule of the entries' sets names is
+// refused, whichever rule would have decided it.
+func (r *Result) refuseAmbiguous(found [3]*Entry, req *l7.Request) error {
+	var rules []l7.Rule
+	for _, e := range found {
+		if e != nil {
+			for _, ref := range r.HTTPSets[e.L7] {
+				rules = append(rules, r.HTTPRules[ref])
+			}
+		}
 	}
 	m, err := l7.Compile(rules)
 	if err != nil {
-		return out, err // refused at compile time; never here
+		return err // refused at compile time; never here
 	}
-	i, err := m.Match(req)
-	if err != nil || i < 0 {
-		return out, err
+	_, err = m.Match(req)
+	return err
+}
+
+// decideRequest is Decide for one request: per tier, the first
+// conditional rule across the entries whose HTTP rules match req takes
+// the place of the tier's rule when it comes first (a Log among them is
+// reported as a Log rule), and at NetworkPolicy the allowing entries'
+// HTTP sets judge req. It returns the HTTP rule that decided, if any.
+func (r *Result) decideRequest(npEnforced bool, found [3]*Entry, req *l7.Request) (Decision, HTTPRuleRef) {
+	var d Decision
+	var by HTTPRuleRef
+	for _, tier := range []Tier{TierAdmin, TierBaseline} {
+		if tier == TierBaseline && npEnforced {
+			d = d.networkPolicy(found, false)
+			if !d.Allowed() {
+				return d, HTTPRuleRef{}
+			}
+			ref, allowed := r.networkPolicyRequest(found, req)
+			if !allowed {
+				d.Verdict, d.Stage, d.Rule = VerdictDeny, StageNetworkPolicyDefaultDeny, 0
+			}
+			return d, ref
+		}
+		m := bestOf(found, func(e *Entry) Match { return e.Tier[tier] })
+		cond, ref := r.firstConditional(found, tier, req, false)
+		if cond.before(m) {
+			m, by = cond, ref
+		}
+		if d.Log == 0 {
+			log := bestOf(found, func(e *Entry) Match { return e.Log[tier] })
+			if cl, _ := r.firstConditional(found, tier, req, true); cl.before(log) {
+				log = cl
+			}
+			if log.before(m) {
+				d.Log = log.Rule
+			}
+		}
+		switch m.Action {
+		case ActionAccept, ActionDeny, ActionReject:
+			return d.decided(stageOf(tier), m), by
+		case ActionPass:
+			d.Passed, by = m.Rule, HTTPRuleRef{}
+		}
 	}
-	out.Allowed, out.Rule = true, refs[i]
-	return out, nil
+	d.Verdict, d.Stage = VerdictAllow, StageDefault
+	return d, HTTPRuleRef{}
+}
+
+// firstConditional is the first conditional rule of tier across the
+// entries whose HTTP rules match req: Log rules when logs, else the
+// others; and the HTTP rule that matched.
+func (r *Result) firstConditional(found [3]*Entry, tier Tier, req *l7.Request, logs bool) (Match, HTTPRuleRef) {
+	var best Match
+	var by HTTPRuleRef
+	for _, e := range found {
+		if e == nil {
+			continue
+		}
+		for _, ref := range r.HTTPSets[e.Tiers] {
+			t := r.HTTPTiers[ref.Rule]
+			if t.Tier != tier || (t.Action == ActionLog) != logs || !t.before(best) {
+				continue
+			}
+			if httpRulesMatch([]l7.Rule{r.HTTPRules[ref]}, req) {
+				best, by = t.Match, ref
+			}
+		}
+	}
+	return best, by
+}
+
+// networkPolicyRequest judges req at NetworkPolicy: an allowing entry
+// without an HTTP set allows every request; otherwise the first rule of
+// the allowing entries' sets (in reference order) that matches allows.
+func (r *Result) networkPolicyRequest(found [3]*Entry, req *l7.Request) (HTTPRuleRef, bool) {
+	var refs []HTTPRuleRef
+	for _, e := range found {
+		if e == nil || e.Allow == 0 {
+			continue
+		}
+		if e.HTTP == 0 {
+			return HTTPRuleRef{}, true
+		}
+		refs = append(refs, r.HTTPSets[e.HTTP]...)
+	}
+	slices.SortFunc(refs, HTTPRuleRef.compare)
+	for _, ref := range slices.Compact(refs) {
+		if httpRulesMatch([]l7.Rule{r.HTTPRules[ref]}, req) {
+			return ref, true
+		}
+	}
+	return HTTPRuleRef{}, false
+}
+
+// ConditionalRulesOf are the HTTP rules of the conditional cluster rules
+// a TCP connection from peer to pod's port meets, in precedence order
+// across the three entries the datapath finds.
+func (r *Result) ConditionalRulesOf(pod string, d Direction, peer netip.Addr, port uint16) []HTTPRuleRef {
+	ep, ok := r.Endpoints[pod]
+	if !ok {
+		return nil
+	}
+	var refs []HTTPRuleRef
+	for _, e := range ep.lookup(r, d, peer, ProtoTCP, port) {
+		if e != nil {
+			refs = append(refs, r.HTTPSets[e.Tiers]...)
+		}
+	}
+	slices.SortFunc(refs, r.compareTier)
+	return slices.Compact(refs)
 }
 
 // HTTPSetsOf are the HTTP sets a TCP connection from peer to pod's port
@@ -99,24 +229,70 @@ func (r *Result) HTTPSetsOf(pod string, d Direction, peer netip.Addr, port uint1
 
 // HTTPOutcome is EvaluateHTTP's answer.
 type HTTPOutcome struct {
-	Conn                Outcome
+	Conn Outcome
+	// Request is the request's own decision (the connection's when it
+	// is not judged request by request).
+	Request             Outcome
 	Restricted, Allowed bool
 }
 
 // EvaluateHTTP decides one request by reading the policies directly: the
-// connection as Evaluate decides it; when a NetworkPolicy or
-// WeirNetworkPolicy rule allowed it, every rule of every policy that
-// selects target and allows the peer on that port counts: one whose
-// matching port has no HTTP rules allows every request, the others allow
-// the requests one of the port's HTTP rules matches.
+// connection as Evaluate decides it; when conditional cluster rules
+// inspect it, or NetworkPolicy allowed it only through rules with HTTP
+// rules on the port, the request is judged on its own (evaluate with
+// req): a conditional rule matches it when one of its HTTP rules does,
+// and at NetworkPolicy every rule of every policy that selects target
+// and allows the peer on that port counts: one whose matching port has
+// no HTTP rules allows every request, the others allow the requests one
+// of the port's HTTP rules matches.
 func EvaluateHTTP(s *Snapshot, target *Pod, d Direction, peer netip.Addr, port uint16, req *l7.Request) (HTTPOutcome, error) {
 	out := HTTPOutcome{Conn: Evaluate(s, target, d, peer, ProtoTCP, port)}
-	if out.Conn.Verdict != VerdictAllow || out.Conn.Stage != StageNetworkPolicy || (d == Ingress && slices.Contains(s.HostIPs, peer)) {
-		out.Allowed = out.Conn.Verdict == VerdictAllow
+	out.Request = out.Conn
+	if out.Conn.Verdict != VerdictAllow {
 		return out, nil
 	}
+	npRestricted := out.Conn.Stage == StageNetworkPolicy && networkPolicyHTTPRules(s, target, d, peer, port) != nil
+	if !out.Conn.Inspect && !npRestricted {
+		out.Allowed = true
+		return out, nil
+	}
+	out.Restricted = true
+	out.Request = evaluate(s, target, d, peer, ProtoTCP, port, req)
+	out.Allowed = out.Request.Verdict == VerdictAllow
+	if out.Request.Stage == StageNetworkPolicyDefaultDeny || out.Request.Stage == StageNetworkPolicy {
+		// The one error a request can meet: a header an allowing rule
+		// names, twice (answered 400).
+		if rules := networkPolicyHTTPRules(s, target, d, peer, port); rules != nil {
+			m, err := l7.Compile(rules)
+			if err != nil {
+				return out, err
+			}
+			if _, err := m.Match(req); err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// networkPolicyAllowsRequest reports whether NetworkPolicy allows req
+// on a connection it allows: a rule allowing the connection with no HTTP
+// rules on the port allows every request, the others those one of the
+// port's HTTP rules matches.
+func networkPolicyAllowsRequest(s *Snapshot, target *Pod, d Direction, peer netip.Addr, port uint16, req *l7.Request) bool {
+	rules := networkPolicyHTTPRules(s, target, d, peer, port)
+	return rules == nil || httpRulesMatch(rules, req)
+}
+
+// networkPolicyHTTPRules are the HTTP rules NetworkPolicy restricts a
+// connection it allows to: nil when it allows the connection through a
+// rule without HTTP rules on the port (or from the pod's own node).
+func networkPolicyHTTPRules(s *Snapshot, target *Pod, d Direction, peer netip.Addr, port uint16) []l7.Rule {
+	if d == Ingress && slices.Contains(s.HostIPs, peer) {
+		return nil
+	}
 	peerPod := podByIP(s, peer)
-	var rules []l7.Rule
+	rules := []l7.Rule{}
 	for _, p := range sortedPolicies(s.Policies) {
 		if !policySelects(s, p, target, d) {
 			continue
@@ -126,8 +302,7 @@ func EvaluateHTTP(s *Snapshot, target *Pod, d Direction, peer netip.Addr, port u
 				continue
 			}
 			if len(r.ports) == 0 {
-				out.Allowed = true
-				return out, nil
+				return nil
 			}
 			for j := range r.ports {
 				if !portsMatch(r.ports[j:j+1], d, target, peerPod, ProtoTCP, port) {
@@ -135,19 +310,11 @@ func EvaluateHTTP(s *Snapshot, target *Pod, d Direction, peer netip.Addr, port u
 				}
 				http := s.HTTP[p].rules(d, i, j)
 				if len(http) == 0 {
-					out.Allowed = true
-					return out, nil
+					return nil
 				}
 				rules = append(rules, http...)
 			}
 		}
 	}
-	out.Restricted = true
-	m, err := l7.Compile(rules)
-	if err != nil {
-		return out, err
-	}
-	i, err := m.Match(req)
-	out.Allowed = err == nil && i >= 0
-	return out, err
+	return rules
 }

@@ -51,7 +51,8 @@ func TestClusterCompiledMatchesEvaluate(t *testing.T) {
 	// paths, or agreement would prove little.
 	for _, want := range []string{"unenforced", "admin", "networkpolicy", "networkpolicy-default-deny",
 		"baseline", "default", "allowed", "denied", "rejected", "logged",
-		"host ingress networkpolicy", "host egress admin", "host egress networkpolicy-default-deny"} {
+		"host ingress networkpolicy", "host egress admin", "host egress networkpolicy-default-deny",
+		"inspected", "inspected networkpolicy", "inspected default", "let on by a conditional rule"} {
 		if seen[want] == 0 {
 			t.Errorf("no probe reached %q: %v", want, seen)
 		}
@@ -67,6 +68,13 @@ func countOutcomes(s *Snapshot, seen map[string]int) {
 				seen[o.Verdict.String()]++
 				if o.Log.Name != "" {
 					seen["logged"]++
+				}
+				if o.Inspect {
+					seen["inspected"]++
+					seen["inspected "+o.Stage.String()]++
+					if (o.Stage == StageAdmin || o.Stage == StageBaseline) && o.Rule.Action == ActionPass {
+						seen["let on by a conditional rule"]++
+					}
 				}
 				if peer == genHost {
 					seen["host "+d.String()+" "+o.Stage.String()]++

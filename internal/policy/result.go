@@ -115,19 +115,39 @@ type Entry struct {
 	HTTP HTTPSetID
 	Tier [2]Match // by Tier: Accept, Deny, Reject or Pass
 	Log  [2]Match // by Tier: Log rules
+	// Tiers are the conditional cluster rules (ClusterHTTP) that match
+	// the key and come before Tier's rule of their tier, as one set in
+	// precedence order; 0 for none. Each decides only the requests one
+	// of its HTTP rules matches.
+	Tiers HTTPSetID
+	// Cond is, per tier, what the connection's decision needs of Tiers.
+	Cond [2]CondMatch
+	// L7 is the set the datapath judges the key's requests by: HTTP's
+	// rules and Tiers' (HTTP when Tiers is 0).
+	L7 HTTPSetID
+}
+
+// CondMatch is what a tier's conditional rules mean for a connection:
+// the first in precedence (First) and the first that lets a request on
+// (Open: Accept, or Pass). A connection one of them comes before the
+// tier's decision for is judged request by request (Decision.Inspect);
+// one whose tier would deny it is still let on when Open comes first.
+type CondMatch struct {
+	First, Open Match
 }
 
 // merge folds o (a key covering this one) into e: the allow of the
 // longest key stands, its HTTP restriction joined with the covering
-// key's (union joins two sets), and per tier the rule first in
-// precedence.
-func (e Entry) merge(o Entry, union func(a, b HTTPSetID) HTTPSetID) Entry {
+// key's, per tier the rule first in precedence, and every conditional
+// rule of both.
+func (e Entry) merge(o Entry, h *httpSets) Entry {
 	switch {
 	case e.Allow == 0:
 		e.Allow, e.HTTP = o.Allow, o.HTTP
 	case o.Allow != 0:
-		e.HTTP = union(e.HTTP, o.HTTP)
+		e.HTTP = h.union(e.HTTP, o.HTTP)
 	}
+	e.Tiers = h.unionTiers(e.Tiers, o.Tiers)
 	for t := range e.Tier {
 		if o.Tier[t].before(e.Tier[t]) {
 			e.Tier[t] = o.Tier[t]
@@ -173,6 +193,8 @@ type Result struct {
 	// HTTPRules the rules they name.
 	HTTPSets  map[HTTPSetID][]HTTPRuleRef
 	HTTPRules map[HTTPRuleRef]l7.Rule
+	// HTTPTiers are the conditional cluster rules the sets name, by ID.
+	HTTPTiers map[RuleID]TierHTTP
 	// Unallocated lists label set keys seen on pods that have no cluster
 	// identity yet, sorted.
 	Unallocated []string
