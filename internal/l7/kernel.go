@@ -206,40 +206,12 @@ func (k *KernelRules) Judge(r *Request) KernelVerdict {
 // JudgeRule is Judge, and for KernelAllow the index of the rule the
 // kernel names as allowing: the first rule it judges whole that matches.
 func (k *KernelRules) JudgeRule(r *Request) (KernelVerdict, int) {
-	lookup := func(kind KernelKeyKind, h uint64) uint64 { return k.Entries[KernelKey{kind, h}] }
-	method := k.AnyMethod | lookup(KeyMethod, MethodHash(k.Key, r.Method))
-	path := k.AnyPath &^ k.NeedsPath
-	if r.Path != "" {
-		path = k.AnyPath | lookup(KeyPathExact, PathHash(k.Key, r.Path)) | lookup(KeyPathPrefix, PathHash(k.Key, r.Path))
-		for _, h := range PathPrefixHashes(k.Key, r.Path) {
-			path |= lookup(KeyPathPrefix, h)
-		}
-		if k.PathDFA != nil {
-			// A byte over 127 leaves the kernel's automaton dead, as
-			// here (canonical paths have none).
-			m, _ := k.PathDFA.Match(r.Path)
-			path |= m
-		}
-	}
-	host := k.AnyHost
-	labels := HostLabelHashes(k.Key, r.Host)
-	if len(labels) > 0 {
-		host |= lookup(KeyHostExact, HostHash(labels))
-		for i := 1; i < len(labels); i++ {
-			host |= lookup(KeyHostSuffix, HostHash(labels[i:]))
-		}
-	}
-	candidates := method & path & host
-	if k.HeaderRules != 0 {
-		miss, refuse := k.headerMisses(r)
-		if refuse {
-			return KernelRefuse, -1
-		}
-		candidates &^= miss
-	}
+	candidates, userSpace, refuse := k.Candidates(r)
 	switch {
-	case candidates&^k.UserSpace != 0:
-		return KernelAllow, bits.TrailingZeros64(candidates &^ k.UserSpace)
+	case refuse:
+		return KernelRefuse, -1
+	case candidates&^userSpace != 0:
+		return KernelAllow, bits.TrailingZeros64(candidates &^ userSpace)
 	case candidates != 0:
 		return KernelUserSpace, -1
 	}

@@ -168,6 +168,9 @@ func TestClusterHTTPRules(t *testing.T) {
 				if got.Allowed != p.allowed || got.Request.Stage != p.stage || !got.Restricted {
 					t.Errorf("%s: allowed %v at %s restricted %v, want %v at %s", where, got.Allowed, got.Request.Stage, got.Restricted, p.allowed, p.stage)
 				}
+				if err := kernelWalkAgrees(res, "default/web", Ingress, l7Client, 80, req, got); err != nil {
+					t.Errorf("%s: %v", where, err)
+				}
 				if want.Allowed != got.Allowed || want.Request.Stage != got.Request.Stage {
 					t.Errorf("%s: EvaluateHTTP says allowed %v at %s", where, want.Allowed, want.Request.Stage)
 				}

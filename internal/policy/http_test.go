@@ -165,6 +165,9 @@ func checkHTTPAgainstEvaluate(t *testing.T, s *Snapshot, res *Result, seen map[s
 								where, got.Allowed, got.Restricted, got.Conn, got.Request, want.Allowed, want.Restricted, want.Conn, want.Request)
 						}
 						if got.Restricted {
+							if err := kernelWalkAgrees(res, pod.Key(), d, peer, port, req, got); err != nil {
+								return fmt.Errorf("%s: %w", where, err)
+							}
 							if err := sameDecision(res, got.Request, want.Request); err != nil {
 								return fmt.Errorf("%s: request: %w", where, err)
 							}
@@ -392,4 +395,71 @@ func TestHTTPSetNumbers(t *testing.T) {
 	if d := DiffResults(nil, back); len(d.HTTPSets) == 0 {
 		t.Fatal("a first load's diff writes no set")
 	}
+}
+
+// kernelWalkAgrees holds the datapath's walk of a judged request
+// (l7.JudgeTiers over the kernel's form of the entries' L7 sets, the
+// flow TierFlowOf keeps) to LookupHTTP's decision: the verdict, the
+// stage, and the rule that decided it, named through the set. Where the
+// kernel leaves the request to user space, the walk over the full
+// matchers (the proxy's) must agree instead.
+func kernelWalkAgrees(res *Result, pod string, d Direction, peer netip.Addr, port uint16, req *l7.Request, got HTTPDecision) error {
+	ep := res.Endpoints[pod]
+	found := ep.lookup(res, d, peer, ProtoTCP, port)
+	flow := TierFlowOf(ep.Enforced[d], found)
+	var kernel, full [3]*l7.TierSet
+	var ids [3]HTTPSetID
+	for i, e := range found {
+		if e == nil || e.L7 == 0 {
+			continue
+		}
+		ids[i] = e.L7
+		rules := make([]l7.Rule, len(res.HTTPSets[e.L7]))
+		for j, ref := range res.HTTPSets[e.L7] {
+			rules[j] = res.HTTPRules[ref]
+		}
+		order, err := l7.NewSetOrder(res.SetOrder(e.L7))
+		if err != nil {
+			return err
+		}
+		k, err := l7.CompileKernel(rules, l7.HashKey{})
+		if err != nil {
+			return err
+		}
+		cand, userSpace, refuse := k.Candidates(req)
+		if refuse {
+			return fmt.Errorf("the kernel refuses a request LookupHTTP judged")
+		}
+		kernel[i] = &l7.TierSet{Cand: cand, UserSpace: userSpace, Order: &order}
+		m, err := l7.Compile(rules)
+		if err != nil {
+			return err
+		}
+		c, err := m.Candidates(req)
+		if err != nil {
+			return err
+		}
+		full[i] = &l7.TierSet{Cand: c, Order: &order}
+	}
+	v := l7.JudgeTiers(flow, kernel)
+	if v.Verdict == l7.KernelUserSpace {
+		v = l7.JudgeTiers(flow, full)
+	}
+	if allowed := v.Verdict == l7.KernelAllow; allowed != got.Allowed || v.Stage != uint8(got.Request.Stage) {
+		return fmt.Errorf("kernel walk %+v, LookupHTTP allowed %v at %s (%+v)", v, got.Allowed, got.Request.Stage, got.Request)
+	}
+	var by HTTPRuleRef
+	if v.Set >= 0 {
+		by = res.HTTPSets[ids[v.Set]][v.Bit]
+	}
+	_, tierRule := res.HTTPTiers[by.Rule]
+	switch {
+	case v.Stage == l7.StageAdmin || v.Stage == l7.StageBaseline:
+		if v.Set < 0 && RuleID(v.Rule) != got.Request.Rule || v.Set >= 0 && by != got.Rule {
+			return fmt.Errorf("kernel walk decided by rule %d / %+v, LookupHTTP by %v / %+v", v.Rule, by, got.Request.Rule, got.Rule)
+		}
+	case v.Stage == l7.StageNetworkPolicy && v.Set >= 0 && tierRule:
+		return fmt.Errorf("kernel walk allowed at NetworkPolicy by a cluster rule's HTTP rule %+v", by)
+	}
+	return nil
 }

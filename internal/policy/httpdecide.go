@@ -185,6 +185,43 @@ func (r *Result) networkPolicyRequest(found [3]*Entry, req *l7.Request) (HTTPRul
 	return HTTPRuleRef{}, false
 }
 
+// SetOrder places each rule of a set in the walk of the cluster tiers,
+// as the datapath writes it beside the set (l7.SetOrder): a conditional
+// cluster rule's HTTP rule has its tier, action and rank, a
+// NetworkPolicy rule's none.
+func (r *Result) SetOrder(id HTTPSetID) []l7.RuleOrder {
+	refs := r.HTTPSets[id]
+	out := make([]l7.RuleOrder, len(refs))
+	for i, ref := range refs {
+		if t, ok := r.HTTPTiers[ref.Rule]; ok {
+			out[i] = l7.RuleOrder{Tier: uint8(t.Tier) + 1, Action: uint8(t.Action), Rank: t.Rank}
+		}
+	}
+	return out
+}
+
+// TierFlowOf is what the datapath keeps of a connection's three entries
+// for judging its requests (l7.JudgeTiers): per tier the first rule
+// without HTTP rules and the first such Log rule, and NetworkPolicy's
+// part: which entries allow, and whether one allows without HTTP rules.
+// The connection's sets are the entries' L7 sets, in the same order.
+func TierFlowOf(npEnforced bool, found [3]*Entry) l7.TierFlow {
+	f := l7.TierFlow{NPEnforced: npEnforced}
+	for t := range f.Base {
+		m := bestOf(found, func(e *Entry) Match { return e.Tier[t] })
+		log := bestOf(found, func(e *Entry) Match { return e.Log[t] })
+		f.Base[t] = l7.TierMatch{Rule: uint32(m.Rule), Rank: m.Rank, Action: uint8(m.Action)}
+		f.Log[t] = l7.TierMatch{Rule: uint32(log.Rule), Rank: log.Rank, Action: uint8(log.Action)}
+	}
+	for i, e := range found {
+		if e != nil && e.Allow != 0 {
+			f.NPAllow |= 1 << i
+			f.NPOpen = f.NPOpen || e.HTTP == 0
+		}
+	}
+	return f
+}
+
 // ConditionalRulesOf are the HTTP rules of the conditional cluster rules
 // a TCP connection from peer to pod's port meets, in precedence order
 // across the three entries the datapath finds.
