@@ -210,7 +210,7 @@ func (a *Agent) applyPolicyLocked(s k8s.Snapshot) []policy.Labels {
 	} else {
 		st.lastErr = ""
 		st.retryDelay = 0
-		a.ackClusterPoliciesLocked(s.ClusterPolicies, res.Errors)
+		a.ackPoliciesLocked(input, res.Errors)
 	}
 	st.loaded, st.endpoints, st.applied = res, eps, time.Now()
 	if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"strings"
 	"time"
@@ -41,23 +42,60 @@ func clusterAcks(policies []*policy.ClusterPolicy, errs []error) map[string]k8s.
 		if !ok || !found {
 			continue // a NetworkPolicy's
 		}
-		if ack.Error != "" {
-			ack.Error += "; "
-		}
-		ack.Error += msg
-		if len(ack.Error) > maxAckError {
-			ack.Error = strings.ToValidUTF8(ack.Error[:maxAckError-3], "") + "..."
-		}
+		ack.Error = appendAckError(ack.Error, msg)
 		out[ref] = ack
 	}
 	return out
 }
 
-// ackClusterPoliciesLocked records what the datapath now enforces of the
-// cluster policies, once it has loaded them, and asks for a Node report
-// when that changed.
-func (a *Agent) ackClusterPoliciesLocked(policies []*policy.ClusterPolicy, errs []error) {
-	acks := clusterAcks(policies, errs)
+// weirPolicyAcks is what a node that loaded a compilation has programmed
+// of each WeirNetworkPolicy (the snapshot's policies with HTTP rules):
+// its generation, and the compiler's errors for it, keyed
+// WeirNetworkPolicy/namespace/name (k8s.ClusterPolicyObject.Ref).
+func weirPolicyAcks(s *policy.Snapshot, errs []error) map[string]k8s.PolicyAck {
+	out := map[string]k8s.PolicyAck{}
+	for p := range s.HTTP {
+		out[k8s.WeirPolicyRef(p.Namespace, p.Name)] = k8s.PolicyAck{Generation: p.Generation}
+	}
+	for _, e := range errs {
+		var npe *policy.NetworkPolicyError
+		if !errors.As(e, &npe) || npe.Kind != policy.KindWeirNetworkPolicy {
+			continue
+		}
+		ref := k8s.WeirPolicyRef(npe.Namespace, npe.Name)
+		ack, found := out[ref]
+		if !found {
+			continue
+		}
+		ack.Error = appendAckError(ack.Error, npe.Err.Error())
+		out[ref] = ack
+	}
+	return out
+}
+
+// appendAckError adds msg to a policy's ack error, within maxAckError.
+func appendAckError(have, msg string) string {
+	if have != "" {
+		have += "; "
+	}
+	have += msg
+	if len(have) > maxAckError {
+		have = strings.ToValidUTF8(have[:maxAckError-3], "") + "..."
+	}
+	return have
+}
+
+// ackPoliciesLocked records what the datapath now enforces of the
+// cluster policies and WeirNetworkPolicies, once it has loaded them, and
+// asks for a Node report when that changed.
+func (a *Agent) ackPoliciesLocked(s *policy.Snapshot, errs []error) {
+	acks := clusterAcks(s.ClusterPolicies, errs)
+	maps.Copy(acks, weirPolicyAcks(s, errs))
+	a.setAcksLocked(acks)
+}
+
+// setAcksLocked keeps acks and asks for a Node report when they changed.
+func (a *Agent) setAcksLocked(acks map[string]k8s.PolicyAck) {
 	if maps.Equal(acks, a.policy.acks) {
 		return
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -53,6 +54,33 @@ func TestClusterAcks(t *testing.T) {
 	}
 }
 
+// TestWeirPolicyAcks: every WeirNetworkPolicy compiled is acked with its
+// generation under its namespaced key, and its own compile errors (not a
+// NetworkPolicy's of the same name, nor another's) go with it.
+func TestWeirPolicyAcks(t *testing.T) {
+	wnp := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "empire", Name: "deathstar", Generation: 4}}
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "empire", Name: "deathstar", Generation: 9}}
+	s := &policy.Snapshot{Policies: []*networkingv1.NetworkPolicy{np, wnp},
+		HTTP: map[*networkingv1.NetworkPolicy]*policy.PolicyHTTP{wnp: {}}}
+	errs := []error{
+		&policy.NetworkPolicyError{Namespace: "empire", Name: "deathstar", Kind: policy.KindWeirNetworkPolicy,
+			Err: fmt.Errorf("ingress[0]: HTTP rules on a UDP port: %w", policy.ErrInvalidPolicy)},
+		&policy.NetworkPolicyError{Namespace: "empire", Name: "deathstar", Kind: policy.KindNetworkPolicy, Err: errors.New("not mine")},
+		fmt.Errorf("wrapped: %w", &policy.NetworkPolicyError{Namespace: "empire", Name: "deathstar", Kind: policy.KindWeirNetworkPolicy,
+			Err: errors.New("second")}),
+	}
+	want := map[string]k8s.PolicyAck{"WeirNetworkPolicy/empire/deathstar": {Generation: 4,
+		Error: "ingress[0]: HTTP rules on a UDP port: " + policy.ErrInvalidPolicy.Error() + "; second"}}
+	if got := weirPolicyAcks(s, errs); !maps.Equal(got, want) {
+		t.Fatalf("acks %v, want %v", got, want)
+	}
+	a := &Agent{}
+	a.ackPoliciesLocked(s, errs)
+	if _, ok := a.policy.acks["WeirNetworkPolicy/empire/deathstar"]; !ok {
+		t.Fatalf("the agent's acks %v lack the WeirNetworkPolicy", a.policy.acks)
+	}
+}
+
 // TestAckSignalsOnlyChanges: recompiling the same policies asks for no
 // report; a new generation asks for one, however many follow.
 func TestAckSignalsOnlyChanges(t *testing.T) {
@@ -67,16 +95,16 @@ func TestAckSignalsOnlyChanges(t *testing.T) {
 			return false
 		}
 	}
-	a.ackClusterPoliciesLocked([]*policy.ClusterPolicy{p}, nil)
+	a.ackPoliciesLocked(&policy.Snapshot{ClusterPolicies: []*policy.ClusterPolicy{p}}, nil)
 	if !signalled() {
 		t.Fatal("first ack not signalled")
 	}
-	a.ackClusterPoliciesLocked([]*policy.ClusterPolicy{p}, nil)
+	a.ackPoliciesLocked(&policy.Snapshot{ClusterPolicies: []*policy.ClusterPolicy{p}}, nil)
 	if signalled() {
 		t.Fatal("an unchanged ack signalled")
 	}
 	for gen := int64(2); gen < 5; gen++ {
-		a.ackClusterPoliciesLocked([]*policy.ClusterPolicy{{Kind: p.Kind, Name: p.Name, Generation: gen}}, nil)
+		a.ackPoliciesLocked(&policy.Snapshot{ClusterPolicies: []*policy.ClusterPolicy{{Kind: p.Kind, Name: p.Name, Generation: gen}}}, nil)
 	}
 	if !signalled() || signalled() {
 		t.Fatal("want one signal for a burst of changes")

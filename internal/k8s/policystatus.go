@@ -10,9 +10,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/weirnet/weir/internal/policy"
 )
 
-// The conditions the agents keep on both cluster policy kinds.
+// The conditions the agents keep on both cluster policy kinds and on
+// WeirNetworkPolicies.
 const (
 	// ConditionAccepted is whether the policy compiles.
 	ConditionAccepted = "Accepted"
@@ -41,10 +44,13 @@ const maxLaggingNamed = 5
 // maxConditionMessage is the API server's limit on a condition message.
 const maxConditionMessage = 32768
 
-// ClusterPolicyObject is a cluster policy of either kind as its status
-// needs it: what identifies it, and the conditions it has now.
+// ClusterPolicyObject is a policy whose status the agents write, as its
+// status needs it: what identifies it, and the conditions it has now. It
+// is a cluster policy of either kind, or a WeirNetworkPolicy (the one
+// namespaced kind with a status).
 type ClusterPolicyObject struct {
-	Kind            string // policy.KindClusterNetworkPolicy or policy.KindWeirClusterNetworkPolicy
+	Kind            string // policy.KindClusterNetworkPolicy, KindWeirClusterNetworkPolicy or KindWeirNetworkPolicy
+	Namespace       string // a WeirNetworkPolicy's; empty for the cluster kinds
 	Name            string
 	Generation      int64
 	ResourceVersion string
@@ -54,8 +60,19 @@ type ClusterPolicyObject struct {
 	object runtime.Object
 }
 
-// Ref is kind/name, the key of AgentState.ClusterPolicies.
-func (p ClusterPolicyObject) Ref() string { return p.Kind + "/" + p.Name }
+// Ref is kind/name (kind/namespace/name for a WeirNetworkPolicy), the
+// key of AgentState.ClusterPolicies.
+func (p ClusterPolicyObject) Ref() string {
+	if p.Namespace != "" {
+		return p.Kind + "/" + p.Namespace + "/" + p.Name
+	}
+	return p.Kind + "/" + p.Name
+}
+
+// WeirPolicyRef is a WeirNetworkPolicy's key in AgentState.ClusterPolicies.
+func WeirPolicyRef(namespace, name string) string {
+	return ClusterPolicyObject{Kind: policy.KindWeirNetworkPolicy, Namespace: namespace, Name: name}.Ref()
+}
 
 // AgentReady reports whether n's agent says it programmed the node and
 // said so within AgentStale of now.

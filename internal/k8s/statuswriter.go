@@ -37,8 +37,10 @@ func (w *Watcher) Nodes() []Node {
 	return out
 }
 
-// ClusterPolicyObjects is the cached cluster policies of both kinds with
-// their status, sorted by kind, then name; nil without a dynamic client.
+// ClusterPolicyObjects is the cached policies the agents write a status
+// for, with their status: the cluster policies of both kinds and the
+// WeirNetworkPolicies, sorted by kind, then namespace and name; nil
+// without a dynamic client.
 func (w *Watcher) ClusterPolicyObjects() []ClusterPolicyObject {
 	if w.clusterPolicies == nil {
 		return nil
@@ -56,11 +58,19 @@ func (w *Watcher) ClusterPolicyObjects() []ClusterPolicyObject {
 				Generation: p.Generation, ResourceVersion: p.ResourceVersion, Conditions: p.Status.Conditions, object: p})
 		}
 	}
+	if w.weirPolicies != nil {
+		for _, o := range w.weirPolicies.GetStore().List() {
+			if p, ok := o.(*weirv1alpha1.WeirNetworkPolicy); ok {
+				out = append(out, ClusterPolicyObject{Kind: policy.KindWeirNetworkPolicy, Namespace: p.Namespace, Name: p.Name,
+					Generation: p.Generation, ResourceVersion: p.ResourceVersion, Conditions: p.Status.Conditions, object: p})
+			}
+		}
+	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Kind != out[j].Kind {
 			return out[i].Kind < out[j].Kind
 		}
-		return out[i].Name < out[j].Name
+		return out[i].Ref() < out[j].Ref()
 	})
 	return out
 }
@@ -82,7 +92,7 @@ func (w *Watcher) PolicyStatusChanges() <-chan struct{} {
 		DeleteFunc: func(any) { poke() },
 	}
 	// Registering a handler only fails on a stopped informer.
-	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.clusterPolicies, w.weirClusterPolicies} {
+	for _, inf := range []cache.SharedIndexInformer{w.nodes, w.clusterPolicies, w.weirClusterPolicies, w.weirPolicies} {
 		if inf != nil {
 			_, _ = inf.AddEventHandler(h)
 		}
@@ -146,6 +156,8 @@ var policyKinds = map[string]struct {
 		npav1alpha2.SchemeGroupVersion.WithKind(policy.KindClusterNetworkPolicy)},
 	policy.KindWeirClusterNetworkPolicy: {WeirClusterPolicyResource,
 		weirv1alpha1.SchemeGroupVersion.WithKind(policy.KindWeirClusterNetworkPolicy)},
+	policy.KindWeirNetworkPolicy: {WeirNetworkPolicyResource,
+		weirv1alpha1.SchemeGroupVersion.WithKind(policy.KindWeirNetworkPolicy)},
 }
 
 // updatePolicyConditions replaces p's status conditions, on the version
@@ -164,6 +176,7 @@ func updatePolicyConditions(ctx context.Context, dyn dynamic.Interface, p Cluste
 		u.Object = m
 	}
 	u.SetGroupVersionKind(kind.gvk)
+	u.SetNamespace(p.Namespace)
 	u.SetName(p.Name)
 	u.SetResourceVersion(p.ResourceVersion)
 	status, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&npav1alpha2.ClusterNetworkPolicyStatus{Conditions: conds})
@@ -171,7 +184,11 @@ func updatePolicyConditions(ctx context.Context, dyn dynamic.Interface, p Cluste
 		return fmt.Errorf("update status of %s: %w", p.Ref(), err)
 	}
 	u.Object["status"] = status
-	if _, err := dyn.Resource(kind.gvr).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: statusFieldManager}); err != nil {
+	var res dynamic.ResourceInterface = dyn.Resource(kind.gvr)
+	if p.Namespace != "" {
+		res = dyn.Resource(kind.gvr).Namespace(p.Namespace)
+	}
+	if _, err := res.UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: statusFieldManager}); err != nil {
 		return fmt.Errorf("update status of %s: %w", p.Ref(), err)
 	}
 	return nil

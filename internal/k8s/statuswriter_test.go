@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
+
+	"github.com/weirnet/weir/internal/k8s/apis/weirv1alpha1"
 )
 
 // reportingNode is a Node whose agent reported acks just now.
@@ -147,5 +149,66 @@ func TestSyncPolicyStatus(t *testing.T) {
 	}
 	if weir, _ := programmedOf(t, dyn, policies[1]); weir == nil || weir.Status != metav1.ConditionTrue {
 		t.Fatalf("a-weir Programmed %+v, want True", weir)
+	}
+}
+
+// TestSyncWeirNetworkPolicyStatus: a WeirNetworkPolicy gets the cluster
+// policies' conditions, in its namespace: Accepted and Programmed False
+// with the error a node reports for its generation, True once none does.
+func TestSyncWeirNetworkPolicyStatus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	wnp := &weirv1alpha1.WeirNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "empire", Name: "deathstar", Generation: 2}}
+	wnp.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"class": "deathstar"}}
+	ref := WeirPolicyRef("empire", "deathstar")
+	bad := map[string]PolicyAck{ref: {Generation: 2, Error: "ingress[0]: ports[0]: HTTP rules on a UDP port"}}
+	kube := fake.NewSimpleClientset(reportingNode(t, "n1", bad))
+	dyn := newWatcherDynamic(asUnstructured(t, wnp, weirv1alpha1.SchemeGroupVersion.WithKind("WeirNetworkPolicy")))
+	w := NewWatcher(kube, dyn, "n1", 0)
+	w.Start(ctx)
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	policies := w.ClusterPolicyObjects()
+	if len(policies) != 1 || policies[0].Ref() != "WeirNetworkPolicy/empire/deathstar" || policies[0].Generation != 2 {
+		t.Fatalf("policies %+v, want the WeirNetworkPolicy", policies)
+	}
+	conditions := func() []metav1.Condition {
+		t.Helper()
+		u, err := dyn.Resource(WeirNetworkPolicyResource).Namespace("empire").Get(ctx, "deathstar", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st weirv1alpha1.WeirNetworkPolicyStatus
+		if m, ok := u.Object["status"].(map[string]any); ok {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return st.Conditions
+	}
+	r, err := SyncPolicyStatus(ctx, dyn, "n1", w.Nodes(), policies, time.Now())
+	if err != nil || r.Written != 1 {
+		t.Fatalf("round: %+v, %v; want the policy written", r, err)
+	}
+	got := conditions()
+	accepted := meta.FindStatusCondition(got, ConditionAccepted)
+	if accepted == nil || accepted.Status != metav1.ConditionFalse || accepted.Reason != ReasonInvalid ||
+		accepted.Message != "ingress[0]: ports[0]: HTTP rules on a UDP port" || accepted.ObservedGeneration != 2 {
+		t.Fatalf("Accepted %+v, want False with the node's error at generation 2", accepted)
+	}
+
+	nodes := w.Nodes()
+	nodes[0].Agent.ClusterPolicies = map[string]PolicyAck{ref: {Generation: 2}}
+	policies[0].Conditions = got
+	if r, err = SyncPolicyStatus(ctx, dyn, "n1", nodes, policies, time.Now()); err != nil || r.Written != 1 || r.Pending {
+		t.Fatalf("fixed: %+v, %v; want written, nothing pending", r, err)
+	}
+	got = conditions()
+	if c := meta.FindStatusCondition(got, ConditionAccepted); c == nil || c.Status != metav1.ConditionTrue {
+		t.Fatalf("Accepted %+v, want True", c)
+	}
+	if c := meta.FindStatusCondition(got, ConditionProgrammed); c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonProgrammedOnAllNodes {
+		t.Fatalf("Programmed %+v, want True on all nodes", c)
 	}
 }

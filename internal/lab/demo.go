@@ -160,7 +160,7 @@ func (st *State) demoClusterPolicy(ctx context.Context, frontends []corev1.Pod, 
 		return fmt.Errorf("demo: %s -> %s failed with %v, want a refused connection (the Reject's reset)", from.Name, to.Name, err)
 	}
 	fmt.Fprintf(out, "  rejected %s -> %s (%s) in %s: %v\n", from.Name, to.Name, to.Spec.NodeName, took.Round(time.Millisecond), err)
-	if err := st.printPolicyStatus(ctx, "weirclusternetworkpolicies.weir.io", "demo-guard", out); err != nil {
+	if err := st.printPolicyStatus(ctx, "weirclusternetworkpolicies.weir.io", "", "demo-guard", out); err != nil {
 		return err
 	}
 	if err := st.printDemoTrace(ctx, from, to, out); err != nil {
@@ -205,6 +205,9 @@ func (st *State) demoHTTPPolicy(ctx context.Context, f corev1.Pod, out io.Writer
 		return fmt.Errorf("demo: POST /v1/request-landing from %s: %s %q (%v), want 200 \"Ship landed\"", f.Name, status, body, err)
 	}
 	fmt.Fprintf(out, "  %s: POST /v1/request-landing -> %s %q (answered by the deathstar)\n", f.Name, status, body)
+	if err := st.printPolicyStatus(ctx, "weirnetworkpolicies.weir.io", DemoNamespace, "deathstar", out); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "requests, as `weir observe --lab %s -n %s --http` shows them:\n", st.Config.Name, DemoNamespace)
 	if err := st.printHTTPFlows(ctx, f, out); err != nil {
 		return err
@@ -302,13 +305,17 @@ func (st *State) httpFrom(ctx context.Context, f corev1.Pod, method, url string)
 	return text[i+1:], strings.TrimSpace(text[:max(i, 0)]), nil
 }
 
-// printPolicyStatus waits for the policy's Programmed condition and prints it.
-func (st *State) printPolicyStatus(ctx context.Context, resource, name string, out io.Writer) error {
+// printPolicyStatus waits for the policy's Programmed condition and prints
+// it; namespace is a namespaced kind's, empty for a cluster kind.
+func (st *State) printPolicyStatus(ctx context.Context, resource, namespace, name string, out io.Writer) error {
 	var last string
 	deadline := time.Now().Add(30 * time.Second)
+	args := []string{"get", resource, name, "-o", `jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}`}
+	if namespace != "" {
+		args = append(args, "-n", namespace)
+	}
 	for time.Now().Before(deadline) {
-		b, err := st.Kubectl(ctx, nil, "get", resource, name, "-o",
-			`jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}`)
+		b, err := st.Kubectl(ctx, nil, args...)
 		last = string(b)
 		if err == nil && strings.Contains(last, "Programmed=True") {
 			fmt.Fprintf(out, "  status of %s:\n", name)

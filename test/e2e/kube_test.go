@@ -605,7 +605,8 @@ func TestKubernetes(t *testing.T) {
 			"PUT  /v1/exhaust-port     -> 403", `POST /v1/request-landing -> 200 "Ship landed"`,
 			"by no HTTP rule allows it: weirnetworkpolicy demo/deathstar ingress[0]",
 			"by weirnetworkpolicy demo/deathstar ingress[0] ports[0].http[0] (POST Exact /v1/request-landing)",
-			"HTTP denied: answered 403", "allowed 200 POST ", "the deathstar's own answer in "} {
+			"HTTP denied: answered 403", "allowed 200 POST ", "the deathstar's own answer in ",
+			"status of deathstar:\n    Accepted=True Valid"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("demo output lacks %q", want)
 			}
