@@ -68,6 +68,20 @@ const (
 	l7GateSlots = 2 * l7GateConns
 )
 
+// l7GateRatePath is the constant-rate runs: each setup of
+// l7GateRateSetups at half the plain port's requests/s of the same
+// repetition (issue 20: p99 with HTTP rules at most twice no policy's at
+// that rate), sent by fortio's periodic runner over the same connections.
+const l7GateRatePath = "constant rate"
+
+// l7WantRateP99 is issue 20's bound on p99 latency with HTTP rules at
+// the constant rate, as a multiple of no policy's.
+const l7WantRateP99 = 2.0
+
+// l7GateRateSetups are the setups run at the constant rate: the plain
+// port and the kernel's and the proxy's HTTP paths.
+var l7GateRateSetups = []string{l7GatePlain, l7GateHTTP1, l7GateHTTP40, l7GateUser}
+
 // l7GateSetups are the setups in report order.
 var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateHTTPRegex, l7GateUser, l7GatePlainNew, l7GateHTTP1New}
 
@@ -313,6 +327,14 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 			}
 			fmt.Fprintf(out, "rep %d %-20s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, s.name, w.rps, w.p50, w.p99, w.errors)
 		}
+		if res.Incomplete == "" {
+			if err := runL7GateRate(ctx, res, rep, setups, func(s l7GateSetup, rate float64) (httpRateResult, error) {
+				return httpRate(ctx, pair.NSA, httpRateOptions{URL: fmt.Sprintf("http://%s:%d/", pair.AddrB, s.port), Method: "GET",
+					QPS: rate, Conns: l7GateConns, D: o.duration})
+			}, out); err != nil {
+				res.Incomplete = err.Error()
+			}
+		}
 		if res.Incomplete != "" {
 			break
 		}
@@ -320,6 +342,45 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 	res.summarise()
 	res.Finished = time.Now().UTC().Format(time.RFC3339)
 	return res.write(o.out, out)
+}
+
+// runL7GateRate runs repetition rep's constant-rate runs: each of
+// l7GateRateSetups, in a rotating order, at half the plain port's
+// requests/s in that repetition, recording the rate asked and got, the
+// latency quantiles and every call that did not get a 200.
+func runL7GateRate(ctx context.Context, res *result, rep int, setups []l7GateSetup,
+	send func(l7GateSetup, float64) (httpRateResult, error), out io.Writer) error {
+	most := math.NaN()
+	for _, s := range res.Samples {
+		if s.Setup == l7GatePlain && s.Path == l7GatePath && s.Metric == "rps" && s.Rep == rep {
+			most = s.Value
+		}
+	}
+	if math.IsNaN(most) || most <= 0 {
+		return fmt.Errorf("constant rate: no requests/s of %q in repetition %d", l7GatePlain, rep+1)
+	}
+	rate := most / 2
+	for i := range l7GateRateSetups {
+		name := l7GateRateSetups[(rep+i)%len(l7GateRateSetups)]
+		var s l7GateSetup
+		for _, c := range setups {
+			if c.name == name {
+				s = c
+			}
+		}
+		r, err := send(s, rate)
+		if err != nil {
+			return fmt.Errorf("%s at %.0f req/s: %w", name, rate, err)
+		}
+		failed := float64(r.N - r.Codes[200]) // N counts the calls without an answer too
+		for metric, v := range map[string]float64{"rate_asked": rate, "rate_got": r.ActualQPS, "p50_ms": r.P50Ms, "p90_ms": r.P90Ms,
+			"p99_ms": r.P99Ms, "p999_ms": r.P999Ms, "errors": failed} {
+			res.Samples = append(res.Samples, sample{Setup: name, Path: l7GateRatePath, Metric: metric, Rep: rep, Value: v})
+		}
+		fmt.Fprintf(out, "rep %d %-20s at %6.0f req/s (got %6.0f)  p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  errors %v\n",
+			rep+1, name, rate, r.ActualQPS, r.P50Ms, r.P90Ms, r.P99Ms, r.P999Ms, failed)
+	}
+	return nil
 }
 
 // wrkRun is one wrk run's figures.
@@ -570,6 +631,21 @@ func (r *result) judgeL7Gate() {
 			fmt.Sprintf(">= %.2f", t.want), func(v float64) bool { return v >= t.want },
 			t.setup, l7GatePath, base, l7GatePath, "rps"))
 	}
+	for _, s := range []string{l7GateHTTP1, l7GateHTTP40} {
+		if math.IsNaN(r.median(s, l7GateRatePath, "p99_ms")) {
+			continue // a result from before the constant-rate runs
+		}
+		r.Targets = append(r.Targets, r.pairedTarget(
+			fmt.Sprintf("p99 latency at half no policy's requests/s, %s / %s", s, l7GatePlain),
+			fmt.Sprintf("<= %.2f", l7WantRateP99), func(v float64) bool { return v <= l7WantRateP99 },
+			s, l7GateRatePath, l7GatePlain, l7GateRatePath, "p99_ms"))
+	}
+	for _, s := range l7GateRateSetups {
+		if got := r.median(s, l7GateRatePath, "errors"); !math.IsNaN(got) {
+			r.Targets = append(r.Targets, target{What: fmt.Sprintf("calls without a 200 at the constant rate, %s (median per run)", s),
+				Want: "0", Got: got, Met: got == 0})
+		}
+	}
 }
 
 // l7GateMarkdown is the report: every setup's medians, the paired ratios
@@ -612,6 +688,41 @@ func (r *result) l7GateMarkdown() string {
 		}
 		b.WriteString("\n")
 	}
+	r.writeRateTable(&b)
 	r.writeTargets(&b)
 	return b.String()
+}
+
+// writeRateTable is the constant-rate runs' table, when the result has
+// them.
+func (r *result) writeRateTable(b *strings.Builder) {
+	var setups []string
+	for _, s := range l7GateRateSetups {
+		if !math.IsNaN(r.median(s, l7GateRatePath, "p99_ms")) {
+			setups = append(setups, s)
+		}
+	}
+	if len(setups) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## At a constant rate\n\nfortio's periodic runner (fortio.org/fortio, in the bench binary, CPU 0) sends GET / over the same %d keep-alive connections "+
+		"at half the plain port's requests/s of the same repetition, for as long as a wrk run; a connection behind its schedule sends at once to catch up, "+
+		"so the rate got says whether the setup kept up. Latency: each call's start to its answer's end. "+
+		"Cells: median (median of the per-repetition ratios to no policy).\n\n", l7GateConns)
+	fmt.Fprintf(b, "| metric | %s |\n|---|%s\n", strings.Join(setups, " | "), strings.Repeat("---|", len(setups)))
+	for _, m := range []struct{ key, title, format string }{
+		{"rate_asked", "rate asked (req/s)", "%.0f"}, {"rate_got", "rate got (req/s)", "%.0f"},
+		{"p50_ms", "latency p50 (ms)", "%.3f"}, {"p90_ms", "latency p90 (ms)", "%.3f"}, {"p99_ms", "latency p99 (ms)", "%.3f"},
+		{"p999_ms", "latency p99.9 (ms)", "%.3f"}, {"errors", "calls without a 200 (per run)", "%.0f"},
+	} {
+		fmt.Fprintf(b, "| %s |", m.title)
+		for _, s := range setups {
+			cell := fmt.Sprintf(" "+m.format, r.median(s, l7GateRatePath, m.key))
+			if s != l7GatePlain && strings.HasSuffix(m.key, "_ms") {
+				cell += fmt.Sprintf(" (%.3f)", r.pairedRatio(s, l7GateRatePath, l7GatePlain, l7GateRatePath, m.key))
+			}
+			b.WriteString(cell + " |")
+		}
+		b.WriteString("\n")
+	}
 }

@@ -130,7 +130,7 @@ func newRoot() *cobra.Command {
 	l7.Flags().DurationVar(&l7o.duration, "duration", 5*time.Second, "length of one wrk run")
 	l7.Flags().DurationVar(&l7o.warmup, "warmup", 2*time.Second, "a discarded run of each setup before the first repetition (0: none)")
 	l7.Flags().StringVar(&l7o.out, "out", "bench/results", "directory for l7-gate.{json,md,png}")
-	root.AddCommand(dp, pl, ps, sv, l7, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand())
+	root.AddCommand(dp, pl, ps, sv, l7, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand(), newHTTPRateClientCommand())
 	return root
 }
 
