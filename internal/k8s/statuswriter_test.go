@@ -47,7 +47,18 @@ func statusUpdates(dyn *dynfake.FakeDynamicClient) int {
 
 func programmedOf(t *testing.T, dyn dynamic.Interface, p ClusterPolicyObject) (*metav1.Condition, *unstructured.Unstructured) {
 	t.Helper()
-	u, err := dyn.Resource(policyKinds[p.Kind].gvr).Get(context.Background(), p.Name, metav1.GetOptions{})
+	conds, u := conditionsOf(t, dyn, p)
+	return meta.FindStatusCondition(conds, ConditionProgrammed), u
+}
+
+// conditionsOf reads p's status conditions as the API holds them.
+func conditionsOf(t *testing.T, dyn dynamic.Interface, p ClusterPolicyObject) ([]metav1.Condition, *unstructured.Unstructured) {
+	t.Helper()
+	var res dynamic.ResourceInterface = dyn.Resource(policyKinds[p.Kind].gvr)
+	if p.Namespace != "" {
+		res = dyn.Resource(policyKinds[p.Kind].gvr).Namespace(p.Namespace)
+	}
+	u, err := res.Get(context.Background(), p.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +68,7 @@ func programmedOf(t *testing.T, dyn dynamic.Interface, p ClusterPolicyObject) (*
 			t.Fatal(err)
 		}
 	}
-	return meta.FindStatusCondition(st.Conditions, ConditionProgrammed), u
+	return st.Conditions, u
 }
 
 // TestSyncPolicyStatus: only the elected node writes, it writes what
@@ -175,17 +186,8 @@ func TestSyncWeirNetworkPolicyStatus(t *testing.T) {
 	}
 	conditions := func() []metav1.Condition {
 		t.Helper()
-		u, err := dyn.Resource(WeirNetworkPolicyResource).Namespace("empire").Get(ctx, "deathstar", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var st weirv1alpha1.WeirNetworkPolicyStatus
-		if m, ok := u.Object["status"].(map[string]any); ok {
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &st); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return st.Conditions
+		conds, _ := conditionsOf(t, dyn, policies[0])
+		return conds
 	}
 	r, err := SyncPolicyStatus(ctx, dyn, "n1", w.Nodes(), policies, time.Now())
 	if err != nil || r.Written != 1 {
