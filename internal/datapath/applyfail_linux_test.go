@@ -192,7 +192,12 @@ func TestConditionalClusterRulesClose(t *testing.T) {
 	if ret, _ := run(t, p.FromContainer, udpFrameTo(podA, podB, 53), ifA); ret != tcActShot {
 		t.Errorf("a flow into the endpoint the rule selects: verdict %d, want drop", ret)
 	}
-	if ev := readEvent(t, rd); ev.Stage != policy.StageClosed {
-		t.Errorf("event %+v, want stage closed", ev)
+	// The sender's egress (unenforced) reports first, then the
+	// receiver's ingress: closed.
+	if ev := readEvent(t, rd); ev.Direction != policy.Egress || ev.Stage != policy.StageUnenforced {
+		t.Errorf("first event %+v, want the sender's egress, unenforced", ev)
+	}
+	if ev := readEvent(t, rd); ev.Direction != policy.Ingress || ev.Stage != policy.StageClosed || ev.Verdict != policy.VerdictDeny {
+		t.Errorf("event %+v, want the receiver's ingress denied at stage closed", ev)
 	}
 }
