@@ -243,7 +243,8 @@ type PolicyStatus struct {
 	// CompileErrors are policies that could not be compiled, each
 	// failing closed as docs/policy.md says.
 	CompileErrors []string `json:"compileErrors,omitempty"`
-	// ClusterPolicies maps Kind/name to the generation programmed here.
+	// ClusterPolicies maps Kind/name (WeirNetworkPolicy/namespace/name for
+	// that namespaced kind) to the generation programmed here.
 	ClusterPolicies map[string]int64 `json:"clusterPolicies,omitempty"`
 	// Maps is the fill of the datapath's maps, by name.
 	Maps map[string]MapFill `json:"maps,omitempty"`

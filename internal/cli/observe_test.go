@@ -132,11 +132,11 @@ func TestStatusPrintsPolicy(t *testing.T) {
 	printStatus(&api.Status{Node: "n1", Policy: &api.PolicyStatus{
 		Loaded: time.Unix(0, 0), Error: "write key: no space", Endpoints: 3, Rules: 7, Entries: 40,
 		CompileErrors:   []string{"WeirClusterNetworkPolicy/x: ingress[0]: bad"},
-		ClusterPolicies: map[string]int64{"ClusterNetworkPolicy/guard": 4},
+		ClusterPolicies: map[string]int64{"ClusterNetworkPolicy/guard": 4, "WeirNetworkPolicy/empire/deathstar": 2},
 		Maps:            map[string]api.MapFill{"conntrack": {Entries: 900, Capacity: 1000}},
 	}}, &b)
 	for _, want := range []string{"last load FAILED", "3 endpoints, 7 rules, 40 map entries", "policy error WeirClusterNetworkPolicy/x",
-		"cluster policy ClusterNetworkPolicy/guard generation 4 programmed", "map conntrack        900/1000 (90.0%)"} {
+		"cluster policy ClusterNetworkPolicy/guard generation 4 programmed", "  policy WeirNetworkPolicy/empire/deathstar generation 2 programmed", "map conntrack        900/1000 (90.0%)"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, b.String())
 		}

@@ -138,7 +138,11 @@ func printPolicyStatus(p *api.PolicyStatus, out io.Writer) {
 		fmt.Fprintf(out, "  policy error %s\n", e)
 	}
 	for _, ref := range slices.Sorted(maps.Keys(p.ClusterPolicies)) {
-		fmt.Fprintf(out, "  cluster policy %s generation %d programmed\n", ref, p.ClusterPolicies[ref])
+		kind := "cluster policy"
+		if strings.HasPrefix(ref, "WeirNetworkPolicy/") {
+			kind = "policy" // namespaced: WeirNetworkPolicy/namespace/name
+		}
+		fmt.Fprintf(out, "  %s %s generation %d programmed\n", kind, ref, p.ClusterPolicies[ref])
 	}
 	for _, m := range slices.Sorted(maps.Keys(p.Maps)) {
 		f := p.Maps[m]
