@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -106,25 +105,9 @@ func runHTTPRate(o httpRateOptions) (httpRateResult, error) {
 // httpRate runs the http-rate-client subcommand from the namespace at
 // nsPath, pinned to the client CPU, and reads its summary.
 func httpRate(ctx context.Context, nsPath string, o httpRateOptions) (httpRateResult, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return httpRateResult{}, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.D+30*time.Second)
-	defer cancel()
-	cmd := inNS(ctx, nsPath, clientCPU, self, "http-rate-client", "--url", o.URL, "--method", o.Method,
-		"--qps", fmt.Sprint(o.QPS), "--connections", fmt.Sprint(o.Conns), "--duration", o.D.String())
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	b, err := cmd.Output()
-	if err != nil {
-		return httpRateResult{}, fmt.Errorf("http-rate-client: %w: %s", err, stderr.String())
-	}
 	var r httpRateResult
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("http-rate-client output %q: %w", b, err)
-	}
-	return r, nil
+	return r, runJSONClient(ctx, nsPath, o.D, &r, "http-rate-client", "--url", o.URL, "--method", o.Method,
+		"--qps", fmt.Sprint(o.QPS), "--connections", fmt.Sprint(o.Conns), "--duration", o.D.String())
 }
 
 // newHTTPRateClientCommand sends HTTP requests at a constant rate

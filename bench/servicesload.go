@@ -215,24 +215,31 @@ func connLatency(ctx context.Context, nsPath, addr string, d time.Duration) (lat
 // runLatencyClient runs one of the bench binary's timing clients in a
 // namespace and reads its JSON summary.
 func runLatencyClient(ctx context.Context, nsPath string, d time.Duration, args ...string) (latencyResult, error) {
+	var r latencyResult
+	return r, runJSONClient(ctx, nsPath, d, &r, args...)
+}
+
+// runJSONClient runs the bench binary's subcommand args in the namespace
+// at nsPath, pinned to the client CPU, for about d, and decodes the JSON
+// it prints into out.
+func runJSONClient(ctx context.Context, nsPath string, d time.Duration, out any, args ...string) error {
 	self, err := os.Executable()
 	if err != nil {
-		return latencyResult{}, err
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	cmd := inNS(ctx, nsPath, clientCPU, append([]string{self}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	b, err := cmd.Output()
 	if err != nil {
-		return latencyResult{}, fmt.Errorf("%s: %w: %s", args[0], err, stderr.String())
+		return fmt.Errorf("%s: %w: %s", args[0], err, stderr.String())
 	}
-	var r latencyResult
-	if err := json.Unmarshal(out, &r); err != nil {
-		return r, fmt.Errorf("%s output %q: %w", args[0], out, err)
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s output %q: %w", args[0], b, err)
 	}
-	return r, nil
+	return nil
 }
 
 // timeLoop runs one exchange after another for d and summarises their
