@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
@@ -47,6 +48,16 @@ func TestClusterPolicyCRDs(t *testing.T) {
 			for _, dir := range []string{"ingress", "egress"} {
 				if got := actionEnum(spec, dir); !slices.Equal(got, tc.actions) {
 					t.Errorf("%s: %s actions %v, want %v", tc.file, dir, got, tc.actions)
+				}
+				// Weir's rules take HTTP rules (conditional rules), on
+				// single TCP port numbers only; upstream's none.
+				rule := spec.Properties[dir].Items.Schema
+				http, ok := rule.Properties["http"]
+				if wantHTTP := tc.group == "weir.io"; ok != wantHTTP {
+					t.Errorf("%s: %s rules take http: %v, want %v", tc.file, dir, ok, wantHTTP)
+				} else if ok && (http.MaxItems == nil || *http.MaxItems != 64 || !slices.ContainsFunc(rule.XValidations,
+					func(v apiextensionsv1.ValidationRule) bool { return strings.Contains(v.Message, "http rules need") })) {
+					t.Errorf("%s: %s http: at most %v rules, rules %v; want 64 and a rule asking for TCP port numbers", tc.file, dir, http.MaxItems, rule.XValidations)
 				}
 			}
 		})

@@ -34,6 +34,16 @@
 
 #define L7_FLOW_SETS 3
 
+/* L7_SET_TIERED marks a set number whose rules include cluster-tier
+ * rules with HTTP rules (conditional rules, internal/policy ClusterHTTP):
+ * whether such a rule decides a request depends on its place in the
+ * precedence order, which the kernel does not walk per request. A flow
+ * naming one is judged in user space, request by request, by the
+ * agent's proxy (the policy's own LookupHTTP): the walk hands it over at
+ * its first head. The set's rules are not written to the kernel's
+ * tables (internal/datapath). */
+#define L7_SET_TIERED 0x80000000U
+
 /* l7_sock_key names an accepted socket by its four-tuple, ports in host
  * order, addresses in network order. */
 struct l7_sock_key {

@@ -174,6 +174,9 @@ __always_inline_fn int l7_judge_sets(const __u32 *sets, struct http_state *s, __
 	*rule = 0;
 	if (!sets[0] && !sets[1] && !sets[2])
 		return L7_ALLOW;
+	/* Conditional cluster rules: user space walks the tiers. */
+	if ((sets[0] | sets[1] | sets[2]) & L7_SET_TIERED)
+		return L7_USER_SPACE;
 	for (i = 0; i < L7_FLOW_SETS; i++) {
 		if (!sets[i])
 			continue;

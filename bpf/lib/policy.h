@@ -39,6 +39,7 @@
 #define WEIR_LIB_POLICY_H
 
 #include "identity.h"
+#include "l7flow.h"
 #include "metrics.h"
 
 #define POLICY_INGRESS 0
@@ -256,10 +257,30 @@ __always_inline_fn void policy_http_sets(const struct policy_entry *e0, const st
 	}
 }
 
-/* policy_decide_entries combines the three entries in precedence order. */
-__always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_entry *e0,
-					      const struct policy_entry *e1, const struct policy_entry *e2,
-					      struct policy_verdict *v)
+/* policy_tiered_sets: when an entry found carries conditional cluster
+ * rules (its set marked L7_SET_TIERED), an allowed flow is restricted to
+ * the entries' sets whatever stage allowed it, so that its requests go
+ * to user space, which walks the precedence order for each (l7flow.h).
+ * The agent writes such an entry's tier match as the earlier of its first
+ * rule without HTTP rules and its first conditional Accept or Pass (as
+ * an Accept): the connection's own decision then needs nothing more
+ * here (internal/policy.Decide). */
+__always_inline_fn void policy_tiered_sets(const struct policy_entry *e0, const struct policy_entry *e1,
+					   const struct policy_entry *e2, struct policy_verdict *v)
+{
+	__u32 h0 = e0 ? e0->http : 0, h1 = e1 ? e1->http : 0, h2 = e2 ? e2->http : 0;
+
+	if (!((h0 | h1 | h2) & L7_SET_TIERED))
+		return;
+	v->http[0] = h0;
+	v->http[1] = h1;
+	v->http[2] = h2;
+}
+
+/* policy_decide_order walks the three entries in precedence order. */
+__always_inline_fn void policy_decide_order(__u8 flags, const struct policy_entry *e0,
+					    const struct policy_entry *e1, const struct policy_entry *e2,
+					    struct policy_verdict *v)
 {
 	struct tier_match m;
 
@@ -282,6 +303,16 @@ __always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_en
 		return;
 	v->verdict = VERDICT_ALLOWED;
 	v->stage = STAGE_DEFAULT;
+}
+
+/* policy_decide_entries combines the three entries in precedence order. */
+__always_inline_fn void policy_decide_entries(__u8 flags, const struct policy_entry *e0,
+					      const struct policy_entry *e1, const struct policy_entry *e2,
+					      struct policy_verdict *v)
+{
+	policy_decide_order(flags, e0, e1, e2, v);
+	if (v->verdict == VERDICT_ALLOWED)
+		policy_tiered_sets(e0, e1, e2, v);
 }
 
 /* policy_query is what policy_read decides: one direction of one packet. */

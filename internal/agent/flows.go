@@ -155,11 +155,16 @@ type flowNames struct {
 	// httpSets and httpRules name the HTTP rules request records cite.
 	httpSets  map[policy.HTTPSetID][]policy.HTTPRuleRef
 	httpRules map[policy.HTTPRuleRef]l7.Rule
+	// policy is the result loaded with them: the node's proxy judges
+	// the requests of flows with conditional cluster rules against it,
+	// and records name what decided them from it.
+	policy *policy.Result
 }
 
 func newFlowNames(s k8s.Snapshot, eps map[string]datapath.PolicyEndpoint, res *policy.Result) *flowNames {
 	n := &flowNames{pods: map[int]string{}, byIP: map[netip.Addr]string{}, nodeOf: map[netip.Addr]string{},
-		labels: map[policy.Identity][]string{}, rules: res.Rules, httpSets: res.HTTPSets, httpRules: res.HTTPRules}
+		labels: map[policy.Identity][]string{}, rules: res.Rules, httpSets: res.HTTPSets, httpRules: res.HTTPRules,
+		policy: res}
 	for pod, ep := range eps {
 		n.pods[ep.Ifindex] = pod
 	}

@@ -161,6 +161,8 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 	req := h.request(ev)
 	f.HTTP = &req
 	switch {
+	case ev.Policy != nil && ev.Verdict != datapath.L7Refused:
+		h.explainTiers(names, ev, &f, &req)
 	case ev.Verdict == datapath.L7Denied && ev.Handed:
 		// Denied where the kernel cannot answer in place (too short
 		// for a 403, or behind allowed bytes): the proxy judges it
@@ -209,6 +211,56 @@ func (h *httpFlows) explain(names *flowNames, ev datapath.L7Event) api.Flow {
 	}
 	req.Closed = ev.Closed
 	return f
+}
+
+// explainTiers names what decided a request the proxy judged against
+// the whole policy, walking the precedence order for it (a flow with
+// conditional cluster rules): the tier rule, its HTTP rule, the Log rule
+// passed on the way.
+func (h *httpFlows) explainTiers(names *flowNames, ev datapath.L7Event, f *api.Flow, req *api.FlowHTTP) {
+	d := ev.Policy
+	var res *policy.Result
+	if names != nil {
+		res = names.policy
+	}
+	decided := d.Conn
+	if d.Restricted {
+		decided = d.Request
+	}
+	by := decided.Rule
+	if d.Rule != (policy.HTTPRuleRef{}) {
+		by = d.Rule.Rule
+		match := ""
+		if names != nil {
+			match = describeHTTPRule(names.httpRules[d.Rule])
+		}
+		req.Rule = &api.FlowHTTPRule{Port: d.Rule.Port, Index: d.Rule.Index, Match: match}
+	}
+	f.Decider = names.flowRule(by)
+	f.LoggedBy = names.flowRule(decided.Log)
+	f.PassedBy = names.flowRule(decided.Passed)
+	what := "no rule decides it, and the default allows"
+	switch {
+	case res != nil && d.Restricted:
+		what = requestRule(res, *d)
+	case !d.Restricted && d.Conn.Allowed():
+		what = "no HTTP rule restricts this connection any more"
+	case !d.Conn.Allowed():
+		what = "the connection is no longer allowed (" + ruleName(names, d.Conn.Rule) + ")"
+	}
+	if d.Allowed {
+		f.Verdict = "allowed"
+		f.Rule = "allowed by " + what
+		return
+	}
+	f.Verdict = "denied"
+	f.Rule = "denied by " + what
+	switch {
+	case ev.Answered:
+		req.Status = 403
+	case ev.Pipelined:
+		f.Rule += pipelinedNote
+	}
 }
 
 // flowOf is the flow of a record's connection, of n requests or answers,

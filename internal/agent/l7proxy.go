@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/policy"
 	"github.com/weirnet/weir/internal/proxy"
 )
 
@@ -25,7 +27,8 @@ func (a *Agent) startL7Proxy(ctx context.Context, node *datapath.Node, record fu
 	if err := opener.Reset(); err != nil {
 		return err
 	}
-	px := proxy.New(proxy.NewSetJudge(node.HTTPMatcher), opener, func(r proxy.Record) { record(proxyEvent(r)) }, a.log)
+	judge := &proxy.TierJudge{Sets: proxy.NewSetJudge(node.HTTPMatcher), Policy: a.policyView}
+	px := proxy.New(judge, opener, func(r proxy.Record) { record(proxyEvent(r)) }, a.log)
 	if err := px.Start(l7ProxySlots); err != nil {
 		px.Close()
 		opener.Close()
@@ -41,11 +44,22 @@ func (a *Agent) startL7Proxy(ctx context.Context, node *datapath.Node, record fu
 	return nil
 }
 
+// policyView is the policy loaded now and the local endpoint server is,
+// for the proxy's judge of flows with conditional cluster rules.
+func (a *Agent) policyView(server netip.Addr) (*policy.Result, string, bool) {
+	n := a.flowNames.Load()
+	if n == nil || n.policy == nil {
+		return nil, "", false
+	}
+	pod, ok := n.byIP[server]
+	return n.policy, pod, ok
+}
+
 // proxyEvent is a proxy's record as the kernel's request records are.
 func proxyEvent(r proxy.Record) datapath.L7Event {
 	ev := datapath.L7Event{
 		Time: time.Now(), Cookie: r.Handoff.Cookie, Client: r.Handoff.Client, Server: r.Handoff.Server,
-		Sets: r.Sets, Set: r.Decision.Set, Rule: r.Decision.Rule, Count: 1,
+		Sets: r.Sets, Set: r.Decision.Set, Rule: r.Decision.Rule, Policy: r.Decision.Policy, Count: 1,
 		Answered: r.Answered, Closed: r.Ended, Proxied: true,
 	}
 	switch {

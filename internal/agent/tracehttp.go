@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/weirnet/weir/internal/api"
-	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
@@ -121,8 +120,9 @@ func requestRule(res *policy.Result, d policy.HTTPDecision) string {
 }
 
 // kernelPath says where the datapath judges a request of a restricted
-// connection: in the kernel, or (rules with regular expressions, heads
-// the in-kernel reader does not hold) in user space. Egress has no
+// connection: in the kernel, or (conditional cluster rules, rules with
+// regular expressions, heads the in-kernel reader does not hold) in user
+// space. Egress has no
 // user-space path: what the kernel cannot judge on a client's socket
 // closes the connection.
 func kernelPath(res *policy.Result, pod string, dir policy.Direction, peer netip.Addr, port uint16, req *l7.Request) string {
@@ -131,7 +131,7 @@ func kernelPath(res *policy.Result, pod string, dir policy.Direction, peer netip
 		userSpace = " (on the client's socket nothing judges it in user space yet: the connection is closed)"
 	}
 	if len(res.ConditionalRulesOf(pod, dir, peer, port)) > 0 {
-		return "closed: " + datapath.ErrConditionalRules.Error()
+		return "user space: cluster rules with HTTP rules decide in the precedence order, which the node's proxy walks for each request" + userSpace
 	}
 	if ok, why := l7.KernelReads(req); !ok {
 		return "user space: the in-kernel reader does not hold " + why + userSpace

@@ -13,6 +13,7 @@ import (
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/api"
+	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
@@ -179,8 +180,8 @@ func TestTraceHTTPExplainsEgressRules(t *testing.T) {
 
 // TestTraceHTTPExplainsClusterRules: a request a conditional cluster
 // rule decides is traced to that rule and its HTTP rule; one it does not
-// match goes on to the WeirNetworkPolicy; and the trace says this
-// datapath does not enforce such rules yet (the endpoint is closed).
+// match goes on to the WeirNetworkPolicy; and the trace says such
+// connections' requests are judged in user space, walking the tiers.
 func TestTraceHTTPExplainsClusterRules(t *testing.T) {
 	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
 		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
@@ -200,7 +201,7 @@ func TestTraceHTTPExplainsClusterRules(t *testing.T) {
 	}
 	h := trace("PUT", "/v1/exhaust-port")
 	want := `answered 403: weirclusternetworkpolicy no-put (Admin tier, priority 5) ingress[0] "no-put" Deny http[0] (PUT)`
-	if h.Verdict != "denied" || h.Rule != want || !strings.HasPrefix(h.Kernel, "closed: ") {
+	if h.Verdict != "denied" || h.Rule != want || !strings.HasPrefix(h.Kernel, "user space: cluster rules with HTTP rules") {
 		t.Fatalf("PUT: %+v, want denied by %s", h, want)
 	}
 	if len(h.Rules) != 3 || !strings.Contains(h.Rules[0], "deny the requests it matches") {
@@ -213,5 +214,54 @@ func TestTraceHTTPExplainsClusterRules(t *testing.T) {
 	h = trace("GET", "/")
 	if h.Verdict != "denied" || h.Rule != "answered 403: no HTTP rule of the connection matches" {
 		t.Fatalf("GET: %+v", h)
+	}
+}
+
+// TestTierRecordsNameTheRule: a request the proxy judged by walking the
+// tiers (a flow with conditional cluster rules) is recorded with what
+// decided it there: the conditional Deny and its HTTP rule, answered
+// 403; a request that rule does not match, allowed further on by the
+// WeirNetworkPolicy's HTTP rule.
+func TestTierRecordsNameTheRule(t *testing.T) {
+	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
+		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
+	cnp.Spec.Tier, cnp.Spec.Priority = npav1alpha2.AdminTier, 5
+	cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
+	cnp.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "no-put", Action: "Deny",
+		From:      []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+		Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 80}}}}}}
+	res := deathstarPolicy(t, cnp)
+	server := netip.MustParseAddr("10.244.1.7")
+	names := &flowNames{byIP: map[netip.Addr]string{server: "empire/deathstar-0", traceFighter: "empire/tiefighter"},
+		rules: res.Rules, httpSets: res.HTTPSets, httpRules: res.HTTPRules, policy: res}
+	h := newHTTPFlows("n1", func(k uint32) (policy.HTTPSetID, bool) { return policy.HTTPSetID(k &^ datapath.L7SetTiered), k != 0 })
+	record := func(head string) api.Flow {
+		t.Helper()
+		reqs, err := l7.NewParser(l7.Limits{}).Feed([]byte(head))
+		if err != nil || len(reqs) != 1 {
+			t.Fatalf("%q: %v", head, err)
+		}
+		d, err := res.LookupHTTP("empire/deathstar-0", policy.Ingress, traceFighter, 80, reqs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := datapath.L7Event{Cookie: 7, Client: netip.AddrPortFrom(traceFighter, 40000), Server: netip.AddrPortFrom(server, 80),
+			Sets: [3]uint32{datapath.L7SetTiered | 1}, Count: 1, Verdict: datapath.L7Allowed, Proxied: true, Policy: &d,
+			Line: []byte(strings.SplitN(head, "\r\n", 2)[0])}
+		if !d.Allowed {
+			ev.Verdict, ev.Answered = datapath.L7Denied, true
+		}
+		return h.explain(names, ev)
+	}
+	f := record("PUT /v1/exhaust-port HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n")
+	want := `denied by weirclusternetworkpolicy no-put (Admin tier, priority 5) ingress[0] "no-put" Deny http[0] (PUT) (judged in user space)`
+	if f.Verdict != "denied" || f.Rule != want || f.Stage != StageHTTP || f.HTTP.Status != 403 ||
+		f.Decider == nil || f.Decider.Name != "no-put" || f.Decider.Tier != "Admin" || f.HTTP.Rule == nil || f.HTTP.Rule.Match != "PUT" {
+		t.Fatalf("PUT: %+v %+v %+v, want %s", f, f.Decider, f.HTTP, want)
+	}
+	f = record("POST /v1/request-landing HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n")
+	if f.Verdict != "allowed" || !strings.Contains(f.Rule, "allowed by weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0]") ||
+		f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Method != "POST" {
+		t.Fatalf("POST: %+v %+v", f, f.Decider)
 	}
 }

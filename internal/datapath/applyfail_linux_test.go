@@ -163,10 +163,10 @@ func drain(rd *EventReader) {
 	}
 }
 
-// TestConditionalClusterRulesClose: a cluster rule with HTTP rules,
-// which this datapath does not judge yet, must not be written without
-// them (its Deny would be lost): the endpoint it selects is closed, and
-// the apply says why.
+// TestConditionalClusterRulesClose: a cluster rule with HTTP rules, on
+// a node that reads no requests, must not be written without them (its
+// Deny would be lost): the endpoint it selects is closed, and the apply
+// says why.
 func TestConditionalClusterRulesClose(t *testing.T) {
 	p, n, rd := eventNode(t)
 	c := policy.NewCompiler()

@@ -92,6 +92,11 @@ type L7Event struct {
 	// the request in user space; ProxyReason says why it refused one.
 	Proxied     bool
 	ProxyReason string
+	// Policy is the proxy's decision on a request of a flow with
+	// conditional cluster rules, which it judged against the whole
+	// policy (the precedence order walked for the request): what
+	// decided it, in place of Set and Rule.
+	Policy *policy.HTTPDecision
 	// Line is the head's first bytes as they arrived (the request line
 	// and what follows it); LineCut says the head was longer.
 	Line    []byte
@@ -221,6 +226,7 @@ func decodeL7Event(b []byte, bootOffset time.Duration) (L7Event, error) {
 // this node (L7Event.Set, Sets), false for 0, a number an earlier agent
 // wrote, or a node without L7.
 func (n *Node) PolicyHTTPSet(kernel uint32) (policy.HTTPSetID, bool) {
+	kernel &^= L7SetTiered
 	if n.l7 == nil || kernel <= n.l7.base {
 		return 0, false
 	}

@@ -83,7 +83,7 @@ func highestHTTPSet(t l7Tables, flows *ebpf.Map) (uint32, error) {
 	var f l7L7Flow
 	fit := flows.Iterate()
 	for fit.Next(&k, &f) {
-		high = max(high, f.Sets[0], f.Sets[1], f.Sets[2])
+		high = max(high, f.Sets[0]&^L7SetTiered, f.Sets[1]&^L7SetTiered, f.Sets[2]&^L7SetTiered)
 	}
 	if err := fit.Err(); err != nil {
 		return 0, fmt.Errorf("read L7 flows: %w", err)
@@ -102,6 +102,25 @@ func (n *Node) kernelHTTPSet(id policy.HTTPSetID) uint32 {
 		return 0
 	}
 	return n.l7.base + uint32(id)
+}
+
+// L7SetTiered marks a kernel set number whose rules include conditional
+// cluster rules (bpf/lib/l7flow.h L7_SET_TIERED): a flow naming one has
+// every request handed to user space, which judges it against the whole
+// policy (policy.Result.LookupHTTP). The set itself is never written to
+// the kernel's tables.
+const L7SetTiered uint32 = 1 << 31
+
+// TieredSets says whether a flow's sets send its requests to user space
+// for the tier walk (L7SetTiered).
+func TieredSets(sets [3]uint32) bool {
+	return (sets[0]|sets[1]|sets[2])&L7SetTiered != 0
+}
+
+// tieredHTTPSet is the number an entry with conditional cluster rules is
+// written with: its set's number, marked.
+func (n *Node) tieredHTTPSet(id policy.HTTPSetID) uint32 {
+	return L7SetTiered | (n.l7.base + uint32(id))
 }
 
 // writeHTTPSets writes the sets the diff adds, before the entries that

@@ -30,9 +30,10 @@ const (
 var ErrPolicyClosed = errors.New("policy update failed; affected endpoints fail closed")
 
 // ErrConditionalRules is a WeirClusterNetworkPolicy rule with HTTP rules
-// (policy.ClusterHTTP), which this datapath does not judge yet: the
-// endpoints it selects are left closed rather than enforced without it.
-var ErrConditionalRules = errors.New("cluster policy rules with HTTP rules are not enforced by this datapath yet; remove their http field")
+// (policy.ClusterHTTP) on a node that reads no requests (L7 not enabled):
+// the endpoints it selects are left closed rather than enforced without
+// it.
+var ErrConditionalRules = errors.New("cluster policy rules with HTTP rules need the node to read requests (L7), which it does not; enable L7 or remove their http field")
 
 // policyKey builds the LPM key of one allow entry of an endpoint.
 func policyKey(ifindex int, k policy.Key) lxcPolicyKey {
@@ -320,14 +321,19 @@ func (n *Node) putCIDR(p netip.Prefix, id policy.Identity) error {
 // first. The first that fails stops it.
 func (n *Node) writePolicyKeys(ed policy.EndpointDiff, ep PolicyEndpoint) error {
 	for _, k := range keysByLength(ep.Ifindex, ed.Upsert, true) {
-		if ed.Upsert[k.k].Tiers != 0 {
-			// Cluster rules with HTTP rules need the per-request tier
-			// walk the kernel does not have yet: written as they are,
-			// their Deny would be lost. The endpoint stays closed.
-			return fmt.Errorf("endpoint %s: %s: %w: %w", ed.Pod, k.k, ErrConditionalRules, ErrPolicyClosed)
+		e := ed.Upsert[k.k]
+		set := n.kernelHTTPSet(e.HTTP)
+		if e.Tiers != 0 {
+			if n.l7 == nil {
+				// Cluster rules with HTTP rules are judged request by
+				// request; a node that reads no requests would lose
+				// their Deny. The endpoint stays closed.
+				return fmt.Errorf("endpoint %s: %s: %w: %w", ed.Pod, k.k, ErrConditionalRules, ErrPolicyClosed)
+			}
+			set = n.tieredHTTPSet(e.L7)
 		}
 		if err := n.writePolicyMap(func() error {
-			return n.progs.Policy.Put(k.key, policyEntry(ed.Upsert[k.k], n.kernelHTTPSet(ed.Upsert[k.k].HTTP)))
+			return n.progs.Policy.Put(k.key, policyEntry(e, set))
 		}); err != nil {
 			return fmt.Errorf("endpoint %s: write %s: %w: %w", ed.Pod, k.k, err, ErrPolicyClosed)
 		}
@@ -411,16 +417,27 @@ func enforceFlags(np, tiers [2]bool) [2]uint8 {
 // written as http, the kernel's number for it (bpf/lib/l7match.h). An
 // allow restricted to HTTP rules with no kernel set (0: the node does not
 // read requests yet) is written as no allow, closed, never opened whole.
+// An entry with conditional cluster rules is written with its tier
+// matches in the form the kernel decides by (policy.Entry.KernelTier)
+// and its set marked tiered (L7SetTiered): its flows' requests are all
+// judged in user space.
 func policyEntry(e policy.Entry, http uint32) lxcPolicyEntry {
 	out := lxcPolicyEntry{Allow: uint32(e.Allow)}
-	if e.HTTP != 0 {
+	switch {
+	case e.Tiers != 0:
+		// Every request of its flows goes to user space, which
+		// judges them with every rule (NetworkPolicy's HTTP rules
+		// included): no set of its needs to be in the kernel.
+		out.Http = http
+	case e.HTTP != 0:
 		out.Http = http
 		if http == 0 {
 			out.Allow = 0
 		}
 	}
 	for t := range e.Tier {
-		out.Tier[t].Rule, out.Tier[t].Rank, out.Tier[t].Action = uint32(e.Tier[t].Rule), e.Tier[t].Rank, uint8(e.Tier[t].Action)
+		m := e.KernelTier(policy.Tier(t))
+		out.Tier[t].Rule, out.Tier[t].Rank, out.Tier[t].Action = uint32(m.Rule), m.Rank, uint8(m.Action)
 		out.Log[t].Rule, out.Log[t].Rank, out.Log[t].Action = uint32(e.Log[t].Rule), e.Log[t].Rank, uint8(e.Log[t].Action)
 	}
 	return out

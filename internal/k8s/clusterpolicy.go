@@ -6,6 +6,7 @@ import (
 	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/k8s/apis/weirv1alpha1"
+	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
 
@@ -30,7 +31,7 @@ func clusterPoliciesFrom(upstream, weir []any) []*policy.ClusterPolicy {
 	for _, o := range weir {
 		if p, ok := o.(*weirv1alpha1.WeirClusterNetworkPolicy); ok {
 			out = append(out, &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy,
-				Name: p.Name, Generation: p.Generation, Spec: upstreamSpec(p.Spec)})
+				Name: p.Name, Generation: p.Generation, Spec: upstreamSpec(p.Spec), HTTP: clusterHTTP(p.Spec)})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -60,4 +61,32 @@ func upstreamSpec(s weirv1alpha1.WeirClusterNetworkPolicySpec) npav1alpha2.Clust
 		})
 	}
 	return out
+}
+
+// clusterHTTP takes the HTTP rules off a Weir spec's rules, by rule; nil
+// when no rule has any.
+func clusterHTTP(s weirv1alpha1.WeirClusterNetworkPolicySpec) *policy.ClusterHTTP {
+	var h policy.ClusterHTTP
+	found := false
+	rules := func(in []weirv1alpha1.HTTPRule) []l7.Rule {
+		if len(in) == 0 {
+			return nil
+		}
+		found = true
+		out := make([]l7.Rule, len(in))
+		for i, r := range in {
+			out[i] = httpRule(r)
+		}
+		return out
+	}
+	for _, r := range s.Ingress {
+		h.Ingress = append(h.Ingress, rules(r.HTTP))
+	}
+	for _, r := range s.Egress {
+		h.Egress = append(h.Egress, rules(r.HTTP))
+	}
+	if !found {
+		return nil
+	}
+	return &h
 }

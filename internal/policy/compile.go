@@ -93,6 +93,7 @@ func (c *Compiler) compile(s *Snapshot, refusedNS map[string]error) *Result {
 			IPCache:   map[netip.Addr]Identity{},
 			CIDRs:     map[netip.Prefix]Identity{},
 			Rules:     map[RuleID]RuleRef{},
+			matchers:  &httpMatchers{},
 		},
 		refusedNS: refusedNS,
 		usedCIDR:  map[netip.Prefix]bool{},

@@ -24,7 +24,9 @@ type Diff struct {
 	// not, with their rules (in their HTTPRuleRef order), to be written
 	// before the entries; HTTPSetsGone those only prev named, sorted, to
 	// go after. A number names one set for the Compiler's life, so a set
-	// in both is unchanged.
+	// in both is unchanged. Sets with conditional cluster rules
+	// (TieredSet) are not among them: their flows are judged in user
+	// space, against the Result, never by the sets' rules in the kernel.
 	HTTPSets     map[HTTPSetID][]l7.Rule
 	HTTPSetsGone []HTTPSetID
 }
@@ -83,7 +85,7 @@ func DiffResults(prev, next *Result) Diff {
 	}
 	sort.Slice(d.Endpoints, func(i, j int) bool { return d.Endpoints[i].Pod < d.Endpoints[j].Pod })
 	for id, refs := range next.HTTPSets {
-		if _, ok := prev.HTTPSets[id]; ok {
+		if _, ok := prev.HTTPSets[id]; ok || next.TieredSet(id) {
 			continue
 		}
 		if d.HTTPSets == nil {

@@ -227,10 +227,50 @@ func checkAgainstEvaluate(s *Snapshot, res *Result) error {
 							return fmt.Errorf("%s %s peer %s proto %s port %d: %w",
 								pod.Key(), d, peer, ProtoName(proto), port, err)
 						}
+						if err := kernelAgrees(res, pod.Key(), d, peer, proto, port, got); err != nil {
+							return fmt.Errorf("%s %s peer %s proto %s port %d: %w",
+								pod.Key(), d, peer, ProtoName(proto), port, err)
+						}
 					}
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// kernelAgrees holds the datapath's form of the entries to the
+// decision: tier matches as KernelTier writes them, no conditional rules,
+// decide the same verdict, stage, rules and Log; and a connection whose
+// requests are inspected has an entry with conditional rules, so the
+// datapath sends its requests to user space (policy_tiered_sets).
+func kernelAgrees(res *Result, pod string, d Direction, peer netip.Addr, proto uint8, port uint16, want Decision) error {
+	ep, ok := res.Endpoints[pod]
+	if !ok || (!ep.Enforced[d] && !ep.Tiered[d]) {
+		return nil
+	}
+	found := ep.lookup(res, d, peer, proto, port)
+	var k [3]*Entry
+	tiered := false
+	for i, e := range found {
+		if e == nil {
+			continue
+		}
+		c := *e
+		for t := range c.Tier {
+			c.Tier[t] = e.KernelTier(Tier(t))
+		}
+		c.Cond, c.Tiers, c.L7 = [2]CondMatch{}, 0, c.HTTP
+		k[i] = &c
+		tiered = tiered || (e.Tiers != 0 && res.TieredSet(e.L7))
+	}
+	got := Decide(ep.Enforced[d], k)
+	got.Inspect = want.Inspect
+	if got != want {
+		return fmt.Errorf("kernel form decides %+v, the entries %+v", got, want)
+	}
+	if want.Inspect && want.Allowed() && proto == ProtoTCP && !tiered {
+		return fmt.Errorf("inspected (%+v) but no entry found is tiered: the datapath would not judge its requests", want)
 	}
 	return nil
 }

@@ -78,19 +78,35 @@ func (ep *EndpointPolicy) lookup(r *Result, d Direction, peer netip.Addr, proto 
 // one carrying twice a header some rule of the entries' sets names is
 // refused, whichever rule would have decided it.
 func (r *Result) refuseAmbiguous(found [3]*Entry, req *l7.Request) error {
-	var rules []l7.Rule
-	for _, e := range found {
+	var key [3]HTTPSetID
+	for i, e := range found {
 		if e != nil {
-			for _, ref := range r.HTTPSets[e.L7] {
+			key[i] = e.L7
+		}
+	}
+	var m *l7.Matcher
+	if r.matchers != nil {
+		if c, ok := r.matchers.sets.Load(key); ok {
+			m = c.(*l7.Matcher)
+		}
+	}
+	if m == nil {
+		var rules []l7.Rule
+		for _, id := range key {
+			for _, ref := range r.HTTPSets[id] {
 				rules = append(rules, r.HTTPRules[ref])
 			}
 		}
+		c, err := l7.Compile(rules)
+		if err != nil {
+			return err // refused at compile time; never here
+		}
+		m = c
+		if r.matchers != nil {
+			r.matchers.sets.Store(key, c)
+		}
 	}
-	m, err := l7.Compile(rules)
-	if err != nil {
-		return err // refused at compile time; never here
-	}
-	_, err = m.Match(req)
+	_, err := m.Match(req)
 	return err
 }
 
@@ -154,7 +170,7 @@ func (r *Result) firstConditional(found [3]*Entry, tier Tier, req *l7.Request, l
 			if t.Tier != tier || (t.Action == ActionLog) != logs || !t.before(best) {
 				continue
 			}
-			if httpRulesMatch([]l7.Rule{r.HTTPRules[ref]}, req) {
+			if r.ruleMatches(ref, req) {
 				best, by = t.Match, ref
 			}
 		}
@@ -178,7 +194,7 @@ func (r *Result) networkPolicyRequest(found [3]*Entry, req *l7.Request) (HTTPRul
 	}
 	slices.SortFunc(refs, HTTPRuleRef.compare)
 	for _, ref := range slices.Compact(refs) {
-		if httpRulesMatch([]l7.Rule{r.HTTPRules[ref]}, req) {
+		if r.ruleMatches(ref, req) {
 			return ref, true
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 
 	"github.com/weirnet/weir/internal/l7"
 )
@@ -201,6 +202,41 @@ type Result struct {
 	// Errors are policies that could not be compiled. Their subjects stay
 	// enforced in the policy's directions with none of its rules: closed.
 	Errors []error
+
+	// matchers keeps the HTTP rules compiled as LookupHTTP meets them
+	// (nil in a Result not made by a Compiler: it compiles each time).
+	matchers *httpMatchers
+}
+
+// httpMatchers caches compiled matchers of a Result's HTTP rules: the
+// node's proxy calls LookupHTTP for every request of a flow with
+// conditional cluster rules, and compiling the rules (their regular
+// expressions) per request would cost more than the request. A Result
+// never changes, so neither do its matchers.
+type httpMatchers struct {
+	rules sync.Map // HTTPRuleRef -> *l7.Matcher, nil for a rule the matcher refuses
+	sets  sync.Map // [3]HTTPSetID -> *l7.Matcher of the sets' rules together
+}
+
+// ruleMatches says whether HTTP rule ref matches req.
+func (r *Result) ruleMatches(ref HTTPRuleRef, req *l7.Request) bool {
+	if r.matchers == nil {
+		return httpRulesMatch([]l7.Rule{r.HTTPRules[ref]}, req)
+	}
+	m, ok := r.matchers.rules.Load(ref)
+	if !ok {
+		c, err := l7.Compile([]l7.Rule{r.HTTPRules[ref]})
+		if err != nil {
+			c = nil
+		}
+		m, _ = r.matchers.rules.LoadOrStore(ref, c)
+	}
+	c := m.(*l7.Matcher)
+	if c == nil {
+		return false
+	}
+	i, err := c.Match(req)
+	return err == nil && i >= 0
 }
 
 // PeerIdentities returns the two identities the datapath looks a peer
@@ -258,4 +294,34 @@ func maskPort(port uint16, bits uint8) uint16 {
 		return 0
 	}
 	return port &^ (1<<(16-bits) - 1)
+}
+
+// KernelTier is the tier match the datapath writes for e, which judges
+// the connection's decision without conditional rules: the earlier of
+// the tier's first rule without HTTP rules and its first conditional
+// Accept or Pass, the latter as an Accept (such a rule coming first lets
+// the connection on, as Decide says). Taken first in precedence across
+// the three entries, it gives Decide's verdict, stage, deciding and Log
+// rules; what it cannot say, whether the requests are then judged one by
+// one, the datapath learns from the entry's set (TieredSet), and judges
+// every request of such a flow in user space.
+func (e Entry) KernelTier(t Tier) Match {
+	m := e.Tier[t]
+	if open := e.Cond[t].Open; open.before(m) {
+		return Match{Rule: open.Rule, Rank: open.Rank, Action: ActionAccept}
+	}
+	return m
+}
+
+// TieredSet says whether HTTP set id holds conditional cluster rules
+// (Entry.Tiers, and the Entry.L7 that joins them): whether one decides a
+// request depends on its place in the precedence order, so such a set is
+// never judged by its rules alone.
+func (r *Result) TieredSet(id HTTPSetID) bool {
+	for _, ref := range r.HTTPSets[id] {
+		if r.HTTPTiers[ref.Rule].Found() {
+			return true
+		}
+	}
+	return false
 }

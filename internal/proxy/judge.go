@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"errors"
+	"net/netip"
 	"sync"
 
+	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
 )
 
 // SetJudge judges requests with the full matcher of each kernel HTTP set
@@ -23,7 +26,8 @@ func NewSetJudge(lookup func(set uint32) *l7.Matcher) *SetJudge {
 // Judge decides r as l7_judge_sets does, in the sets' order: refused by
 // the first set that finds it ambiguous before one allows it, allowed by
 // the first that allows it, else denied; sets all 0 allow all.
-func (j *SetJudge) Judge(sets [3]uint32, r *l7.Request) Decision {
+func (j *SetJudge) Judge(c Conn, r *l7.Request) Decision {
+	sets := c.Sets
 	if sets == [3]uint32{} {
 		return Decision{Verdict: Allow}
 	}
@@ -47,9 +51,9 @@ func (j *SetJudge) Judge(sets [3]uint32, r *l7.Request) Decision {
 }
 
 // HeaderNames are the names the sets' rules match on.
-func (j *SetJudge) HeaderNames(sets [3]uint32) []string {
+func (j *SetJudge) HeaderNames(c Conn) []string {
 	var names []string
-	for _, id := range sets {
+	for _, id := range c.Sets {
 		if id == 0 {
 			continue
 		}
@@ -89,4 +93,52 @@ func (t *Matchers) Get(id uint32) *l7.Matcher {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.sets[id]
+}
+
+// PolicyView is the policy a TierJudge reads: the Result loaded now and
+// the local endpoint (policy.Result.Endpoints' key) a server address is,
+// false when it is none.
+type PolicyView func(server netip.Addr) (res *policy.Result, pod string, ok bool)
+
+// TierJudge judges the requests of connections whose flow names a set
+// with conditional cluster rules (datapath.TieredSets) against the whole
+// policy, walking the precedence order for each request
+// (policy.Result.LookupHTTP: the reference the compiler is held to), and
+// other connections' with Sets.
+type TierJudge struct {
+	Sets   *SetJudge
+	Policy PolicyView
+}
+
+// Judge decides r. A tiered connection whose server is no longer a local
+// endpoint, or which policy no longer allows, is denied: what cannot be
+// judged is never allowed.
+func (j *TierJudge) Judge(c Conn, r *l7.Request) Decision {
+	if !datapath.TieredSets(c.Sets) {
+		return j.Sets.Judge(c, r)
+	}
+	res, pod, ok := j.Policy(c.Server.Addr())
+	if !ok || res == nil {
+		return Decision{Verdict: Deny}
+	}
+	if _, ok := res.Endpoints[pod]; !ok {
+		return Decision{Verdict: Deny}
+	}
+	d, err := res.LookupHTTP(pod, policy.Ingress, c.Client.Addr(), c.Server.Port(), r)
+	switch {
+	case errors.Is(err, l7.ErrAmbiguousHeader):
+		return Decision{Verdict: Refuse, Policy: &d}
+	case err != nil || !d.Allowed:
+		return Decision{Verdict: Deny, Policy: &d}
+	}
+	return Decision{Verdict: Allow, Policy: &d}
+}
+
+// HeaderNames: a tiered connection's repeated headers are refused by
+// LookupHTTP itself, across every rule that could decide the request.
+func (j *TierJudge) HeaderNames(c Conn) []string {
+	if datapath.TieredSets(c.Sets) {
+		return nil
+	}
+	return j.Sets.HeaderNames(c)
 }

@@ -280,7 +280,7 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 					// offered twice, or cleared. Never judge them.
 					return fmt.Errorf("proxy slot %d: %d bytes for no connection", s.Slot, n)
 				}
-				st = newStream(p.judge, h.Sets, h.Prefix)
+				st = newStream(p.judge, Conn{Server: h.Server, Client: h.Client, Sets: h.Sets}, h.Prefix)
 				if !p.take(h.Client.Addr()) {
 					// What the kernel allowed before the hand-off
 					// goes on; nothing after it.
@@ -372,7 +372,7 @@ func (p *Proxy) expire(s *datapath.ProxySlot, h datapath.Handoff, st *stream, st
 	st.end(nil)
 	p.end(s, step{kind: stepEnd, at: at, lastAllowedAt: st.lastAllowedAt}, false)
 	if reason != "" {
-		p.record(Record{Handoff: h, Sets: st.sets, Decision: Decision{Verdict: Refuse}, Ended: true,
+		p.record(Record{Handoff: h, Sets: st.conn.Sets, Decision: Decision{Verdict: Refuse}, Ended: true,
 			Err: &l7.RequestError{Status: status, Offset: st.offset, Framed: st.sent, Reason: reason}})
 	}
 }

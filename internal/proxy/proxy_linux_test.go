@@ -65,6 +65,24 @@ func handedSetup(t *testing.T, rules []l7.Rule, slots int) (*server, *datapath.L
 // more, for EnforceHTTP to switch to.
 func handedSetupLimited(t *testing.T, rules []l7.Rule, slots int, limits Limits, more ...[]l7.Rule) (*server, *datapath.L7Sockets, *[]Record, *Proxy) {
 	t.Helper()
+	return handedSetupWith(t, handedOpts{rules: rules, slots: slots, limits: limits, more: more})
+}
+
+// handedOpts: what handedSetupWith sets up. judge, when set, makes the
+// proxy's judge from the sets' and the server's port; the port is
+// enforced with set port (0: set 1).
+type handedOpts struct {
+	rules  []l7.Rule
+	more   [][]l7.Rule
+	slots  int
+	limits Limits
+	judge  func(sets *SetJudge, port uint16) Judge
+	port   uint32
+}
+
+func handedSetupWith(t *testing.T, o handedOpts) (*server, *datapath.L7Sockets, *[]Record, *Proxy) {
+	t.Helper()
+	rules, more, slots, limits := o.rules, o.more, o.slots, o.limits
 	testutil.RequireRoot(t)
 	root, cg := testutil.Cgroup2(t)
 	s, err := datapath.AttachL7Sockets(cg, datapath.L7FlowMaps{})
@@ -100,10 +118,17 @@ func handedSetupLimited(t *testing.T, rules []l7.Rule, slots int, limits Limits,
 		sets.Put(uint32(i+1), m)
 	}
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-	if err := s.EnforceHTTP(port, 1); err != nil {
+	set := o.port
+	if set == 0 {
+		set = 1
+	}
+	if err := s.EnforceHTTP(port, set); err != nil {
 		t.Fatal(err)
 	}
-	judge := NewSetJudge(sets.Get)
+	var judge Judge = NewSetJudge(sets.Get)
+	if o.judge != nil {
+		judge = o.judge(NewSetJudge(sets.Get), port)
+	}
 	var (
 		mu      sync.Mutex
 		records []Record

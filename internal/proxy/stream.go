@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"errors"
+	"net/netip"
 
 	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
 )
 
 // Verdict is what a judge decides of one request.
@@ -33,21 +35,29 @@ func (v Verdict) String() string {
 }
 
 // Decision is a judge's verdict on a request, with the rule that allowed
-// it (Set, Rule) when it was allowed.
+// it (Set, Rule) when it was allowed by a set's rule, or the policy's
+// whole decision (Policy) when the precedence order was walked for it
+// (TierJudge).
 type Decision struct {
 	Verdict Verdict
 	Set     uint32
 	Rule    int
+	Policy  *policy.HTTPDecision
 }
 
-// Judge decides requests against the kernel HTTP sets a connection is
-// restricted to, as the kernel's l7_judge_sets does: refused when one set
-// refuses, allowed when one allows, else denied; sets all 0 allow all.
+// Conn is a handed connection as a judge sees it: its ends (Server is
+// the local pod) and the kernel HTTP sets its flow names now.
+type Conn struct {
+	Server, Client netip.AddrPort
+	Sets           [3]uint32
+}
+
+// Judge decides the requests of a handed connection.
 type Judge interface {
-	Judge(sets [3]uint32, r *l7.Request) Decision
-	// HeaderNames are the header names the sets' rules match on: a head
-	// carrying one twice is refused.
-	HeaderNames(sets [3]uint32) []string
+	Judge(c Conn, r *l7.Request) Decision
+	// HeaderNames are the header names the rules that judge c match
+	// on: a head carrying one twice is refused.
+	HeaderNames(c Conn) []string
 }
 
 // stepKind is what a step does.
@@ -80,7 +90,7 @@ type step struct {
 // judged is one request the stream decided, for the record.
 type judged struct {
 	req      *l7.Request
-	sets     [3]uint32 // what it was judged against
+	sets     [3]uint32 // what it was judged against (the flow's sets)
 	decision Decision
 	err      *l7.RequestError // a refused stream: req is nil
 }
@@ -90,7 +100,7 @@ type judged struct {
 // kernel; a head begins after them.
 type stream struct {
 	judge  Judge
-	sets   [3]uint32
+	conn   Conn
 	prefix int64
 	parser *l7.Parser
 	// offset is where the next byte fed sits in the stream; sent how far
@@ -105,10 +115,10 @@ type stream struct {
 	ended         bool
 }
 
-func newStream(j Judge, sets [3]uint32, prefix uint32) *stream {
+func newStream(j Judge, c Conn, prefix uint32) *stream {
 	p := l7.NewParser(l7.Limits{})
-	p.RefuseRepeated(j.HeaderNames(sets))
-	return &stream{judge: j, sets: sets, prefix: int64(prefix), parser: p, forwarding: true, lastAllowedAt: -1}
+	p.RefuseRepeated(j.HeaderNames(c))
+	return &stream{judge: j, conn: c, prefix: int64(prefix), parser: p, forwarding: true, lastAllowedAt: -1}
 }
 
 // feed reads the next bytes of the stream and returns the steps they
@@ -135,8 +145,8 @@ func (s *stream) feed(data []byte) ([]step, []judged) {
 	var out []judged
 	for _, r := range reqs {
 		steps = s.release(steps, s.prefix+r.Start)
-		d := s.judge.Judge(s.sets, r)
-		out = append(out, judged{req: r, sets: s.sets, decision: d})
+		d := s.judge.Judge(s.conn, r)
+		out = append(out, judged{req: r, sets: s.conn.Sets, decision: d})
 		at := s.prefix + r.Start + int64(r.HeadLen) - 1
 		switch {
 		case d.Verdict == Allow && r.Upgrade:
@@ -165,7 +175,7 @@ func (s *stream) feed(data []byte) ([]step, []judged) {
 	if errors.As(err, &re) {
 		steps = s.release(steps, s.prefix+re.Framed)
 		at := s.prefix + re.Offset
-		out = append(out, judged{err: re, sets: s.sets})
+		out = append(out, judged{err: re, sets: s.conn.Sets})
 		steps = append(steps, step{kind: stepAnswer, status: re.Status, at: at, lastAllowedAt: s.lastAllowedAt},
 			step{kind: stepEnd, at: at, lastAllowedAt: s.lastAllowedAt})
 		return steps, s.end(out)
@@ -192,11 +202,11 @@ func (s *stream) release(steps []step, to int64) []step {
 // policy changed. Header names its rules match on are refused when
 // repeated from now on too (names refused before stay refused).
 func (s *stream) restrict(sets [3]uint32) {
-	if sets == s.sets {
+	if sets == s.conn.Sets {
 		return
 	}
-	s.sets = sets
-	s.parser.RefuseRepeated(s.judge.HeaderNames(sets))
+	s.conn.Sets = sets
+	s.parser.RefuseRepeated(s.judge.HeaderNames(s.conn))
 }
 
 // headPending says whether a request head has begun and is not yet whole.

@@ -87,7 +87,7 @@ func TestStreamDecides(t *testing.T) {
 		{"a denied request that asks to close", "", strings.Replace(getSecret, "Host: h", "Host: h\r\nConnection: close", 1) + getItem, "", []string{"403", "end"}},
 	} {
 		for _, n := range []int{0, 1, 3, 7} {
-			s := newStream(testJudge(t), [3]uint32{1}, uint32(len(tc.prefix)))
+			s := newStream(testJudge(t), Conn{Sets: [3]uint32{1}}, uint32(len(tc.prefix)))
 			steps, _ := feedAll(s, tc.prefix+tc.in, n)
 			fwd, acts := outcome(steps)
 			if fwd != tc.forwarded || strings.Join(acts, ",") != strings.Join(tc.acts, ",") {
@@ -102,7 +102,7 @@ func TestStreamDecides(t *testing.T) {
 // the server has answered before it; the hand-off's own head is the
 // first.
 func TestStreamAnswersInTurn(t *testing.T) {
-	s := newStream(testJudge(t), [3]uint32{1}, 0)
+	s := newStream(testJudge(t), Conn{Sets: [3]uint32{1}}, 0)
 	steps, judged := s.feed([]byte(getItem + getSecret))
 	if len(judged) != 2 || judged[0].decision.Verdict != Allow || judged[1].decision.Verdict != Deny {
 		t.Fatalf("judged %+v", judged)
@@ -116,7 +116,7 @@ func TestStreamAnswersInTurn(t *testing.T) {
 	if ans == nil || ans.lastAllowedAt != int64(len(getItem)-1) || ans.at != int64(len(getItem)+len(getSecret)-1) {
 		t.Fatalf("answer step %+v, want at %d after the allowed one at %d", ans, len(getItem)+len(getSecret)-1, len(getItem)-1)
 	}
-	s = newStream(testJudge(t), [3]uint32{1}, 0)
+	s = newStream(testJudge(t), Conn{Sets: [3]uint32{1}}, 0)
 	steps, _ = s.feed([]byte(getSecret))
 	if len(steps) != 1 || steps[0].lastAllowedAt != -1 {
 		t.Fatalf("a denial first after the hand-off: %+v, want no allowed request before it", steps)
@@ -143,12 +143,12 @@ func TestSetJudgeReadsSetsInOrder(t *testing.T) {
 		{[3]uint32{9, 1}, Decision{Verdict: Allow, Set: 1, Rule: 0}},
 		{[3]uint32{9}, Decision{Verdict: Deny}},
 	} {
-		if got := j.Judge(tc.sets, r); got != tc.want {
+		if got := j.Judge(Conn{Sets: tc.sets}, r); got != tc.want {
 			t.Errorf("sets %v: %+v, want %+v", tc.sets, got, tc.want)
 		}
 	}
 	j = NewSetJudge(func(uint32) *l7.Matcher { return nil })
-	if got := j.Judge([3]uint32{1}, r); got.Verdict != Deny {
+	if got := j.Judge(Conn{Sets: [3]uint32{1}}, r); got.Verdict != Deny {
 		t.Errorf("a set with no matcher: %+v, want denied", got)
 	}
 }

@@ -584,6 +584,79 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 
+	t.Run("HTTP rules in the cluster tiers: a conditional Deny answers 403 whatever follows, a conditional Accept before a Deny of all lets only its requests through, on one keep-alive connection, each request on record with its cluster rule", func(t *testing.T) {
+		pods := webPods(t, c)
+		client := onNode(t, pods, "n1")
+		server := onNode(t, pods, "n2")
+		curl := func(args ...string) []string { t.Helper(); return curlFrom(ctx, st, client, args...) }
+		base := "http://" + server.Status.PodIP + ":8080"
+		if out, err := st.Kubectl(ctx, strings.NewReader(webTierPolicy), "apply", "-f", "-"); err != nil {
+			t.Fatalf("apply web-http-tiers: %v %s", err, out)
+		}
+		defer func() {
+			if out, err := st.Kubectl(ctx, nil, "delete", "weirclusternetworkpolicies.weir.io", "web-http-tiers", "--ignore-not-found"); err != nil {
+				t.Errorf("delete web-http-tiers: %v %s", err, out)
+			}
+			waitFor(t, 15*time.Second, func() error {
+				if got := curl(base + "/echo?msg=hi"); len(got) < 1 || got[0] != "200" {
+					return fmt.Errorf("GET /echo after the policy's deletion: %v, want 200", got)
+				}
+				return nil
+			})
+		}()
+		waitFor(t, 15*time.Second, func() error {
+			if got := curl(base + "/echo?msg=hi"); len(got) < 1 || got[0] != "403" {
+				return fmt.Errorf("GET /echo: %v, want 403 once the policy is loaded", got)
+			}
+			return nil
+		})
+		for _, tc := range []struct {
+			name string
+			args []string
+			want []string // status, connections opened; per URL
+		}{
+			{"the conditional Accept's request", []string{base + "/hostname"}, []string{"200", "1"}},
+			{"the conditional Deny's request", []string{base + "/shell?cmd=id"}, []string{"403", "1"}},
+			{"neither: the Deny of all after them", []string{base + "/echo?msg=hi"}, []string{"403", "1"}},
+			{"keep-alive: allowed, denied, allowed", []string{base + "/hostname", base + "/shell?cmd=id", base + "/hostname"},
+				[]string{"200", "1", "403", "0", "200", "0"}},
+		} {
+			if got := curl(tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
+			}
+		}
+		waitFor(t, 5*time.Second, func() error {
+			var sock string
+			for _, n := range st.Nodes {
+				if n.Name == server.Spec.NodeName {
+					sock = n.Socket
+				}
+			}
+			seen := map[string]bool{}
+			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "default/" + server.Name, HTTP: true}}, func(f api.Flow) error {
+				if f.Decider == nil || f.Decider.Name != "web-http-tiers" || !strings.HasSuffix(f.Rule, "(judged in user space)") {
+					return nil
+				}
+				switch {
+				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.Contains(f.Rule, `"hostname" Accept http[0] (GET Exact /hostname)`):
+					seen["accepted"] = true
+				case f.Verdict == "denied" && f.HTTP.Target == "/shell?cmd=id" && f.HTTP.Status == 403 && strings.Contains(f.Rule, `"no-shell" Deny http[0] (PathPrefix /shell)`):
+					seen["denied by its HTTP rule"] = true
+				case f.Verdict == "denied" && f.HTTP.Target == "/echo?msg=hi" && strings.Contains(f.Rule, `"rest" Deny, a rule without HTTP rules`):
+					seen["denied by the rule after"] = true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if len(seen) != 3 {
+				return fmt.Errorf("records of %s: %v, want accepted, denied by its HTTP rule and by the rule after", server.Name, seen)
+			}
+			return nil
+		})
+	})
+
 	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, trace agrees with the datapath, and a WeirNetworkPolicy's HTTP rule lands the ship and answers the exhaust port 403", func(t *testing.T) {
 		t.Cleanup(func() {
 			for _, args := range [][]string{

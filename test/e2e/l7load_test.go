@@ -35,6 +35,34 @@ spec:
       - {method: POST, path: {type: RegularExpression, value: "/ec+ho"}}
 `
 
+// webTierPolicy: Admin rules on the web pods' http port with HTTP rules
+// (conditional rules), in order: paths under /shell are denied whatever
+// follows, GET /hostname accepted, and everything else denied by a rule
+// without HTTP rules.
+const webTierPolicy = `apiVersion: weir.io/v1alpha1
+kind: WeirClusterNetworkPolicy
+metadata: {name: web-http-tiers}
+spec:
+  tier: Admin
+  priority: 5
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: web}}}}
+  ingress:
+  - name: no-shell
+    action: Deny
+    from: [{namespaces: {}}]
+    protocols: [{tcp: {destinationPort: {number: 8080}}}]
+    http: [{path: {type: PathPrefix, value: /shell}}]
+  - name: hostname
+    action: Accept
+    from: [{namespaces: {}}]
+    protocols: [{tcp: {destinationPort: {number: 8080}}}]
+    http: [{method: GET, path: {type: Exact, value: /hostname}}]
+  - name: rest
+    action: Deny
+    from: [{namespaces: {}}]
+    protocols: [{tcp: {destinationPort: {number: 8080}}}]
+`
+
 // egressHTTPPolicy restricts what pods labelled weir-e2e=egress-http
 // send to the web pods' http port to GET /hostname: judged on the
 // client's socket, at the client's node. Nothing else may leave them.

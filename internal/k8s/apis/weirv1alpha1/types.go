@@ -65,7 +65,10 @@ type WeirClusterNetworkPolicySpec struct {
 	Egress []EgressRule `json:"egress,omitempty"`
 }
 
-// IngressRule is ClusterNetworkPolicyIngressRule with Weir's actions.
+// IngressRule is ClusterNetworkPolicyIngressRule with Weir's actions,
+// and HTTP rules.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.http) || (has(self.protocols) && self.protocols.all(p, has(p.tcp) && has(p.tcp.destinationPort) && has(p.tcp.destinationPort.number)))",message="http rules need protocols naming single TCP port numbers"
 type IngressRule struct {
 	// Name identifies the rule in flows and status.
 	//
@@ -89,14 +92,29 @@ type IngressRule struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=25
 	Protocols []npav1alpha2.ClusterNetworkPolicyProtocol `json:"protocols,omitempty"`
+
+	// HTTP rules make the rule conditional: on its TCP ports it matches
+	// only the requests one of them matches, in its place in the
+	// precedence order, and every other request goes on to the next
+	// rule. Accept allows such a request (NetworkPolicy and Baseline are
+	// skipped), Deny and Reject answer it 403, Pass sends it on, Log
+	// records it. Needs protocols naming single TCP port numbers.
+	//
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	HTTP []HTTPRule `json:"http,omitempty"`
 }
 
-// EgressRule is ClusterNetworkPolicyEgressRule with Weir's actions.
+// EgressRule is ClusterNetworkPolicyEgressRule with Weir's actions, and
+// HTTP rules.
 //
 // Only pods have named ports, so a rule with a named port may name only
 // pods and namespaces peers (each peer sets exactly one field).
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.protocols) || !self.protocols.exists(p, has(p.destinationNamedPort)) || self.to.all(peer, has(peer.pods) || has(peer.namespaces))",message="destinationNamedPort needs pods or namespaces peers: networks, nodes and domainNames have no named ports"
+// +kubebuilder:validation:XValidation:rule="!has(self.http) || (has(self.protocols) && self.protocols.all(p, has(p.tcp) && has(p.tcp.destinationPort) && has(p.tcp.destinationPort.number)))",message="http rules need protocols naming single TCP port numbers"
 type EgressRule struct {
 	// Name identifies the rule in flows and status.
 	//
@@ -120,6 +138,19 @@ type EgressRule struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=25
 	Protocols []npav1alpha2.ClusterNetworkPolicyProtocol `json:"protocols,omitempty"`
+
+	// HTTP rules make the rule conditional: on its TCP ports it matches
+	// only the requests one of them matches, in its place in the
+	// precedence order, and every other request goes on to the next
+	// rule. Accept allows such a request (NetworkPolicy and Baseline are
+	// skipped), Deny and Reject answer it 403, Pass sends it on, Log
+	// records it. Needs protocols naming single TCP port numbers.
+	//
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	HTTP []HTTPRule `json:"http,omitempty"`
 }
 
 // RuleAction is the upstream rule action plus Reject and Log. The values

@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
+
+	"github.com/weirnet/weir/internal/datapath"
+	"github.com/weirnet/weir/internal/l7"
+	"github.com/weirnet/weir/internal/policy"
+)
+
+// tieredPolicy is a cluster with one local pod, x/web at 127.0.0.1, and
+// a WeirClusterNetworkPolicy whose Admin rules on port, from every pod,
+// are in order: Deny of PUT requests, Accept of GET /healthz..., Deny of
+// everything else (no HTTP rules).
+func tieredPolicy(t *testing.T, port uint16) *policy.Result {
+	t.Helper()
+	ns := policy.Namespace{Name: "x"}
+	web := policy.Pod{Namespace: "x", Name: "web", Labels: map[string]string{"app": "web"},
+		IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, Local: true}
+	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "health-only", HTTP: &policy.ClusterHTTP{}}
+	p.Spec.Tier, p.Spec.Priority = npav1alpha2.AdminTier, 10
+	p.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}
+	for _, r := range []struct {
+		action string
+		http   []l7.Rule
+	}{
+		{"Deny", []l7.Rule{{Method: "PUT"}}},
+		{"Accept", []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/healthz"}}}},
+		{"Deny", nil},
+	} {
+		p.Spec.Ingress = append(p.Spec.Ingress, npav1alpha2.ClusterNetworkPolicyIngressRule{
+			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(r.action),
+			From:   []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
+				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}},
+		})
+		p.HTTP.Ingress = append(p.HTTP.Ingress, r.http)
+	}
+	s := &policy.Snapshot{
+		Namespaces:      map[string]policy.Namespace{"x": ns},
+		Pods:            []policy.Pod{web},
+		ClusterPolicies: []*policy.ClusterPolicy{p},
+		Identities:      map[string]policy.Identity{policy.IdentityLabels(ns, web.Labels).Key(): policy.MinClusterIdentity},
+	}
+	res := policy.NewCompiler().Compile(s)
+	if len(res.Errors) > 0 {
+		t.Fatal(res.Errors)
+	}
+	return res
+}
+
+// TestTieredConnections: a connection whose flow names a set with
+// conditional cluster rules (datapath.L7SetTiered) is handed over at its
+// first head, and every request is judged against the whole policy in
+// precedence order (TierJudge), on one keep-alive connection with real
+// sockets: a conditional Deny comes first for PUT, a conditional Accept
+// for GET /healthz, and the rule without HTTP rules after them denies
+// the rest; each denial is a 403 and the connection goes on. The records
+// name the deciding cluster rule and its HTTP rule.
+func TestTieredConnections(t *testing.T) {
+	var res *policy.Result
+	srv, s, records, _ := handedSetupWith(t, handedOpts{
+		rules: handedRules, slots: 4, port: datapath.L7SetTiered | 1,
+		judge: func(sets *SetJudge, port uint16) Judge {
+			res = tieredPolicy(t, port)
+			return &TierJudge{Sets: sets, Policy: func(server netip.Addr) (*policy.Result, string, bool) {
+				return res, "x/web", server == netip.MustParseAddr("127.0.0.1")
+			}}
+		},
+	})
+	c := dial(t, srv.addr)
+	got := converse(t, c,
+		"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n",
+		"PUT /healthz HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nok",
+		"GET /other HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /healthz/ready HTTP/1.1\r\nHost: h\r\n\r\n")
+	want := []string{"GET /healthz", "HTTP/1.1 403 Forbidden", "HTTP/1.1 403 Forbidden", "GET /healthz/ready"}
+	for i, w := range want {
+		if !strings.Contains(got[i], w) {
+			t.Fatalf("step %d: got %q, want %q", i, got[i], w)
+		}
+	}
+	if list := srv.served(); list != "GET /healthz\nGET /healthz/ready" {
+		t.Fatalf("served:\n%s\nwant only the two GETs of /healthz", list)
+	}
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Handed != 1 {
+		t.Fatalf("counters %+v: want the one connection handed", st)
+	}
+	// Each request's record names what decided it in the precedence
+	// order: the Accept's and the first Deny's HTTP rules, the last
+	// Deny without HTTP rules.
+	wantBy := map[string]struct {
+		allowed bool
+		rule    int // index of the cluster rule in the policy
+		http    bool
+	}{
+		"GET /healthz": {true, 1, true}, "PUT /healthz": {false, 0, true},
+		"GET /other": {false, 2, false}, "GET /healthz/ready": {true, 1, true},
+	}
+	if len(*records) != len(wantBy) {
+		t.Fatalf("%d records, want %d", len(*records), len(wantBy))
+	}
+	for _, r := range *records {
+		key := r.Request.Method + " " + r.Request.Path
+		w, d := wantBy[key], r.Decision.Policy
+		if d == nil || d.Allowed != w.allowed || !d.Restricted || d.Request.Stage != policy.StageAdmin {
+			t.Fatalf("%s: decision %+v, want allowed=%v at the Admin tier", key, d, w.allowed)
+		}
+		by := d.Request.Rule
+		if w.http {
+			by = d.Rule.Rule
+		}
+		if ref := res.Rules[by]; ref.Name != "health-only" || ref.Index != w.rule || (d.Rule != policy.HTTPRuleRef{}) != w.http {
+			t.Fatalf("%s: decided by %+v (HTTP rule %+v), want rule %d of health-only (with HTTP rules: %v)", key, ref, d.Rule, w.rule, w.http)
+		}
+		if r.Sets[0]&datapath.L7SetTiered == 0 {
+			t.Fatalf("%s: judged against sets %v, want the tiered set", key, r.Sets)
+		}
+	}
+}
+
+// TestTierJudge: without sockets, the judge reads a tiered connection's
+// requests against the policy and fails closed where it cannot: a server
+// that is no local endpoint, or no policy loaded yet. Other connections
+// are the sets' to judge.
+func TestTierJudge(t *testing.T) {
+	res := tieredPolicy(t, 8080)
+	local := netip.MustParseAddr("127.0.0.1")
+	j := &TierJudge{Sets: NewSetJudge(func(uint32) *l7.Matcher { return nil }),
+		Policy: func(server netip.Addr) (*policy.Result, string, bool) { return res, "x/web", server == local }}
+	req := func(line string) *l7.Request {
+		reqs, err := l7.NewParser(l7.Limits{}).Feed([]byte(line + " HTTP/1.1\r\nHost: h\r\n\r\n"))
+		if err != nil || len(reqs) != 1 {
+			t.Fatalf("%q: %v", line, err)
+		}
+		return reqs[0]
+	}
+	tiered := Conn{Server: netip.AddrPortFrom(local, 8080), Client: netip.AddrPortFrom(local, 40000), Sets: [3]uint32{datapath.L7SetTiered | 4}}
+	for _, tc := range []struct {
+		c    Conn
+		line string
+		want Verdict
+	}{
+		{tiered, "GET /healthz", Allow},
+		{tiered, "PUT /healthz", Deny},
+		{tiered, "GET /", Deny},
+		{Conn{Server: netip.MustParseAddrPort("10.0.0.1:8080"), Client: tiered.Client, Sets: tiered.Sets}, "GET /healthz", Deny},
+		{Conn{Server: tiered.Server, Client: tiered.Client, Sets: [3]uint32{4}}, "GET /healthz", Deny}, // the sets' judge: no matcher
+		{Conn{Server: tiered.Server, Client: tiered.Client}, "PUT /", Allow},                           // no sets: unrestricted
+	} {
+		if got := j.Judge(tc.c, req(tc.line)); got.Verdict != tc.want || (datapath.TieredSets(tc.c.Sets) && tc.c.Server == tiered.Server) != (got.Policy != nil) {
+			t.Errorf("%v %s: %+v, want %v", tc.c, tc.line, got, tc.want)
+		}
+	}
+	none := &TierJudge{Sets: j.Sets, Policy: func(netip.Addr) (*policy.Result, string, bool) { return nil, "", false }}
+	if got := none.Judge(tiered, req("GET /healthz")); got.Verdict != Deny {
+		t.Errorf("no policy loaded: %+v, want denied", got)
+	}
+}
