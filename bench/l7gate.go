@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,11 +18,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	npav1alpha2 "sigs.k8s.io/network-policy-api/apis/v1alpha2"
 
 	"github.com/weirnet/weir/internal/agent"
 	"github.com/weirnet/weir/internal/datapath"
 	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/lab"
+	"github.com/weirnet/weir/internal/policy"
 	"github.com/weirnet/weir/internal/proxy"
 )
 
@@ -53,7 +57,12 @@ const (
 	// leaves to user space: every connection is handed to the proxy
 	// (internal/proxy) at its first request, which judges all of its
 	// requests from then on.
-	l7GateUser     = "user-space HTTP, 1 header regex rule"
+	l7GateUser = "user-space HTTP, 1 header regex rule"
+	// One cluster-tier rule with an HTTP rule (a conditional Accept of
+	// GET / before a Deny of all): its flows are handed to the proxy at
+	// their first request, which judges every request against the
+	// policy, walking the precedence order (proxy.TierJudge).
+	l7GateTiers    = "user-space HTTP, cluster-tier rule"
 	l7GateConns    = 100
 	l7GatePortOff  = 8080
 	l7GatePortStr  = 8081
@@ -64,6 +73,7 @@ const (
 	l7GatePortH1N  = 8086
 	l7GatePortUser = 8087
 	l7GatePortRe   = 8088
+	l7GatePortTier = 8089
 	// l7GateSlots are the proxy's hand-off slots: one per connection.
 	l7GateSlots = 2 * l7GateConns
 )
@@ -83,7 +93,7 @@ const l7WantRateP99 = 2.0
 var l7GateRateSetups = []string{l7GatePlain, l7GateHTTP1, l7GateHTTP40, l7GateUser}
 
 // l7GateSetups are the setups in report order.
-var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateHTTPRegex, l7GateUser, l7GatePlainNew, l7GateHTTP1New}
+var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateHTTPRegex, l7GateUser, l7GateTiers, l7GatePlainNew, l7GateHTTP1New}
 
 // l7GateBaseline is the setup a setup's ratio is taken to: the plain
 // port with the same requests.
@@ -146,9 +156,12 @@ type l7GateSetup struct {
 	rules    int             // L7HTTP: the set's rule count
 	newPaths bool            // every request to its own path (l7GateNewPaths)
 	// L7HTTP: set, when not nil, makes the rules in place of
-	// l7GateRules; handed says they are judged in user space.
+	// l7GateRules; handed says they are judged in user space; tiers
+	// that the port's set is a cluster tier's (l7GateTierPolicy),
+	// marked datapath.L7SetTiered and never written to the kernel.
 	set    func() []l7.Rule
 	handed bool
+	tiers  bool
 }
 
 // l7GatePathRegexRules is one rule wrk's GET / meets only by its path's
@@ -189,6 +202,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		{name: l7GateHTTP40, port: l7GatePortH40, mode: datapath.L7HTTP, rules: 40},
 		{name: l7GateHTTPRegex, port: l7GatePortRe, mode: datapath.L7HTTP, rules: 1, set: l7GatePathRegexRules},
 		{name: l7GateUser, port: l7GatePortUser, mode: datapath.L7HTTP, rules: 1, set: l7GateHeaderRegexRules, handed: true},
+		{name: l7GateTiers, port: l7GatePortTier, mode: datapath.L7HTTP, rules: 1, handed: true, tiers: true},
 		{name: l7GatePlainNew, port: l7GatePortOffN, newPaths: true}, {name: l7GateHTTP1New, port: l7GatePortH1N, mode: datapath.L7HTTP, rules: 1, newPaths: true}}
 	script, err := os.CreateTemp("", "weir-l7gate-*.lua")
 	if err != nil {
@@ -204,7 +218,11 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, records.close()) }()
-	handed, err := startL7GateProxy(socks)
+	tierPolicy, err := l7GateTierPolicy(pair.AddrA, pair.AddrB, l7GatePortTier)
+	if err != nil {
+		return err
+	}
+	handed, err := startL7GateProxy(socks, tierPolicy, pair.AddrB)
 	if err != nil {
 		return err
 	}
@@ -216,6 +234,12 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		case 0:
 			continue
 		case datapath.L7HTTP:
+			if s.tiers {
+				if err := socks.EnforceHTTP(uint16(s.port), datapath.L7SetTiered|uint32(i)); err != nil {
+					return err
+				}
+				continue
+			}
 			rules := l7GateRules(s.rules)
 			if s.set != nil {
 				rules = s.set()
@@ -399,9 +423,15 @@ type l7GateProxy struct {
 	allowed  atomic.Uint64
 }
 
-func startL7GateProxy(socks *datapath.L7Sockets) (*l7GateProxy, error) {
+// startL7GateProxy starts the proxy; it judges the tiered port's
+// connections to server against tiers (l7GateTierPolicy), as a node's
+// agent does against the policy it loaded.
+func startL7GateProxy(socks *datapath.L7Sockets, tiers *policy.Result, server netip.Addr) (*l7GateProxy, error) {
 	h := &l7GateProxy{opener: socks.Proxy()}
-	h.px = proxy.New(proxy.NewSetJudge(h.matchers.Get), h.opener, func(r proxy.Record) {
+	judge := &proxy.TierJudge{Sets: proxy.NewSetJudge(h.matchers.Get), Policy: func(a netip.Addr) (*policy.Result, string, bool) {
+		return tiers, l7GateTierPod, a == server
+	}}
+	h.px = proxy.New(judge, h.opener, func(r proxy.Record) {
 		if r.Decision.Verdict == proxy.Allow {
 			h.allowed.Add(1)
 		}
@@ -413,6 +443,47 @@ func startL7GateProxy(socks *datapath.L7Sockets) (*l7GateProxy, error) {
 }
 
 func (h *l7GateProxy) close() error { return errors.Join(h.px.Close(), h.opener.Close()) }
+
+// l7GateTierPod is the server's pod in l7GateTierPolicy.
+const l7GateTierPod = "bench/server"
+
+// l7GateTierPolicy is the tiered setup's policy: the server's pod
+// (bench/server at server) and the client's (bench/client at client),
+// and a WeirClusterNetworkPolicy whose Admin rules on port are a
+// conditional Accept of GET / (PathPrefix: every path) and, after it, a
+// Deny of all: one HTTP rule, as the other one-rule setups have.
+func l7GateTierPolicy(client, server netip.Addr, port int) (*policy.Result, error) {
+	ns := policy.Namespace{Name: "bench"}
+	pods := []policy.Pod{
+		{Namespace: "bench", Name: "server", Labels: map[string]string{"app": "server"}, IPs: []netip.Addr{server}, Local: true},
+		{Namespace: "bench", Name: "client", Labels: map[string]string{"app": "client"}, IPs: []netip.Addr{client}},
+	}
+	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "bench-tiers", HTTP: &policy.ClusterHTTP{}}
+	p.Spec.Tier, p.Spec.Priority = npav1alpha2.AdminTier, 10
+	p.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}}
+	for _, r := range []struct {
+		action string
+		http   []l7.Rule
+	}{{"Accept", []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/"}}}}, {"Deny", nil}} {
+		p.Spec.Ingress = append(p.Spec.Ingress, npav1alpha2.ClusterNetworkPolicyIngressRule{
+			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(r.action),
+			From:   []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
+				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}},
+		})
+		p.HTTP.Ingress = append(p.HTTP.Ingress, r.http)
+	}
+	s := &policy.Snapshot{Namespaces: map[string]policy.Namespace{"bench": ns}, Pods: pods,
+		ClusterPolicies: []*policy.ClusterPolicy{p}, Identities: map[string]policy.Identity{}}
+	for i, pod := range pods {
+		s.Identities[policy.IdentityLabels(ns, pod.Labels).Key()] = policy.MinClusterIdentity + policy.Identity(i)
+	}
+	res := policy.NewCompiler().Compile(s)
+	if len(res.Errors) > 0 {
+		return nil, fmt.Errorf("the tiered setup's policy: %w", errors.Join(res.Errors...))
+	}
+	return res, nil
+}
 
 // requestRecords drains the path's request records through the agent's
 // record path (agent.RequestRecorder) into a flow store of its own, as
@@ -621,7 +692,7 @@ func (r *result) judgeL7Gate() {
 		setup string
 		want  float64
 	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules},
-		{l7GateHTTPRegex, l7WantOneRule}, {l7GateUser, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule}} {
+		{l7GateHTTPRegex, l7WantOneRule}, {l7GateUser, l7WantOneRule}, {l7GateTiers, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule}} {
 		if math.IsNaN(r.median(t.setup, l7GatePath, "rps")) {
 			continue // a result from before the setup existed
 		}
@@ -658,7 +729,8 @@ func (r *result) l7GateMarkdown() string {
 		"both verdicts passing everything, and two its HTTP hash, whose verdict reads every request in the kernel and judges it against a set of 1 or of 40 HTTP rules "+
 		"(wrk's GET / matches the last; every request judged and allowed is checked), one whose single rule's path is a regular expression, judged in the kernel by the set's automaton, "+
 		"and one whose single rule has a Host header's regular expression, which the kernel leaves to user space: "+
-		"each connection is handed to the proxy (internal/proxy, in the bench process, one slot per connection) at its first request, and the proxy judges and forwards every request after (each allowed request counted). "+
+		"each connection is handed to the proxy (internal/proxy, in the bench process, one slot per connection) at its first request, and the proxy judges and forwards every request after (each allowed request counted); "+
+		"and one whose rule is a WeirClusterNetworkPolicy's (an Admin Accept of GET / with an HTTP rule, before a Deny of all), whose flows the kernel hands to the proxy at their first request, which judges every request against the compiled policy, walking the precedence order. "+
 		"The two new-paths setups send every request to a path of its own (wrk's Lua script GET /item/<n>), so on the HTTP port each request is a record of its own, "+
 		"drained as it comes through the agent's record path (explained and counted into a flow store) by the bench process; on the others, the repeated GET / is one record a second per connection. "+
 		"%d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy with the same requests).\n\n",
