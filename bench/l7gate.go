@@ -458,21 +458,17 @@ func l7GateTierPolicy(client, server netip.Addr, port int) (*policy.Result, erro
 		{Namespace: "bench", Name: "server", Labels: map[string]string{"app": "server"}, IPs: []netip.Addr{server}, Local: true},
 		{Namespace: "bench", Name: "client", Labels: map[string]string{"app": "client"}, IPs: []netip.Addr{client}},
 	}
-	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "bench-tiers", HTTP: &policy.ClusterHTTP{}}
+	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "bench-tiers"}
 	p.Spec.Tier, p.Spec.Priority = npav1alpha2.AdminTier, 10
 	p.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}}
-	for _, r := range []struct {
-		action string
-		http   []l7.Rule
-	}{{"Accept", []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/"}}}}, {"Deny", nil}} {
-		p.Spec.Ingress = append(p.Spec.Ingress, npav1alpha2.ClusterNetworkPolicyIngressRule{
-			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(r.action),
-			From:   []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+	rule := func(action string) npav1alpha2.ClusterNetworkPolicyIngressRule {
+		return npav1alpha2.ClusterNetworkPolicyIngressRule{Action: npav1alpha2.ClusterNetworkPolicyRuleAction(action),
+			From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
 			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
-				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}},
-		})
-		p.HTTP.Ingress = append(p.HTTP.Ingress, r.http)
+				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}}}
 	}
+	p.AddIngress(rule("Accept"), []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/"}}})
+	p.AddIngress(rule("Deny"), nil)
 	s := &policy.Snapshot{Namespaces: map[string]policy.Namespace{"bench": ns}, Pods: pods,
 		ClusterPolicies: []*policy.ClusterPolicy{p}, Identities: map[string]policy.Identity{}}
 	for i, pod := range pods {

@@ -183,14 +183,7 @@ func TestTraceHTTPExplainsEgressRules(t *testing.T) {
 // match goes on to the WeirNetworkPolicy; and the trace says such
 // connections' requests are judged in user space, walking the tiers.
 func TestTraceHTTPExplainsClusterRules(t *testing.T) {
-	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
-		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
-	cnp.Spec.Tier, cnp.Spec.Priority = npav1alpha2.AdminTier, 5
-	cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
-	cnp.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "no-put", Action: "Deny",
-		From:      []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
-		Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 80}}}}}}
-	res := deathstarPolicy(t, cnp)
+	res := deathstarPolicy(t, noPutPolicy())
 	trace := func(method, path string) *api.TraceHTTP {
 		t.Helper()
 		h, err := traceHTTP(res, "empire/deathstar-0", policy.Ingress, traceFighter, 80, &api.TraceRequest{Method: method, Path: path})
@@ -223,14 +216,7 @@ func TestTraceHTTPExplainsClusterRules(t *testing.T) {
 // 403; a request that rule does not match, allowed further on by the
 // WeirNetworkPolicy's HTTP rule.
 func TestTierRecordsNameTheRule(t *testing.T) {
-	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
-		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
-	cnp.Spec.Tier, cnp.Spec.Priority = npav1alpha2.AdminTier, 5
-	cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
-	cnp.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "no-put", Action: "Deny",
-		From:      []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
-		Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 80}}}}}}
-	res := deathstarPolicy(t, cnp)
+	res := deathstarPolicy(t, noPutPolicy())
 	server := netip.MustParseAddr("10.244.1.7")
 	names := &flowNames{byIP: map[netip.Addr]string{server: "empire/deathstar-0", traceFighter: "empire/tiefighter"},
 		rules: res.Rules, httpSets: res.HTTPSets, httpRules: res.HTTPRules, policy: res}
@@ -264,4 +250,17 @@ func TestTierRecordsNameTheRule(t *testing.T) {
 		f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Method != "POST" {
 		t.Fatalf("POST: %+v %+v", f, f.Decider)
 	}
+}
+
+// noPutPolicy is an Admin rule, from every namespace on TCP port 80,
+// that denies PUT requests (a conditional Deny) and nothing else.
+func noPutPolicy() *policy.ClusterPolicy {
+	cnp := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "no-put",
+		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}}}
+	cnp.Spec.Tier, cnp.Spec.Priority = npav1alpha2.AdminTier, 5
+	cnp.Spec.Subject.Namespaces = &metav1.LabelSelector{}
+	cnp.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "no-put", Action: "Deny",
+		From:      []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+		Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{DestinationPort: &npav1alpha2.Port{Number: 80}}}}}}
+	return cnp
 }

@@ -21,17 +21,14 @@ type tierRule struct {
 }
 
 func tierPolicy(name string, rules ...tierRule) *policy.ClusterPolicy {
-	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: name, HTTP: &policy.ClusterHTTP{}}
+	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: name}
 	p.Spec.Tier, p.Spec.Priority = npav1alpha2.AdminTier, 10
 	p.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "b"}}}
 	for _, r := range rules {
-		p.Spec.Ingress = append(p.Spec.Ingress, npav1alpha2.ClusterNetworkPolicyIngressRule{
-			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(r.action),
-			From:   []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+		p.AddIngress(npav1alpha2.ClusterNetworkPolicyIngressRule{Action: npav1alpha2.ClusterNetworkPolicyRuleAction(r.action),
+			From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
 			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
-				DestinationPort: &npav1alpha2.Port{Number: 80}}}},
-		})
-		p.HTTP.Ingress = append(p.HTTP.Ingress, r.http)
+				DestinationPort: &npav1alpha2.Port{Number: 80}}}}}, r.http)
 	}
 	return p
 }

@@ -129,5 +129,18 @@ func (h *ClusterHTTP) rules(d Direction, index int) []l7.Rule {
 	return byRule[index]
 }
 
+// AddIngress appends an ingress rule with its HTTP rules (none: an L4
+// rule), keeping Spec.Ingress and HTTP.Ingress in step.
+func (p *ClusterPolicy) AddIngress(r npav1alpha2.ClusterNetworkPolicyIngressRule, http []l7.Rule) {
+	if p.HTTP == nil {
+		p.HTTP = &ClusterHTTP{}
+	}
+	for len(p.HTTP.Ingress) < len(p.Spec.Ingress) {
+		p.HTTP.Ingress = append(p.HTTP.Ingress, nil)
+	}
+	p.Spec.Ingress = append(p.Spec.Ingress, r)
+	p.HTTP.Ingress = append(p.HTTP.Ingress, http)
+}
+
 // Ref is kind/name, as flows and status name the policy.
 func (p *ClusterPolicy) Ref() string { return p.Kind + "/" + p.Name }

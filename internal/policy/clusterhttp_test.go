@@ -243,3 +243,17 @@ func TestClusterHTTPRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestAddIngressKeepsRulesInStep: HTTP rules stay at their rule's index,
+// also after rules set on Spec directly.
+func TestAddIngressKeepsRulesInStep(t *testing.T) {
+	p := &ClusterPolicy{Kind: KindWeirClusterNetworkPolicy, Name: "p"}
+	p.Spec.Ingress = []npav1alpha2.ClusterNetworkPolicyIngressRule{{Name: "l4", Action: "Deny"}}
+	put := []l7.Rule{{Method: "PUT"}}
+	p.AddIngress(npav1alpha2.ClusterNetworkPolicyIngressRule{Name: "put", Action: "Deny"}, put)
+	p.AddIngress(npav1alpha2.ClusterNetworkPolicyIngressRule{Name: "rest", Action: "Accept"}, nil)
+	if len(p.Spec.Ingress) != 3 || len(p.HTTP.Ingress) != 3 || p.HTTP.Ingress[0] != nil || p.HTTP.Ingress[2] != nil ||
+		p.HTTP.rules(Ingress, 1)[0].Method != "PUT" || p.Spec.Ingress[1].Name != "put" {
+		t.Fatalf("rules %+v, HTTP %+v", p.Spec.Ingress, p.HTTP.Ingress)
+	}
+}

@@ -22,25 +22,18 @@ func tieredPolicy(t *testing.T, port uint16) *policy.Result {
 	ns := policy.Namespace{Name: "x"}
 	web := policy.Pod{Namespace: "x", Name: "web", Labels: map[string]string{"app": "web"},
 		IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, Local: true}
-	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "health-only", HTTP: &policy.ClusterHTTP{}}
+	p := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "health-only"}
 	p.Spec.Tier, p.Spec.Priority = npav1alpha2.AdminTier, 10
 	p.Spec.Subject.Pods = &npav1alpha2.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}
-	for _, r := range []struct {
-		action string
-		http   []l7.Rule
-	}{
-		{"Deny", []l7.Rule{{Method: "PUT"}}},
-		{"Accept", []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/healthz"}}}},
-		{"Deny", nil},
-	} {
-		p.Spec.Ingress = append(p.Spec.Ingress, npav1alpha2.ClusterNetworkPolicyIngressRule{
-			Action: npav1alpha2.ClusterNetworkPolicyRuleAction(r.action),
-			From:   []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
+	rule := func(action string) npav1alpha2.ClusterNetworkPolicyIngressRule {
+		return npav1alpha2.ClusterNetworkPolicyIngressRule{Action: npav1alpha2.ClusterNetworkPolicyRuleAction(action),
+			From: []npav1alpha2.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{}}},
 			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
-				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}},
-		})
-		p.HTTP.Ingress = append(p.HTTP.Ingress, r.http)
+				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}}}
 	}
+	p.AddIngress(rule("Deny"), []l7.Rule{{Method: "PUT"}})
+	p.AddIngress(rule("Accept"), []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/healthz"}}})
+	p.AddIngress(rule("Deny"), nil)
 	s := &policy.Snapshot{
 		Namespaces:      map[string]policy.Namespace{"x": ns},
 		Pods:            []policy.Pod{web},

@@ -457,14 +457,7 @@ func TestKubernetes(t *testing.T) {
 		// Every request is on record at the server's node, naming the
 		// rule that allowed it or the policy whose rules it failed.
 		waitFor(t, 5*time.Second, func() error {
-			var sock string
-			for _, n := range st.Nodes {
-				if n.Name == server.Spec.NodeName {
-					sock = n.Socket
-				}
-			}
-			seen := map[string]bool{}
-			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "default/" + server.Name, HTTP: true}}, func(f api.Flow) error {
+			seen, err := httpRecords(ctx, st, server.Spec.NodeName, "default/"+server.Name, func(f api.Flow, seen map[string]bool) {
 				switch {
 				case f.Verdict == "allowed" && f.HTTP.Method == "GET" && f.HTTP.Target == "/hostname" &&
 					strings.Contains(f.Rule, "weirnetworkpolicy default/web-http ingress[0] ports[0].http[0] (GET Exact /hostname)"):
@@ -491,7 +484,6 @@ func TestKubernetes(t *testing.T) {
 				if f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.HasSuffix(f.Rule, "(judged in user space)") {
 					seen["user space"] = true
 				}
-				return nil
 			})
 			if err != nil {
 				return err
@@ -549,16 +541,9 @@ func TestKubernetes(t *testing.T) {
 		}
 		// The records are at the client's node, as its egress verdicts.
 		waitFor(t, 5*time.Second, func() error {
-			var sock string
-			for _, n := range st.Nodes {
-				if n.Name == client.Spec.NodeName {
-					sock = n.Socket
-				}
-			}
-			seen := map[string]bool{}
-			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "default/" + client.Name, HTTP: true}}, func(f api.Flow) error {
+			seen, err := httpRecords(ctx, st, client.Spec.NodeName, "default/"+client.Name, func(f api.Flow, seen map[string]bool) {
 				if f.Direction != "egress" {
-					return nil
+					return
 				}
 				switch {
 				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" &&
@@ -572,7 +557,6 @@ func TestKubernetes(t *testing.T) {
 				if f.Verdict == "allowed" && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 {
 					seen["answer"] = true
 				}
-				return nil
 			})
 			if err != nil {
 				return err
@@ -627,16 +611,9 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 		waitFor(t, 5*time.Second, func() error {
-			var sock string
-			for _, n := range st.Nodes {
-				if n.Name == server.Spec.NodeName {
-					sock = n.Socket
-				}
-			}
-			seen := map[string]bool{}
-			err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: "default/" + server.Name, HTTP: true}}, func(f api.Flow) error {
+			seen, err := httpRecords(ctx, st, server.Spec.NodeName, "default/"+server.Name, func(f api.Flow, seen map[string]bool) {
 				if f.Decider == nil || f.Decider.Name != "web-http-tiers" || !strings.HasSuffix(f.Rule, "(judged in user space)") {
-					return nil
+					return
 				}
 				switch {
 				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.Contains(f.Rule, `"hostname" Accept http[0] (GET Exact /hostname)`):
@@ -646,7 +623,6 @@ func TestKubernetes(t *testing.T) {
 				case f.Verdict == "denied" && f.HTTP.Target == "/echo?msg=hi" && strings.Contains(f.Rule, `"rest" Deny, a rule without HTTP rules`):
 					seen["denied by the rule after"] = true
 				}
-				return nil
 			})
 			if err != nil {
 				return err
@@ -1418,4 +1394,21 @@ func checkConformance(t *testing.T, res conformance.Result, err error, logPath s
 	if len(res.Failed) > 0 {
 		dumpFile(t, logPath, 200)
 	}
+}
+
+// httpRecords reads the HTTP request records of pod at node's agent and
+// lets see mark in a set what it recognises of each.
+func httpRecords(ctx context.Context, st *lab.State, node, pod string, see func(f api.Flow, seen map[string]bool)) (map[string]bool, error) {
+	var sock string
+	for _, n := range st.Nodes {
+		if n.Name == node {
+			sock = n.Socket
+		}
+	}
+	seen := map[string]bool{}
+	err := api.NewClient(sock).Flows(ctx, api.FlowsQuery{FlowFilter: api.FlowFilter{Pod: pod, HTTP: true}}, func(f api.Flow) error {
+		see(f, seen)
+		return nil
+	})
+	return seen, err
 }
