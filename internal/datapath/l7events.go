@@ -262,6 +262,8 @@ func (e L7Event) Reason() string {
 		return e.ProxyReason
 	case e.Upgrade:
 		return "an allowed request to upgrade the connection (after a 101 the bytes are no longer HTTP; only the server's answer tells)"
+	case e.UserRules && TieredSets(e.Sets):
+		return "cluster rules with HTTP rules decide it in the precedence order, which the kernel does not walk"
 	case e.UserRules:
 		return "only rules with conditions the kernel does not judge (regular expressions) may match it"
 	case e.Verdict == L7Split:

@@ -66,3 +66,16 @@ func TestDecodeL7EventMatchesLayout(t *testing.T) {
 		t.Fatal("a record claiming more text than it holds decoded")
 	}
 }
+
+// TestTieredHandOffReason: a flow handed over because its sets are a
+// cluster tier's says so, not that regular expressions may match.
+func TestTieredHandOffReason(t *testing.T) {
+	ev := L7Event{Verdict: L7Punted, UserRules: true, Handed: true, Sets: [3]uint32{0, L7SetTiered | 7}}
+	if got := ev.Reason(); got != "cluster rules with HTTP rules decide it in the precedence order, which the kernel does not walk" {
+		t.Fatalf("tiered hand-off: %q", got)
+	}
+	ev.Sets = [3]uint32{7}
+	if got := ev.Reason(); got != "only rules with conditions the kernel does not judge (regular expressions) may match it" {
+		t.Fatalf("hand-off for a regular expression: %q", got)
+	}
+}
