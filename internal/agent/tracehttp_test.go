@@ -216,7 +216,13 @@ func TestTraceHTTPExplainsClusterRules(t *testing.T) {
 // 403; a request that rule does not match, allowed further on by the
 // WeirNetworkPolicy's HTTP rule.
 func TestTierRecordsNameTheRule(t *testing.T) {
-	res := deathstarPolicy(t, noPutPolicy())
+	cnp := noPutPolicy()
+	// A Log of POST requests before the Deny: recorded, and they go on.
+	logPost := cnp.Spec.Ingress[0]
+	logPost.Name, logPost.Action = "log-post", "Log"
+	cnp.Spec.Ingress = append([]npav1alpha2.ClusterNetworkPolicyIngressRule{logPost}, cnp.Spec.Ingress...)
+	cnp.HTTP.Ingress = append([][]l7.Rule{{{Method: "POST"}}}, cnp.HTTP.Ingress...)
+	res := deathstarPolicy(t, cnp)
 	server := netip.MustParseAddr("10.244.1.7")
 	names := &flowNames{byIP: map[netip.Addr]string{server: "empire/deathstar-0", traceFighter: "empire/tiefighter"},
 		rules: res.Rules, httpSets: res.HTTPSets, httpRules: res.HTTPRules, policy: res}
@@ -240,15 +246,16 @@ func TestTierRecordsNameTheRule(t *testing.T) {
 		return h.explain(names, ev)
 	}
 	f := record("PUT /v1/exhaust-port HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n")
-	want := `denied by weirclusternetworkpolicy no-put (Admin tier, priority 5) ingress[0] "no-put" Deny http[0] (PUT) (judged in user space)`
+	want := `denied by weirclusternetworkpolicy no-put (Admin tier, priority 5) ingress[1] "no-put" Deny http[0] (PUT) (judged in user space)`
 	if f.Verdict != "denied" || f.Rule != want || f.Stage != StageHTTP || f.HTTP.Status != 403 ||
 		f.Decider == nil || f.Decider.Name != "no-put" || f.Decider.Tier != "Admin" || f.HTTP.Rule == nil || f.HTTP.Rule.Match != "PUT" {
 		t.Fatalf("PUT: %+v %+v %+v, want %s", f, f.Decider, f.HTTP, want)
 	}
 	f = record("POST /v1/request-landing HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n")
 	if f.Verdict != "allowed" || !strings.Contains(f.Rule, "allowed by weirnetworkpolicy empire/deathstar ingress[0] ports[0].http[0]") ||
-		f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Method != "POST" {
-		t.Fatalf("POST: %+v %+v", f, f.Decider)
+		f.Decider == nil || f.Decider.Name != "deathstar" || f.HTTP.Method != "POST" ||
+		f.LoggedBy == nil || f.LoggedBy.Name != "no-put" || f.LoggedBy.RuleName != "log-post" || f.LoggedBy.Action != "Log" {
+		t.Fatalf("POST: %+v, decided by %+v, logged by %+v", f, f.Decider, f.LoggedBy)
 	}
 }
 
