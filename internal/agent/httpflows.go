@@ -245,16 +245,23 @@ func (h *httpFlows) explainTiers(names *flowNames, ev datapath.L7Event, f *api.F
 		what = requestRule(res, *d)
 	case !d.Restricted && d.Conn.Allowed():
 		what = "no HTTP rule restricts this connection any more"
-	case !d.Conn.Allowed():
-		what = "the connection is no longer allowed (" + ruleName(names, d.Conn.Rule) + ")"
+	case d.Conn.Rule != 0:
+		what = ruleName(names, d.Conn.Rule) + ": the connection is no longer allowed"
+	default:
+		what = "the connection is no longer allowed (" + d.Conn.Stage.String() + ")"
+	}
+	// "by" a rule that decided; otherwise what decided, in words.
+	sep := ": "
+	if by != 0 && (d.Restricted || !d.Conn.Allowed()) {
+		sep = " by "
 	}
 	if d.Allowed {
 		f.Verdict = "allowed"
-		f.Rule = "allowed by " + what
+		f.Rule = "allowed" + sep + what
 		return
 	}
 	f.Verdict = "denied"
-	f.Rule = "denied by " + what
+	f.Rule = "denied" + sep + what
 	switch {
 	case ev.Answered:
 		req.Status = 403

@@ -257,6 +257,12 @@ func TestTierRecordsNameTheRule(t *testing.T) {
 		f.LoggedBy == nil || f.LoggedBy.Name != "no-put" || f.LoggedBy.RuleName != "log-post" || f.LoggedBy.Action != "Log" {
 		t.Fatalf("POST: %+v, decided by %+v, logged by %+v", f, f.Decider, f.LoggedBy)
 	}
+	// Neither cluster rule matches, nor the WeirNetworkPolicy's: denied
+	// where NetworkPolicy denies by default, in words.
+	f = record("GET /v1/exhaust-port HTTP/1.1\r\nHost: d\r\n\r\n")
+	if f.Verdict != "denied" || f.Rule != "denied: no HTTP rule of the connection matches (judged in user space)" || f.Decider != nil {
+		t.Fatalf("GET: %+v, decided by %+v", f, f.Decider)
+	}
 }
 
 // noPutPolicy is an Admin rule, from every namespace on TCP port 80,
