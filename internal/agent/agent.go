@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -430,7 +431,11 @@ func (a *Agent) policyStatusLocked() *api.PolicyStatus {
 		out.ClusterPolicies = map[string]int64{}
 		for ref, ack := range st.acks {
 			out.ClusterPolicies[ref] = ack.Generation
+			if ack.Warning != "" {
+				out.Warnings = append(out.Warnings, ref+": "+ack.Warning)
+			}
 		}
+		slices.Sort(out.Warnings)
 	}
 	for name, u := range a.metrics.maps.current(mapCountEvery) {
 		out.Maps[name] = api.MapFill{Entries: u.entries, Capacity: u.capacity}

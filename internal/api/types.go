@@ -246,6 +246,9 @@ type PolicyStatus struct {
 	// ClusterPolicies maps Kind/name (WeirNetworkPolicy/namespace/name for
 	// that namespaced kind) to the generation programmed here.
 	ClusterPolicies map[string]int64 `json:"clusterPolicies,omitempty"`
+	// Warnings are "Kind/name: warning" of the policies this node
+	// enforces otherwise than they read (k8s.PolicyAck.Warning).
+	Warnings []string `json:"warnings,omitempty"`
 	// Maps is the fill of the datapath's maps, by name.
 	Maps map[string]MapFill `json:"maps,omitempty"`
 }

@@ -133,9 +133,11 @@ func TestStatusPrintsPolicy(t *testing.T) {
 		Loaded: time.Unix(0, 0), Error: "write key: no space", Endpoints: 3, Rules: 7, Entries: 40,
 		CompileErrors:   []string{"WeirClusterNetworkPolicy/x: ingress[0]: bad"},
 		ClusterPolicies: map[string]int64{"ClusterNetworkPolicy/guard": 4, "WeirNetworkPolicy/empire/deathstar": 2},
+		Warnings:        []string{"WeirClusterNetworkPolicy/out: egress rules with HTTP rules are not judged"},
 		Maps:            map[string]api.MapFill{"conntrack": {Entries: 900, Capacity: 1000}},
 	}}, &b)
 	for _, want := range []string{"last load FAILED", "3 endpoints, 7 rules, 40 map entries", "policy error WeirClusterNetworkPolicy/x",
+		"policy warning WeirClusterNetworkPolicy/out: egress rules with HTTP rules are not judged",
 		"cluster policy ClusterNetworkPolicy/guard generation 4 programmed", "  policy WeirNetworkPolicy/empire/deathstar generation 2 programmed", "map conntrack        900/1000 (90.0%)"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, b.String())

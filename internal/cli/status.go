@@ -137,6 +137,9 @@ func printPolicyStatus(p *api.PolicyStatus, out io.Writer) {
 	for _, e := range p.CompileErrors {
 		fmt.Fprintf(out, "  policy error %s\n", e)
 	}
+	for _, w := range p.Warnings {
+		fmt.Fprintf(out, "  policy warning %s\n", w)
+	}
 	for _, ref := range slices.Sorted(maps.Keys(p.ClusterPolicies)) {
 		kind := "cluster policy"
 		if strings.HasPrefix(ref, "WeirNetworkPolicy/") {

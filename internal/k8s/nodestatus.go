@@ -35,10 +35,13 @@ type AgentState struct {
 
 // PolicyAck is one node's word on one cluster policy: the generation it
 // programmed, and why that generation did not compile, if it did not
-// (its subjects then fail closed).
+// (its subjects then fail closed). Warning is what the node enforces
+// otherwise than the policy reads (a rule it judges more strictly), for
+// an operator to see.
 type PolicyAck struct {
 	Generation int64  `json:"generation"`
 	Error      string `json:"error,omitempty"`
+	Warning    string `json:"warning,omitempty"`
 }
 
 // agentStateFrom reads a Node's AgentAnnotation; nil when it is absent

@@ -113,13 +113,17 @@ func PolicyStatusWriter(nodes []Node, now time.Time) string {
 // current agent, else ProgrammedOnReadyNodes naming the nodes that have
 // none. It is False, Invalid when one reports an error for it; False,
 // Pending otherwise, naming the nodes still behind. Accepted is
-// False, Invalid with the error, else True, Valid.
+// False, Invalid with the error, else True, Valid (its message adds the
+// first warning a node reports).
 func PolicyConditions(p ClusterPolicyObject, nodes []Node, now time.Time) ([]metav1.Condition, bool) {
 	v := tally(p, readyAgents(nodes, now))
 	v.silent = silentAgents(nodes, now)
 	accepted := metav1.Condition{Type: ConditionAccepted, Status: metav1.ConditionTrue, Reason: ReasonValid,
 		Message: "no node reports an error compiling this generation"}
 	programmed := metav1.Condition{Type: ConditionProgrammed}
+	if v.warn != "" {
+		accepted.Message += "; warning: " + v.warn
+	}
 	switch {
 	case v.err != "":
 		accepted.Status, accepted.Reason, accepted.Message = metav1.ConditionFalse, ReasonInvalid, v.err
@@ -155,6 +159,7 @@ type verdicts struct {
 	ready, programmed int
 	lagging           []string // "node (generation n)", by node name
 	err               string   // the first node's error for this generation
+	warn              string   // the first node's warning for it
 	silent            []string // "node (why)": nodes with no ready, current agent
 }
 
@@ -209,6 +214,9 @@ func tally(p ClusterPolicyObject, ready []Node) verdicts {
 			}
 		default:
 			v.programmed++
+			if v.warn == "" {
+				v.warn = ack.Warning
+			}
 		}
 	}
 	return v

@@ -56,6 +56,10 @@ func TestPolicyConditions(t *testing.T) {
 				"no-agent (no weir-agent report): their datapaths keep the policy they last loaded", ""},
 		{"no ready agent", []Node{stale, {Name: "no-agent"}},
 			metav1.ConditionFalse, metav1.ConditionTrue, ReasonPending, "no node has a ready weir-agent", ""},
+		{"a node's warning is in Accepted's message", []Node{agentNode("n1", ack(2, "")),
+			agentNode("n2", map[string]PolicyAck{"ClusterNetworkPolicy/p": {Generation: 2, Warning: "egress HTTP rules close connections"}})},
+			metav1.ConditionTrue, metav1.ConditionTrue, ReasonProgrammedOnAllNodes, "programmed on 2/2 nodes",
+			"no node reports an error compiling this generation; warning: egress HTTP rules close connections"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := ClusterPolicyObject{Kind: policy.KindClusterNetworkPolicy, Name: "p", Generation: 2}
