@@ -101,7 +101,9 @@ func (st *State) UpgradeWeir(ctx context.Context) error {
 // installs a chart's CRDs with the release only, never on upgrade, and an
 // agent's caches wait for every kind it watches: one added since the
 // release (WeirNetworkPolicy) must be applied for the new agents to follow
-// the cluster.
+// the cluster. Helm's install manages the fields of the CRDs it created,
+// so a CRD that changed since (a field added) conflicts with it: the
+// chart's CRDs are the ones meant, hence --force-conflicts.
 func (st *State) applyChartCRDs(ctx context.Context) error {
 	dir := deploy.ChartDir + "/crds"
 	files, err := fs.ReadDir(deploy.Chart, dir)
@@ -117,7 +119,7 @@ func (st *State) applyChartCRDs(ctx context.Context) error {
 		docs.WriteString("\n---\n") // empty documents are skipped
 		docs.Write(b)
 	}
-	if _, err := st.Kubectl(ctx, strings.NewReader(docs.String()), "apply", "--server-side", "-f", "-"); err != nil {
+	if _, err := st.Kubectl(ctx, strings.NewReader(docs.String()), "apply", "--server-side", "--force-conflicts", "-f", "-"); err != nil {
 		return fmt.Errorf("apply the chart's CRDs: %w", err)
 	}
 	return nil
