@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -608,77 +607,6 @@ func l7GateCgroup() (string, func() error, error) {
 		}
 		return errors.Join(append(errs, os.RemoveAll(dir))...)
 	}, nil
-}
-
-// nginxServer is nginx serving a fixed response, one worker.
-type nginxServer struct {
-	srv *server
-	dir string
-}
-
-// startNginx runs nginx in the server namespace, in cgroup cg, pinned to
-// the server's CPU, one worker, answering "ok" on each port at addr, and
-// waits until every port answers.
-func startNginx(ctx context.Context, ns, cg, addr string, ports []int) (*nginxServer, error) {
-	dir, err := os.MkdirTemp("", "weir-nginx-")
-	if err != nil {
-		return nil, err
-	}
-	var listen strings.Builder
-	for _, p := range ports {
-		fmt.Fprintf(&listen, "    listen %s:%d reuseport backlog=4096;\n", addr, p)
-	}
-	conf := fmt.Sprintf(`daemon off;
-master_process off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  keepalive_timeout 300s;
-  client_body_temp_path %[1]s/body;
-  proxy_temp_path %[1]s/proxy;
-  fastcgi_temp_path %[1]s/fastcgi;
-  uwsgi_temp_path %[1]s/uwsgi;
-  scgi_temp_path %[1]s/scgi;
-  server {
-%[2]s    location / { return 200 "ok\n"; }
-  }
-}
-`, dir, listen.String())
-	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
-		return nil, err
-	}
-	fd, err := unix.Open(cg, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(fd)
-	cmd := inNS(ctx, ns, serverCPU, "nginx", "-c", filepath.Join(dir, "nginx.conf"), "-p", dir, "-e", filepath.Join(dir, "error.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, UseCgroupFD: true, CgroupFD: fd}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start nginx (apt-get install nginx): %w", err)
-	}
-	n := &nginxServer{srv: &server{cmd: cmd}, dir: dir}
-	for _, p := range ports {
-		deadline := time.Now().Add(5 * time.Second)
-		for !reachable(ctx, ns, fmt.Sprintf("%s:%d", addr, p), time.Second) {
-			if time.Now().After(deadline) {
-				log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-				n.stop()
-				return nil, fmt.Errorf("nginx does not answer on port %d after 5 s: %s", p, log)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return n, nil
-}
-
-func (n *nginxServer) stop() {
-	n.srv.stop()
-	os.RemoveAll(n.dir)
 }
 
 // judgeL7Gate: each pass-everything path must keep l7GateWant of the

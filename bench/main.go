@@ -55,7 +55,7 @@ type options struct {
 func newRoot() *cobra.Command {
 	// One options value per scenario: flags of the same name but other
 	// defaults (--reps, --pods) must not overwrite each other's.
-	var dpo, plo, pso, svo, l7o options
+	var dpo, plo, pso, svo, l7o, lbo options
 	root := &cobra.Command{Use: "bench", Short: "Weir benchmarks", SilenceUsage: true}
 	dp := scenario(&dpo, "datapath",
 		"TCP stream, TCP request/response and UDP, intra- and inter-node: Weir vs raw veth vs bridge+host-local (+VXLAN); eBPF ns/packet; CNI ADD latency",
@@ -130,7 +130,16 @@ func newRoot() *cobra.Command {
 	l7.Flags().DurationVar(&l7o.duration, "duration", 5*time.Second, "length of one wrk run")
 	l7.Flags().DurationVar(&l7o.warmup, "warmup", 2*time.Second, "a discarded run of each setup before the first repetition (0: none)")
 	l7.Flags().StringVar(&l7o.out, "out", "bench/results", "directory for l7-gate.{json,md,png}")
-	root.AddCommand(dp, pl, ps, sv, l7, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand(), newHTTPRateClientCommand())
+	lb := scenario(&lbo, "l7",
+		"Issue 20's benchmark on the lab: requests/s at 100 connections and latency at a constant rate to a server Deployment with no policy, an L3 rule, an L4 rule, 1 and 40 L7 rules, against nginx as a per-node proxy enforcing the same rules",
+		runL7)
+	lb.Flags().IntVar(&lbo.reps, "reps", 5, "repetitions, the configurations in a rotating order within each")
+	lb.Flags().DurationVar(&lbo.duration, "duration", 5*time.Second, "length of one wrk or constant-rate run")
+	lb.Flags().DurationVar(&lbo.warmup, "warmup", 2*time.Second, "a discarded run of each configuration before the first repetition (0: none)")
+	lb.Flags().StringVar(&lbo.out, "out", "bench/results", "directory for l7.{json,md,png}")
+	lb.Flags().BoolVar(&lbo.keep, "keep", false, "leave the Kubernetes lab up afterwards, for inspection")
+	lb.Flags().StringVar(&lbo.binDir, "bin-dir", "bin", "directory holding the weir binaries (built with CGO_ENABLED=0)")
+	root.AddCommand(dp, pl, ps, sv, l7, lb, rep, cmp, newHTTPServerCommand(), newDNSClientCommand(), newConnClientCommand(), newHTTPRateClientCommand())
 	return root
 }
 

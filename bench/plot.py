@@ -22,6 +22,8 @@ def main(src, dst):
         return plot_services(r, dst)
     if r["scenario"] == "l7-gate":
         return plot_l7_gate(r, dst)
+    if r["scenario"] == "l7":
+        return plot_l7(r, dst)
 
     def rows(path, metric):
         return [s for s in summary if s["path"] == path and s["metric"] == metric]
@@ -57,6 +59,42 @@ def main(src, dst):
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     fig.suptitle(f"Weir {r['scenario']} benchmark — {r['reps']} reps, medians\n{r['command']}")
     fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(dst, dpi=90)
+
+
+def plot_l7(r, dst):
+    configs = ["no policy", "L3 rule", "L4 rule", "L7, 1 rule", "L7, 40 rules", "nginx proxy, 1 rule", "nginx proxy, 40 rules"]
+    colors = ["#999999", "#aec7e8", "#aec7e8", "#1f77b4", "#1f77b4", "#ff7f0e", "#ff7f0e"]
+
+    def stat(path, metric):
+        return {s["setup"]: s for s in r["summary"] if s["path"] == path and s["metric"] == metric}
+
+    fig, axes = plt.subplots(1, 2, figsize=(16, 6))
+    ax = axes[0]
+    data = stat("max rate", "rps")
+    names = [n for n in configs if n in data]
+    med = [data[n]["median"] for n in names]
+    lo = [data[n]["median"] - data[n]["min"] for n in names]
+    hi = [data[n]["max"] - data[n]["median"] for n in names]
+    ax.bar(names, med, yerr=[lo, hi], capsize=4, color=[colors[configs.index(n)] for n in names])
+    ax.set_title("requests/s at 100 keep-alive connections")
+    ax.tick_params(axis="x", labelrotation=25)
+    for i, v in enumerate(med):
+        ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+    ax = axes[1]
+    pcts = [("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p999_ms", "p99.9")]
+    width = 0.8 / len(pcts)
+    for j, (metric, label) in enumerate(pcts):
+        d = stat("constant rate", metric)
+        xs = [i + j * width for i, n in enumerate(configs) if n in d]
+        ax.bar(xs, [d[n]["median"] for n in configs if n in d], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))])
+    ax.set_xticklabels(configs, rotation=25)
+    ax.set_yscale("log")
+    ax.set_title("latency (ms) at half no policy's most requests/s")
+    ax.legend()
+    fig.suptitle(f"Weir l7 benchmark (lab) — {r['reps']} reps, medians, min..max whiskers\n{r['command']}")
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(dst, dpi=90)
 
 

@@ -195,6 +195,9 @@ func (r *result) judge() {
 	case "l7-gate":
 		r.judgeL7Gate()
 		return
+	case "l7":
+		r.judgeL7()
+		return
 	}
 	r.judgeDatapath()
 }
@@ -314,6 +317,8 @@ func (r *result) markdown() string {
 		return r.servicesMarkdown()
 	case "l7-gate":
 		return r.l7GateMarkdown()
+	case "l7":
+		return r.l7Markdown()
 	}
 	var b strings.Builder
 	r.writeHeader(&b)

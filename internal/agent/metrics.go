@@ -22,7 +22,7 @@ import (
 
 // PathMetrics is where the agent serves its Prometheus metrics: on the
 // local API's socket and on Config.MetricsAddr.
-const PathMetrics = "/metrics"
+const PathMetrics = api.PathMetrics
 
 // The agent's metrics. Every name starts with weir_; labels are bounded
 // by what the cluster defines (policies, map names), never by pods or

@@ -2,10 +2,11 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
-	"k8s.io/client-go/tools/record"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"os"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/weirnet/weir/internal/api"
 	"github.com/weirnet/weir/internal/datapath"
@@ -299,6 +301,17 @@ func TestMetricsHandlerServesText(t *testing.T) {
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", PathMetrics, nil))
 	if rec.Code != 200 || !strings.Contains(rec.Body.String(), metricPackets) {
 		t.Errorf("the socket's %s: %d\n%s", PathMetrics, rec.Code, rec.Body)
+	}
+	// The API client reads the same text from the socket's handler.
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	c := api.NewDialClient(srv.URL, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
+	})
+	text, err := c.Metrics(context.Background())
+	if err != nil || !strings.Contains(text, `weir_datapath_packets_total{outcome="drop_policy"} 7`+"\n") {
+		t.Errorf("Client.Metrics: %v\n%s", err, text)
 	}
 	rec = httptest.NewRecorder()
 	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", api.PathStatus, nil))

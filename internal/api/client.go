@@ -131,6 +131,30 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	return nil
 }
 
+// PathMetrics is where an agent serves its Prometheus metrics.
+const PathMetrics = "/metrics"
+
+// Metrics returns the agent's Prometheus metrics in the text format.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://weir-agent"+PathMetrics, nil)
+	if err != nil {
+		return "", fmt.Errorf("build request: %w", err)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", unavailable(c.socket, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", unavailable(c.socket, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", &Error{Code: CodeIOFailure, Msg: fmt.Sprintf("agent answered %s for its metrics", resp.Status), Details: string(b)}
+	}
+	return string(b), nil
+}
+
 // Flows streams the flows q selects from the agent's whole store to fn,
 // oldest first; with q.Follow it goes on with new matching flows until
 // ctx ends or fn fails.
