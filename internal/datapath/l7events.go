@@ -242,7 +242,7 @@ var l7Reasons = [...]string{
 	"a malformed request line",
 	"a request target it will not read (not origin-form, or malformed)",
 	"a path servers read differently (dot segment, encoded slash, empty segment, ...)",
-	"an HTTP version other than 1.0 or 1.1",
+	"an HTTP version other than 1.0 or 1.1 (HTTP/2 over cleartext, h2c as gRPC speaks it, is not inspected yet: a port with HTTP rules refuses it)",
 	"a malformed or forbidden header field (obs-fold, whitespace before the colon, an override header, ...)",
 	"ambiguous framing (Content-Length with Transfer-Encoding, two lengths, a body where none may be, ...)",
 	"a missing, repeated or malformed Host",

@@ -125,6 +125,11 @@ func (r *Request) parseRequestLine(line []byte, start int64) *RequestError {
 	case "HTTP/1.1", "HTTP/1.0":
 		r.Proto = string(version)
 	default:
+		if string(version) == "HTTP/2.0" {
+			// The connection preface of HTTP/2 over cleartext (h2c with
+			// prior knowledge, as gRPC clients open it).
+			return refuse(ErrUnsupportedVersion, start, "HTTP/2 (h2c): not inspected yet, so a port with HTTP rules refuses it")
+		}
 		if bytes.HasPrefix(version, []byte("HTTP/")) {
 			return refuse(ErrUnsupportedVersion, start, "version %q", version)
 		}

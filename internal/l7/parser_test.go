@@ -169,6 +169,20 @@ func TestParserRefuses(t *testing.T) {
 	}
 }
 
+// TestParserNamesHTTP2: the h2c connection preface is refused with a
+// reason that says what it is, so a gRPC client's closed connection is
+// explained in its record.
+func TestParserNamesHTTP2(t *testing.T) {
+	_, err := feedAll(t, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	var re *RequestError
+	if !errors.As(err, &re) || !errors.Is(err, ErrUnsupportedVersion) || re.Status != 400 {
+		t.Fatalf("Feed: %v, want a 400 RequestError wrapping %v", err, ErrUnsupportedVersion)
+	}
+	if !strings.Contains(re.Reason, "h2c") {
+		t.Errorf("reason %q does not name HTTP/2 over cleartext (h2c)", re.Reason)
+	}
+}
+
 func TestParserRefusesEverythingAfterARefusal(t *testing.T) {
 	p := NewParser(Limits{})
 	if _, err := p.Feed([]byte("GET / HTTP/1.1\n")); err == nil {
