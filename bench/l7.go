@@ -63,6 +63,21 @@ const (
 	l7Forty     = "L7, 40 rules"
 	l7PeerOne   = "nginx proxy, 1 rule"
 	l7PeerForty = "nginx proxy, 40 rules"
+	// One rule with a Host header's regular expression, which the kernel
+	// leaves to user space: every connection handed to the node's proxy
+	// at its first request.
+	l7HeaderRegex = "L7, 1 header regex rule (user space)"
+	// A WeirClusterNetworkPolicy's Admin Accept of GET / with an HTTP
+	// rule before a Deny of the rest: judged by the node's proxy against
+	// the precedence order.
+	l7Tiers = "L7, cluster-tier rule (user space)"
+)
+
+// How a configuration's requests are judged at the server's node.
+const (
+	judgedNone   = iota // no HTTP rules: nothing reads the requests
+	judgedKernel        // read and allowed in the kernel
+	judgedProxy         // handed to the agent's proxy at the first request
 )
 
 // Issue 20's target against the proxy-based peer.
@@ -72,9 +87,11 @@ const l7WantPeer = 1.3
 // it runs, where the client sends, and what a probe must see once it is
 // in place (so a figure is never of a configuration not yet enforced).
 type l7Config struct {
-	name   string
-	policy func() (any, error) // nil: no policy
-	peer   int                 // the proxy's port the client sends to; 0: the server
+	name string
+	// policy is the manifest (JSON or YAML) applied; nil: no policy.
+	policy func() ([]byte, error)
+	peer   int // the proxy's port the client sends to; 0: the server
+	judged int // judgedNone, judgedKernel or judgedProxy
 	// Once in place: POST / is answered 403; a pod the rules do not name
 	// connects to the server's l7Port; the client connects to
 	// l7OtherPort.
@@ -83,13 +100,49 @@ type l7Config struct {
 
 var l7Configs = []l7Config{
 	{name: l7NoPolicy, outsider: true, otherPort: true},
-	{name: l7L3, policy: func() (any, error) { return l7NetworkPolicy(false), nil }, otherPort: true},
-	{name: l7L4, policy: func() (any, error) { return l7NetworkPolicy(true), nil }},
-	{name: l7One, policy: func() (any, error) { return l7HTTPPolicy(l7GateRules(1)) }, post403: true},
-	{name: l7Forty, policy: func() (any, error) { return l7HTTPPolicy(l7GateRules(40)) }, post403: true},
+	{name: l7L3, policy: manifest(func() (any, error) { return l7NetworkPolicy(false), nil }), otherPort: true},
+	{name: l7L4, policy: manifest(func() (any, error) { return l7NetworkPolicy(true), nil })},
+	{name: l7One, policy: manifest(func() (any, error) { return l7HTTPPolicy(l7GateRules(1)) }), judged: judgedKernel, post403: true},
+	{name: l7Forty, policy: manifest(func() (any, error) { return l7HTTPPolicy(l7GateRules(40)) }), judged: judgedKernel, post403: true},
+	{name: l7HeaderRegex, policy: manifest(func() (any, error) { return l7HTTPPolicy(l7GateHeaderRegexRules()) }), judged: judgedProxy, post403: true},
+	{name: l7Tiers, policy: func() ([]byte, error) { return []byte(l7TierPolicy), nil }, judged: judgedProxy, post403: true, otherPort: true},
 	{name: l7PeerOne, peer: l7PeerPort1, post403: true, outsider: true, otherPort: true},
 	{name: l7PeerForty, peer: l7PeerPort40, post403: true, outsider: true, otherPort: true},
 }
+
+// manifest is obj as JSON, which kubectl applies.
+func manifest(obj func() (any, error)) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		o, err := obj()
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(o)
+	}
+}
+
+// l7TierPolicy is the cluster-tier configuration: an Admin Accept of
+// GET / (every path) from the client pods with an HTTP rule, then a Deny
+// of every other request and peer on the port: one HTTP rule, as the
+// other one-rule configurations have.
+const l7TierPolicy = `apiVersion: weir.io/v1alpha1
+kind: WeirClusterNetworkPolicy
+metadata: {name: bench-l7}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: l7-server}}}}
+  ingress:
+  - name: get
+    action: Accept
+    from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: l7-client}}}}]
+    protocols: [{tcp: {destinationPort: {number: 8080}}}]
+    http: [{method: GET, path: {type: PathPrefix, value: /}}]
+  - name: rest
+    action: Deny
+    from: [{namespaces: {}}]
+    protocols: [{tcp: {destinationPort: {number: 8080}}}]
+`
 
 // l7Bench is one run's lab, pods and servers.
 type l7Bench struct {
@@ -285,8 +338,12 @@ func l7HTTPPolicy(rules []l7.Rule) (*weirv1alpha1.WeirNetworkPolicy, error) {
 // l7APIRule is rule as the policy API writes it.
 func l7APIRule(r l7.Rule) (weirv1alpha1.HTTPRule, error) {
 	var h weirv1alpha1.HTTPRule
-	if len(r.Headers) > 0 {
-		return h, fmt.Errorf("bench l7: header rules are not part of the benchmark's rule sets (%+v)", r)
+	for _, m := range r.Headers {
+		hm := weirv1alpha1.HTTPHeaderMatch{Type: ptr(weirv1alpha1.HTTPHeaderMatchType(m.Type)), Name: gatewayv1.HTTPHeaderName(m.Name)}
+		if m.Type != l7.HeaderPresent {
+			hm.Value = ptr(m.Value)
+		}
+		h.Headers = append(h.Headers, hm)
 	}
 	if r.Method != "" {
 		h.Method = ptr(gatewayv1.HTTPMethod(r.Method))
@@ -307,17 +364,14 @@ func (b *l7Bench) switchTo(ctx context.Context, c l7Config) error {
 		return nil
 	}
 	start := time.Now()
-	if out, err := b.st.Kubectl(ctx, nil, "delete", "-n", psNamespace, "networkpolicies.networking.k8s.io,weirnetworkpolicies.weir.io",
-		"--all", "--wait=true"); err != nil {
-		return fmt.Errorf("delete the previous configuration's policy: %w: %s", err, out)
+	for _, args := range [][]string{{"-n", psNamespace, "networkpolicies.networking.k8s.io,weirnetworkpolicies.weir.io"}, {"weirclusternetworkpolicies.weir.io"}} {
+		if out, err := b.st.Kubectl(ctx, nil, append(append([]string{"delete"}, args...), "--all", "--wait=true")...); err != nil {
+			return fmt.Errorf("delete the previous configuration's policy: %w: %s", err, out)
+		}
 	}
 	b.current = ""
 	if c.policy != nil {
-		obj, err := c.policy()
-		if err != nil {
-			return err
-		}
-		doc, err := json.Marshal(obj)
+		doc, err := c.policy()
 		if err != nil {
 			return err
 		}
@@ -465,7 +519,7 @@ func (b *l7Bench) maxRate(ctx context.Context, c l7Config, rep int) error {
 	if err := b.probe(ctx, c); err != nil {
 		return fmt.Errorf("%s after its run: %w", c.name, err)
 	}
-	for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "requests_judged": judged} {
+	for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, judgedMetric(c): judged} {
 		b.res.Samples = append(b.res.Samples, sample{Setup: c.name, Path: l7MaxPath, Metric: metric, Rep: rep, Value: v})
 	}
 	fmt.Fprintf(b.out, "rep %d %-22s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, c.name, w.rps, w.p50, w.p99, w.errors)
@@ -490,7 +544,7 @@ func (b *l7Bench) constantRate(ctx context.Context, c l7Config, rep int, rate fl
 	}
 	failed := float64(r.N - r.Codes[http.StatusOK]) // N counts the calls without an answer too
 	for metric, v := range map[string]float64{"rate_asked": rate, "rate_got": r.ActualQPS, "p50_ms": r.P50Ms, "p90_ms": r.P90Ms,
-		"p99_ms": r.P99Ms, "p999_ms": r.P999Ms, "errors": failed, "requests_judged": judged} {
+		"p99_ms": r.P99Ms, "p999_ms": r.P999Ms, "errors": failed, judgedMetric(c): judged} {
 		b.res.Samples = append(b.res.Samples, sample{Setup: c.name, Path: l7RatePath, Metric: metric, Rep: rep, Value: v})
 	}
 	fmt.Fprintf(b.out, "rep %d %-22s at %6.0f req/s (got %6.0f)  p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  errors %v\n",
@@ -543,17 +597,42 @@ func (b *l7Bench) checkJudged(ctx context.Context, c l7Config, before map[string
 	}
 	delta := func(k string) float64 { return after[k] - before[k] }
 	judged := delta("requests_allowed")
-	inspected := c.policy != nil && c.post403 // the WeirNetworkPolicy configurations
-	switch {
-	case !inspected && judged != 0:
-		return 0, fmt.Errorf("%s: the kernel read %v requests; no port has HTTP rules", c.name, judged)
-	case inspected && judged < 0.9*served:
-		return 0, fmt.Errorf("%s: the kernel read and allowed %v of %v requests served", c.name, judged, served)
-	case inspected && delta("connections_handed")+delta("requests_denied")+delta("streams_refused") != 0:
-		return 0, fmt.Errorf("%s: requests handed to the proxy, denied or refused during the load (%v handed, %v denied, %v refused)",
-			c.name, delta("connections_handed"), delta("requests_denied"), delta("streams_refused"))
+	refused := delta("requests_denied") + delta("streams_refused") + delta("proxy_answered")
+	switch c.judged {
+	case judgedNone:
+		if judged+delta("connections_handed") != 0 {
+			return 0, fmt.Errorf("%s: the kernel read %v requests and handed %v connections; no port has HTTP rules", c.name, judged, delta("connections_handed"))
+		}
+	case judgedKernel:
+		if judged < 0.9*served {
+			return 0, fmt.Errorf("%s: the kernel read and allowed %v of %v requests served", c.name, judged, served)
+		}
+		if delta("connections_handed")+refused != 0 {
+			return 0, fmt.Errorf("%s: requests handed to the proxy, denied or refused during the load (%v handed, %v denied or refused)",
+				c.name, delta("connections_handed"), refused)
+		}
+	case judgedProxy:
+		// Each connection handed at its first request, whose bytes the
+		// proxy forwards from then on: at least a request line a request.
+		if delta("connections_handed") < l7GateConns || delta("proxy_forwarded_bytes") < 0.9*served*float64(len("GET / HTTP/1.1\r\n\r\n")) {
+			return 0, fmt.Errorf("%s: %v connections handed to the proxy and %v bytes forwarded for %v requests served",
+				c.name, delta("connections_handed"), delta("proxy_forwarded_bytes"), served)
+		}
+		if refused != 0 {
+			return 0, fmt.Errorf("%s: %v requests denied or refused during the load", c.name, refused)
+		}
+		judged = delta("connections_handed")
 	}
 	return judged, nil
+}
+
+// judgedMetric names what checkJudged returned for c: requests the
+// kernel allowed, or connections handed to the proxy.
+func judgedMetric(c l7Config) string {
+	if c.judged == judgedProxy {
+		return "connections_handed"
+	}
+	return "requests_judged"
 }
 
 // sampleValue is the value of one sample, NaN when there is none.

@@ -23,19 +23,29 @@ func (r *result) judgeL7() {
 	for _, t := range []struct {
 		setup, base string
 		want        float64
-	}{{l7One, l7NoPolicy, l7WantOneRule}, {l7Forty, l7NoPolicy, l7WantFortyRules}, {l7One, l7PeerOne, l7WantPeer}, {l7Forty, l7PeerForty, l7WantPeer}} {
+	}{{l7One, l7NoPolicy, l7WantOneRule}, {l7Forty, l7NoPolicy, l7WantFortyRules}, {l7One, l7PeerOne, l7WantPeer}, {l7Forty, l7PeerForty, l7WantPeer},
+		{l7HeaderRegex, l7NoPolicy, l7WantOneRule}, {l7Tiers, l7NoPolicy, l7WantOneRule}, {l7HeaderRegex, l7PeerOne, l7WantPeer}, {l7Tiers, l7PeerOne, l7WantPeer}} {
+		if math.IsNaN(r.median(t.setup, l7MaxPath, "rps")) {
+			continue // a result from before the configuration existed
+		}
 		r.Targets = append(r.Targets, r.pairedTarget(
 			fmt.Sprintf("lab: requests/s at %d keep-alive connections, %s / %s", l7GateConns, t.setup, t.base),
 			fmt.Sprintf(">= %.2f", t.want), func(v float64) bool { return v >= t.want },
 			t.setup, l7MaxPath, t.base, l7MaxPath, "rps"))
 	}
-	for _, s := range []string{l7One, l7Forty} {
+	for _, s := range []string{l7One, l7Forty, l7HeaderRegex, l7Tiers} {
+		if math.IsNaN(r.median(s, l7RatePath, "p99_ms")) {
+			continue
+		}
 		r.Targets = append(r.Targets, r.pairedTarget(
 			fmt.Sprintf("lab: p99 latency at half no policy's requests/s, %s / %s", s, l7NoPolicy),
 			fmt.Sprintf("<= %.2f", l7WantRateP99), func(v float64) bool { return v <= l7WantRateP99 },
 			s, l7RatePath, l7NoPolicy, l7RatePath, "p99_ms"))
 	}
 	for _, s := range l7ConfigNames() {
+		if math.IsNaN(r.median(s, l7MaxPath, "rps")) {
+			continue
+		}
 		total := 0.0
 		for _, smp := range r.Samples {
 			if smp.Setup == s && smp.Metric == "errors" {
@@ -57,17 +67,20 @@ func (r *result) l7Markdown() string {
 		"a pod no rule names, and the proxy pod. Configurations, applied through the API server in turn and each checked in place before and after its runs "+
 		"(GET / served, POST / denied or served, the other pod and port reachable or not): no policy; an L3 rule (NetworkPolicy: the client pods may connect); "+
 		"an L4 rule (and only to port %d); one L7 rule and 40 (WeirNetworkPolicy on port %d: GET / allowed by the set's last rule, the others differing in method, path or host; "+
-		"judged in the kernel); and the peer: nginx as a proxy pod on the server's node (one worker, CPU 1 with the server, as a per-node proxy shares its node's CPUs), "+
+		"judged in the kernel); one L7 rule the kernel leaves to user space (a Host header's regular expression: each connection handed to the agent's proxy at its first request) "+
+		"and a WeirClusterNetworkPolicy's Admin Accept of GET / with an HTTP rule before a Deny of the rest (judged by the agent's proxy in the precedence order); and the peer: nginx as a proxy pod on the server's node (one worker, CPU 1 with the server, as a per-node proxy shares its node's CPUs), "+
 		"in the client's path, enforcing the same 1 and 40 rules (a map of regular expressions over method, host and path, 403 for the rest) and forwarding over keep-alive upstream connections, "+
 		"no Weir policy in place. %d repetitions of %gs, the configurations in a rotating order%s; the constant rate is half no policy's most requests/s in the same repetition. "+
 		"Cells: median (median of the per-repetition ratios to no policy).\n\n", l7GateConns, l7Port, l7Port, r.Reps, r.DurationS, r.warmupNote())
 	r.writeL7Table(&b, "## Most requests/s at 100 connections", l7MaxPath, []metricTitle{
 		{"rps", "requests/s", "%.0f"}, {"p50_ms", "latency p50 (ms)", "%.3f"}, {"p99_ms", "latency p99 (ms)", "%.3f"}, {"errors", "calls without a 200 (per run)", "%.0f"},
-		{"requests_judged", "requests read and allowed by the server node's kernel (per run)", "%.0f"}})
+		{"requests_judged", "requests read and allowed by the server node's kernel (per run)", "%.0f"},
+		{"connections_handed", "connections handed to the agent's proxy (per run)", "%.0f"}})
 	r.writeL7Table(&b, "## At a constant rate", l7RatePath, []metricTitle{
 		{"rate_asked", "rate asked (req/s)", "%.0f"}, {"rate_got", "rate got (req/s)", "%.0f"}, {"p50_ms", "latency p50 (ms)", "%.3f"}, {"p90_ms", "latency p90 (ms)", "%.3f"},
 		{"p99_ms", "latency p99 (ms)", "%.3f"}, {"p999_ms", "latency p99.9 (ms)", "%.3f"}, {"errors", "calls without a 200 (per run)", "%.0f"},
-		{"requests_judged", "requests read and allowed by the server node's kernel (per run)", "%.0f"}})
+		{"requests_judged", "requests read and allowed by the server node's kernel (per run)", "%.0f"},
+		{"connections_handed", "connections handed to the agent's proxy (per run)", "%.0f"}})
 	r.writeTargets(&b)
 	return b.String()
 }
@@ -88,7 +101,12 @@ func (r *result) writeL7Table(b *strings.Builder, title, path string, metrics []
 	for _, m := range metrics {
 		fmt.Fprintf(b, "| %s |", m.title)
 		for _, s := range setups {
-			cell := fmt.Sprintf(" "+m.format, r.median(s, path, m.key))
+			v := r.median(s, path, m.key)
+			if math.IsNaN(v) {
+				b.WriteString(" - |") // not this configuration's path
+				continue
+			}
+			cell := fmt.Sprintf(" "+m.format, v)
 			if s != l7NoPolicy && (m.key == "rps" || strings.HasSuffix(m.key, "_ms")) {
 				cell += fmt.Sprintf(" (%.3f)", r.pairedRatio(s, path, l7NoPolicy, path, m.key))
 			}

@@ -63,13 +63,14 @@ def main(src, dst):
 
 
 def plot_l7(r, dst):
-    configs = ["no policy", "L3 rule", "L4 rule", "L7, 1 rule", "L7, 40 rules", "nginx proxy, 1 rule", "nginx proxy, 40 rules"]
-    colors = ["#999999", "#aec7e8", "#aec7e8", "#1f77b4", "#1f77b4", "#ff7f0e", "#ff7f0e"]
+    configs = ["no policy", "L3 rule", "L4 rule", "L7, 1 rule", "L7, 40 rules", "L7, 1 header regex rule (user space)",
+               "L7, cluster-tier rule (user space)", "nginx proxy, 1 rule", "nginx proxy, 40 rules"]
+    colors = ["#999999", "#aec7e8", "#aec7e8", "#1f77b4", "#1f77b4", "#9467bd", "#9467bd", "#ff7f0e", "#ff7f0e"]
 
     def stat(path, metric):
         return {s["setup"]: s for s in r["summary"] if s["path"] == path and s["metric"] == metric}
 
-    fig, axes = plt.subplots(1, 2, figsize=(16, 6))
+    fig, axes = plt.subplots(1, 2, figsize=(18, 7))
     ax = axes[0]
     data = stat("max rate", "rps")
     names = [n for n in configs if n in data]
