@@ -52,7 +52,14 @@ const (
 	l7PeerPort40 = 8081
 	l7MaxPath    = "max rate"
 	l7RatePath   = "constant rate"
+	l7CostPath   = "ebpf cost"
 )
+
+// l7Programs are the eBPF programs a request to the server can run: the
+// pods' tc programs, and the socket programs of bpf/l7.c (the HTTP
+// reader's receive verdict, the server's send verdict that reads its
+// answers, the proxy's write-back, the join at the handshake).
+var l7Programs = []string{"from_container", "to_container", "l7_http_verdict", "l7_server_msg", "l7_proxy_msg", "l7_sockops"}
 
 // The configurations, in report order.
 const (
@@ -182,7 +189,11 @@ func runL7(ctx context.Context, o options, out io.Writer) (retErr error) {
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
-	if err := b.measure(ctx); err != nil {
+	err = b.measure(ctx)
+	if err == nil {
+		err = b.measureCost(ctx)
+	}
+	if err != nil {
 		res.Incomplete = err.Error() // what was measured is kept
 	}
 	res.summarise()
@@ -549,6 +560,50 @@ func (b *l7Bench) constantRate(ctx context.Context, c l7Config, rep int, rate fl
 	}
 	fmt.Fprintf(b.out, "rep %d %-22s at %6.0f req/s (got %6.0f)  p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  errors %v\n",
 		rep+1, c.name, rate, r.ActualQPS, r.P50Ms, r.P90Ms, r.P99Ms, r.P999Ms, failed)
+	return nil
+}
+
+// measureCost runs every configuration once more at wrk's most with the
+// kernel's per-program run-time statistics on (they cost two clock reads
+// a run, so the timed repetitions run without them), and records each
+// program's run time and runs per request served: where the kernel's
+// share of a request goes.
+func (b *l7Bench) measureCost(ctx context.Context) error {
+	stats, err := datapath.EnableRunTimeStats()
+	if err != nil {
+		return err
+	}
+	defer stats.Close()
+	fmt.Fprintln(b.out, "==> eBPF run time per request (kernel.bpf_stats_enabled), one more run of each configuration")
+	for _, c := range l7Configs {
+		if err := b.switchTo(ctx, c); err != nil {
+			return err
+		}
+		before, err := datapath.ProgramStats(l7Programs)
+		if err != nil {
+			return err
+		}
+		w, err := wrkKeepAlive(ctx, b.client.NetNS, "http://"+b.target(c)+"/", b.o.duration, "")
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		after, err := datapath.ProgramStats(l7Programs)
+		if err != nil {
+			return err
+		}
+		served := w.rps * b.o.duration.Seconds()
+		if served <= 0 {
+			return fmt.Errorf("%s: no request served in the cost run", c.name)
+		}
+		for _, name := range l7Programs {
+			runs := float64(after[name].RunCount - before[name].RunCount)
+			ns := float64(after[name].RunTime - before[name].RunTime)
+			b.res.Samples = append(b.res.Samples,
+				sample{Setup: c.name, Path: l7CostPath, Metric: "ns_per_request/" + name, Value: ns / served},
+				sample{Setup: c.name, Path: l7CostPath, Metric: "runs_per_request/" + name, Value: runs / served})
+		}
+		fmt.Fprintf(b.out, "    %-40s %8.0f req/s (statistics on)\n", c.name, w.rps)
+	}
 	return nil
 }
 

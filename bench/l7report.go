@@ -81,8 +81,36 @@ func (r *result) l7Markdown() string {
 		{"p99_ms", "latency p99 (ms)", "%.3f"}, {"p999_ms", "latency p99.9 (ms)", "%.3f"}, {"errors", "calls without a 200 (per run)", "%.0f"},
 		{"requests_judged", "requests read and allowed by the server node's kernel (per run)", "%.0f"},
 		{"connections_handed", "connections handed to the agent's proxy (per run)", "%.0f"}})
+	r.writeL7Cost(&b)
 	r.writeTargets(&b)
 	return b.String()
+}
+
+// writeL7Cost is the eBPF cost table: each program's run time and runs
+// per request served, from the run with the kernel's statistics on.
+func (r *result) writeL7Cost(b *strings.Builder) {
+	var setups []string
+	for _, s := range l7ConfigNames() {
+		if !math.IsNaN(r.median(s, l7CostPath, "ns_per_request/"+l7Programs[0])) {
+			setups = append(setups, s)
+		}
+	}
+	if len(setups) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "## eBPF run time per request\n\nOne more run of each configuration at wrk's most with the kernel's per-program statistics on "+
+		"(kernel.bpf_stats_enabled, summed over both nodes' programs), after the repetitions. "+
+		"Cells: ns of the program's run time per request served (its runs per request). "+
+		"The sockmap's own work around the programs (queueing an skb to the socket, the send path's copy) is not in it.\n\n")
+	fmt.Fprintf(b, "| program | %s |\n|---|%s\n", strings.Join(setups, " | "), strings.Repeat("---|", len(setups)))
+	for _, prog := range l7Programs {
+		fmt.Fprintf(b, "| %s |", prog)
+		for _, s := range setups {
+			fmt.Fprintf(b, " %.0f (%.2f) |", r.median(s, l7CostPath, "ns_per_request/"+prog), r.median(s, l7CostPath, "runs_per_request/"+prog))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
 }
 
 type metricTitle struct{ key, title, format string }
