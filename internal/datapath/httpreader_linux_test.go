@@ -558,3 +558,34 @@ func mapLen(t *testing.T, m *ebpf.Map) int {
 	}
 	return n
 }
+
+// BenchmarkHTTPReaderHead times bpf/lib/http.h's reader alone (the
+// test program: the head loaded once, then stepped a byte a bpf_loop
+// iteration, hashed and recorded) over heads under BPF_PROG_RUN's own
+// repeat, each run one head after the last on one stream: against bench
+// l7's l7_http_verdict per request, it says how much of the verdict's
+// time is the reader's. Run: sudo go test ./internal/datapath -run '^$'
+// -bench HTTPReaderHead.
+func BenchmarkHTTPReaderHead(b *testing.B) {
+	for _, tc := range []struct{ name, head string }{
+		{"wrk", "GET / HTTP/1.1\r\nHost: 10.244.0.5:8080\r\n\r\n"},
+		{"browser", "GET /api/v1/orders/42?x=1 HTTP/1.1\r\nHost: shop.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64)\r\n" +
+			"Accept: text/html,application/xhtml+xml\r\nAccept-Language: en-US,en;q=0.5\r\nCookie: session=0123456789abcdef\r\n\r\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := loadHTTPReader(b)
+			zero := uint32(0)
+			if err := r.objs.WeirHttpTestState.Put(zero, make([]byte, r.stateSize)); err != nil {
+				b.Fatal(err)
+			}
+			data := append(make([]byte, 14), tc.head...)
+			b.ResetTimer()
+			ret, per, err := r.objs.HttpReaderTest.Benchmark(data, b.N, nil)
+			if err != nil || ret != 0 {
+				b.Fatalf("run: %d, %v", ret, err)
+			}
+			b.ReportMetric(float64(per.Nanoseconds()), "ns/head")
+			b.ReportMetric(float64(per.Nanoseconds())/float64(len(tc.head)), "ns/byte")
+		})
+	}
+}
