@@ -12,10 +12,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -282,11 +283,8 @@ func deploymentPod(ctx context.Context, c kubernetes.Interface, app string, time
 			return nil, err
 		}
 		for i := range list.Items {
-			p := &list.Items[i]
-			for _, cond := range p.Status.Conditions {
-				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && p.Status.PodIP != "" && p.DeletionTimestamp == nil {
-					return p, nil
-				}
+			if p := &list.Items[i]; podReady(p) && p.DeletionTimestamp == nil {
+				return p, nil
 			}
 		}
 		if time.Now().After(deadline) {
@@ -618,21 +616,20 @@ func (b *l7Bench) kernelCounters(ctx context.Context) (map[string]float64, error
 	if err != nil {
 		return nil, fmt.Errorf("%s's metrics: %w", n.Name, err)
 	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("%s's metrics: %w", n.Name, err)
+	}
 	counters := map[string]float64{}
-	for _, line := range strings.Split(text, "\n") {
-		rest, ok := strings.CutPrefix(line, `weir_l7_total{counter="`)
-		if !ok {
-			continue
+	if f := families["weir_l7_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "counter" {
+					counters[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
 		}
-		name, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			return nil, fmt.Errorf("%s's metrics: unreadable line %q", n.Name, line)
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s's metrics: %q: %w", n.Name, line, err)
-		}
-		counters[name] = v
 	}
 	if _, ok := counters["requests_allowed"]; !ok {
 		return nil, fmt.Errorf("%s's metrics have no weir_l7_total{counter=\"requests_allowed\"}: is its L7 path loaded?", n.Name)

@@ -477,6 +477,16 @@ func addVirtualPod(ctx context.Context, c kubernetes.Interface, ns string, i int
 	return nil
 }
 
+// podReady says whether p is Ready and has its address.
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && p.Status.PodIP != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // createPods creates pods and waits until every one is Ready, returning
 // them by name as last seen.
 func createPods(ctx context.Context, c kubernetes.Interface, pods []*corev1.Pod, timeout time.Duration) (map[string]*corev1.Pod, error) {
@@ -493,11 +503,8 @@ func createPods(ctx context.Context, c kubernetes.Interface, pods []*corev1.Pod,
 			return nil, err
 		}
 		for i := range list.Items {
-			p := &list.Items[i]
-			for _, cond := range p.Status.Conditions {
-				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && p.Status.PodIP != "" {
-					ready[p.Name] = p
-				}
+			if p := &list.Items[i]; podReady(p) {
+				ready[p.Name] = p
 			}
 		}
 		missing := 0
