@@ -398,7 +398,7 @@ __always_inline_fn __u8 l7_walk_verdict(__u8 outcome)
  * on: its first prefix bytes were allowed here, a head begins after them.
  * It returns SK_PASS (the skb redirected), or -1 when no slot is free or
  * the redirect fails: the caller closes the connection as before. */
-__always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix)
+__always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 h2)
 {
 	struct l7_conn *c = w->conn;
 	struct l7_handoff *h;
@@ -421,6 +421,7 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix)
 	h->prefix = prefix;
 	h->owes = c->outstanding;
 	h->seq_owed = c->seq_at_allow;
+	h->h2 = h2;
 	h->state = L7_SLOT_ACTIVE;
 	c->slot = slot + 1;
 	/* The proxy's requests go on unseen here: their answers are not read. */
@@ -438,11 +439,48 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix)
  * proxy existed. */
 __always_inline_fn int l7_try_hand_off(struct l7_walk *w, __u8 ev_verdict)
 {
-	if (w->head_pos != L7_NO_HEAD && l7_hand_off(w, w->head_pos) == SK_PASS) {
+	if (w->head_pos != L7_NO_HEAD && l7_hand_off(w, w->head_pos, 0) == SK_PASS) {
 		l7_record_stop(w, ev_verdict, L7_EVF_HANDED);
 		return SK_PASS;
 	}
 	l7_record_stop(w, ev_verdict, L7_EVF_CLOSED);
+	return l7_close(w->skb, w->cookie, w->conn);
+}
+
+/* The connection preface of HTTP/2 (RFC 9113, 3.4): a client that knows
+ * its server speaks h2c (gRPC's do) opens with it. */
+#define L7_H2C_PREFACE_LEN 24
+static const char l7_h2c_preface[L7_H2C_PREFACE_LEN] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/* l7_is_h2c says whether the skb opens with the whole HTTP/2 preface. One
+ * cut short is read as HTTP/1, whose reader refuses it (400). */
+__always_inline_fn int l7_is_h2c(struct __sk_buff *skb)
+{
+	__u8 b[L7_H2C_PREFACE_LEN];
+	int i;
+
+	if (skb->len < L7_H2C_PREFACE_LEN || bpf_skb_load_bytes(skb, 0, b, sizeof(b)))
+		return 0;
+#pragma unroll
+	for (i = 0; i < L7_H2C_PREFACE_LEN; i++)
+		if (b[i] != (__u8)l7_h2c_preface[i])
+			return 0;
+	return 1;
+}
+
+/* l7_hand_off_h2c hands an h2c connection whole to a proxy slot, which
+ * from now on also receives what the server sends (l7_server_msg). With
+ * no slot free, or no answer side of its own to steer the server's
+ * frames by, it is refused and closed as before the proxy spoke HTTP/2. */
+__always_inline_fn int l7_hand_off_h2c(struct l7_walk *w)
+{
+	w->head_pos = 0;
+	if (w->replies->cookie == w->cookie && !w->replies->lost && l7_hand_off(w, 0, 1) == SK_PASS) {
+		l7_count(L7_STAT_H2C, 1);
+		return SK_PASS;
+	}
+	w->conn->s.error = HTTP_ERR_VERSION;
+	l7_record_stop(w, L7_EV_REFUSED, L7_EVF_CLOSED);
 	return l7_close(w->skb, w->cookie, w->conn);
 }
 
@@ -497,6 +535,8 @@ int l7_http_verdict(struct __sk_buff *skb)
 	w.conn = c;
 	w.replies = replies;
 	start = c->s.offset;
+	if (!start && l7_is_h2c(skb))
+		return l7_hand_off_h2c(&w);
 	l7_dfa_prepare(&c->s, w.sets);
 	bpf_loop(w.len + 1, l7_step, &w, 0);
 	if (w.outcome == L7_WALK_PASS) {
@@ -781,6 +821,76 @@ int l7_client_skb(struct __sk_buff *skb)
 	return SK_PASS;
 }
 
+/* l7_server_handed steers what the server of a connection whose answers
+ * are no longer read sends: an h2c connection's, while its slot serves
+ * it, into the proxy (Q's receive queue), which writes its own frames to
+ * the client; nothing once the slot stopped serving it (the proxy ended
+ * it, or its pair broke), since the client speaks HTTP/2 with the proxy.
+ * Every other connection's goes out as sent. */
+__always_inline_fn int l7_server_handed(struct sk_msg_md *msg, __u64 cookie)
+{
+	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_conns, &cookie);
+	struct l7_handoff *h;
+	__u32 q;
+
+	if (!c || !c->slot)
+		return SK_PASS;
+	h = l7_slot_serving(c->slot, cookie);
+	if (!h || !h->h2)
+		return SK_PASS;
+	if (h->state != L7_SLOT_ACTIVE)
+		return SK_DROP;
+	q = (__u32)(c->slot - 1) * 2 + 1;
+	l7_count(L7_STAT_H2C_SERVER_BYTES, msg->size);
+	return bpf_msg_redirect_hash(msg, &weir_l7_proxy, &q, BPF_F_INGRESS);
+}
+
+/* l7_server_first hands a connection whose server speaks before its
+ * client has sent a byte to a proxy slot as HTTP/2, steering what the
+ * server sends into it. An HTTP/1 server never speaks first; an HTTP/2
+ * server may (its SETTINGS frame, RFC 9113 3.4: grpc-go's does at once),
+ * and that frame must reach the proxy's HTTP/2 client, not the client,
+ * which will speak HTTP/2 with the proxy. The client's first skb then
+ * goes to the slot too (the verdict finds it handed). A server speaking
+ * first in any other protocol on a port with HTTP rules gets its
+ * connection ended by the proxy, whose HTTP/2 server reads the client.
+ * With no slot free the bytes go on as sent, and the client's preface is
+ * refused when it comes (l7_hand_off_h2c). Only a server that has not
+ * been asked anything gets here (answers.asked_ns 0), and Weir's own
+ * answers in its place follow a request read (the reader's offset). */
+__always_inline_fn int l7_server_first(struct sk_msg_md *msg, struct l7_replies *r, struct l7_sock_key *key)
+{
+	__u64 cookie = r->cookie;
+	struct l7_conn *c = bpf_map_lookup_elem(&weir_l7_conns, &cookie);
+	struct l7_handoff *h;
+	struct l7_flow *f;
+	__u32 slot, q;
+
+	if (!c || c->closed || c->slot || c->s.offset)
+		return SK_PASS;
+	f = bpf_map_lookup_elem(&weir_l7_flows, key);
+	if (!f || bpf_map_pop_elem(&weir_l7_free, &slot))
+		return SK_PASS;
+	h = bpf_map_lookup_elem(&weir_l7_handoff, &slot);
+	/* A slot offered twice is not taken (l7_hand_off). */
+	if (!h || h->state != L7_SLOT_FREE)
+		return SK_PASS;
+	__builtin_memset(h, 0, sizeof(*h));
+	h->cookie = cookie;
+	h->key = *key;
+	h->sets[0] = f->sets[0];
+	h->sets[1] = f->sets[1];
+	h->sets[2] = f->sets[2];
+	h->h2 = 1;
+	h->state = L7_SLOT_ACTIVE;
+	c->slot = slot + 1;
+	l7_reply_stop(r, key, f->sets, L7_DIR_INGRESS);
+	l7_count(L7_STAT_H2C, 1);
+	l7_count(L7_STAT_H2C_SERVER_BYTES, msg->size);
+	q = slot * 2 + 1;
+	return bpf_msg_redirect_hash(msg, &weir_l7_proxy, &q, BPF_F_INGRESS);
+}
+
 /* l7_server_msg passes everything a server sends, and reads the status
  * of the answers to the requests its verdict allowed. What Weir writes
  * in the server's place (l7_http_verdict's answers) comes this way too,
@@ -797,7 +907,13 @@ int l7_server_msg(struct sk_msg_md *msg)
 	if (l7_msg_key(msg, &key))
 		return SK_PASS;
 	r = bpf_map_lookup_elem(&weir_l7_replies, &key);
-	if (!r || r->lost || !r->waiting)
+	if (!r)
+		return SK_PASS;
+	if (r->lost)
+		return l7_server_handed(msg, r->cookie);
+	if (!r->waiting && !r->asked_ns)
+		return l7_server_first(msg, r, &key);
+	if (!r->waiting)
 		return SK_PASS;
 	f = bpf_map_lookup_elem(&weir_l7_flows, &key);
 	if (!f)

@@ -18,12 +18,26 @@
  *     since the last request it let go arrived (the seq marks below);
  *     nothing here checks it again.
  *
- * Responses never pass the proxy. S stays the application's socket with
+ * HTTP/1 responses never pass the proxy. S stays the application's socket with
  * the client as its peer, so nothing about the connection changes but
  * who reads its requests first. A slot serves one connection; when S
  * closes, the slot is marked closed and the proxy, once it has read all
  * that was redirected to P, offers the slot again with a fresh pair. A
  * slot popped while not free (offered twice) is never taken.
+ *
+ * HTTP/2 over cleartext (h2c: a connection that opens with the HTTP/2
+ * preface, as gRPC's do) cannot be judged in the kernel (HPACK) nor
+ * answered in the server's place without the server's frames (an answer
+ * must fall between two of them). Such a connection is handed whole at
+ * its first skb (l7_hand_off_h2c), or at the server's first bytes when
+ * the server speaks first (l7_server_first: an HTTP/2 server's SETTINGS
+ * may precede the client's preface): its record says h2, and l7_server_msg
+ * then redirects what the server sends (BPF_F_INGRESS) into Q's receive
+ * queue. The proxy ends HTTP/2 on both sides: it reads the client's
+ * frames from P and writes its own to Q (out to the client), reads the
+ * server's frames from Q and writes its own to P (into S, to the
+ * server). Each request is judged whole, and a denied one answered 403 on
+ * its own stream while the connection goes on.
  *
  *   weir_l7_proxy        sockhash: key slot*2 is P, slot*2+1 is Q
  *   weir_l7_proxy_ports  P's local port -> its slot: what P writes has it as
@@ -78,7 +92,8 @@ struct l7_handoff {
 	__u64 redirected;         /* bytes redirected to P */
 	__u8 state;
 	__u8 owes;                /* seq_owed is valid: a request went and the server had not answered at the hand-off */
-	__u8 pad[2];
+	__u8 h2;                  /* HTTP/2 (h2c): the proxy speaks for both ends (below) */
+	__u8 pad;
 	__u32 marks_next;         /* the next mark to write, mod L7_SEQ_MARKS */
 	struct l7_seq_mark marks[L7_SEQ_MARKS];
 };

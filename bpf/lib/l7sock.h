@@ -95,6 +95,8 @@ enum {
 	L7_STAT_SEND_DESYNC, /* client connections closed: TCP took other bytes than the verdict judged */
 	L7_STAT_REPLIES,    /* answers to allowed requests read (l7reply.h) */
 	L7_STAT_REPLIES_LOST, /* connections whose answers are no longer read */
+	L7_STAT_H2C,        /* HTTP/2 (h2c) connections handed whole to user space */
+	L7_STAT_H2C_SERVER_BYTES, /* bytes h2c servers sent, steered into the proxy */
 	L7_STAT_MAX,
 };
 

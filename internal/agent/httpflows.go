@@ -126,6 +126,10 @@ func (h *httpFlows) flowsOf(names *flowNames, ev datapath.L7Event) []api.Flow {
 		return out
 	}
 	f := h.explain(names, ev)
+	if ev.Proxied && ev.Verdict == datapath.L7Allowed && ev.Status != 0 {
+		// Its own answer, which the proxy saw (HTTP/2).
+		return append(out, withAnswer(f, ev))
+	}
 	if ev.Verdict == datapath.L7Allowed && !ev.Repeat && !ev.Closed && !ev.Proxied && ev.Count <= 1 {
 		h.held[ev.Cookie] = heldFlow{f: f, at: time.Now()}
 		return out

@@ -274,6 +274,18 @@ func TestProxyRecordsSayUserSpace(t *testing.T) {
 	if f.Verdict != "denied" || f.HTTP.Status != 403 || !strings.HasSuffix(f.Rule, "(judged in user space)") {
 		t.Fatalf("the proxy's denied record: %q %+v", f.Rule, f.HTTP)
 	}
+	// An HTTP/2 request the proxy judged and whose answer it carried:
+	// one flow, with the server's status and the time to its head.
+	h2, rerr := l7.HTTP2Request("POST", "/v1/request-landing", "deathstar.empire", nil, nil)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	flows := h.flowsOf(names, proxyEvent(proxy.Record{Handoff: handoff, Sets: handoff.Sets, Request: h2,
+		Decision: proxy.Decision{Verdict: proxy.Allow, Set: 103, Rule: 0}, Status: 201, Latency: 3 * time.Millisecond}))
+	if len(flows) != 1 || flows[0].Verdict != "allowed" || flows[0].HTTP.Status != 201 || flows[0].HTTP.Latency != 3*time.Millisecond ||
+		flows[0].HTTP.Target != "/v1/request-landing" || flows[0].HTTP.Method != "POST" {
+		t.Fatalf("the proxy's HTTP/2 record: %+v", flows)
+	}
 	ev := requestRecord(datapath.L7Split, "POST /v1/req")
 	ev.Handed = true
 	if f = h.explain(names, ev); f.Verdict != "unjudged" || !strings.Contains(f.Rule, "handed to user space") {

@@ -75,6 +75,8 @@ func proxyEvent(r proxy.Record) datapath.L7Event {
 		ev.Verdict = datapath.L7Denied
 		ev.Pipelined = !r.Answered
 	}
+	// An HTTP/2 request's own answer, which passed the proxy.
+	ev.Status, ev.Latency, ev.LatencyMax = r.Status, r.Latency, r.Latency
 	if q := r.Request; q != nil {
 		line := q.Method + " " + q.Target + " " + q.Proto
 		if len(line) > 128 {

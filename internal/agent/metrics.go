@@ -343,6 +343,7 @@ func (c l7Collector) Collect(ch chan<- prometheus.Metric) {
 		"connections_handed": st.Handed, "proxy_forwarded_bytes": st.ProxyForwarded, "proxy_answered": st.ProxyAnswered, "proxy_behind": st.ProxyBehind,
 		"clients": st.Clients, "heads_corked": st.Corked, "sends_desync": st.SendDesync,
 		"replies": st.Replies, "replies_lost": st.RepliesLost,
+		"h2c_connections_handed": st.H2C, "h2c_server_bytes": st.H2CServerBytes,
 	} {
 		ch <- prometheus.MustNewConstMetric(l7Desc, prometheus.CounterValue, float64(v), name)
 	}

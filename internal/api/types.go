@@ -358,7 +358,8 @@ type FlowHTTP struct {
 	// own, read in the kernel (Latency then set). 0: no answer was
 	// read (the connection closed without one, or it came later than a
 	// second and has a Reply record of its own, or the connection's
-	// answers are not read: it pipelines, or user space judged it).
+	// answers are not read: it pipelines, or user space judged it on
+	// HTTP/1; an HTTP/2 request's answer passes the proxy and is read).
 	Status int `json:"status,omitempty"`
 	// Reply makes the record one of the server's answers alone (Count
 	// of them, all of Status) to a request recorded before it on the

@@ -86,6 +86,10 @@ type L7Stats struct {
 	// (bpf/lib/l7reply.h: a client that pipelines, a send that does not
 	// begin an answer, a 101, a connection handed to user space).
 	Replies, RepliesLost uint64
+	// H2C are HTTP/2 cleartext connections handed whole to user space;
+	// H2CServerBytes the bytes their servers sent, steered into the
+	// proxy (bpf/lib/l7proxy.h).
+	H2C, H2CServerBytes uint64
 }
 
 // L7Sockets is a standalone L7 socket path (bpf/l7.c) with maps of its
@@ -307,7 +311,7 @@ func readL7Stats(m *ebpf.Map) (L7Stats, error) {
 	fields := []*uint64{&out.Sockets, &out.JoinFail, &out.Messages, &out.Bytes, &out.Allowed, &out.Denied,
 		&out.Refused, &out.Punted, &out.Split, &out.Answered, &out.Closed, &out.NoState, &out.EventsLost, &out.Pipelined,
 		&out.Reset, &out.ResetUnlisted, &out.Handed, &out.ProxyForwarded, &out.ProxyAnswered, &out.ProxyBehind,
-		&out.Clients, &out.Corked, &out.SendDesync, &out.Replies, &out.RepliesLost}
+		&out.Clients, &out.Corked, &out.SendDesync, &out.Replies, &out.RepliesLost, &out.H2C, &out.H2CServerBytes}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {

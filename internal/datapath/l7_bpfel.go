@@ -200,7 +200,8 @@ type l7L7Handoff struct {
 	Redirected uint64
 	State      uint8
 	Owes       uint8
-	Pad        [2]uint8
+	H2         uint8
+	Pad        uint8
 	MarksNext  uint32
 	Marks      [8]struct {
 		_      structs.HostLayout

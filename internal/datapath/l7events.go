@@ -106,7 +106,9 @@ type L7Event struct {
 	// record, to its last recorded request, all of Status, on a record
 	// of any verdict (bpf/lib/l7reply.h); 0: none. Latency sums their
 	// times from the request going on to the answer's first byte,
-	// LatencyMax is the longest.
+	// LatencyMax is the longest. A proxy's record of an HTTP/2 request
+	// (Proxied, Replies 0) has its own answer's Status and Latency: the
+	// answers pass the proxy.
 	Replies             uint32
 	Status              int
 	Latency, LatencyMax time.Duration
@@ -242,7 +244,7 @@ var l7Reasons = [...]string{
 	"a malformed request line",
 	"a request target it will not read (not origin-form, or malformed)",
 	"a path servers read differently (dot segment, encoded slash, empty segment, ...)",
-	"an HTTP version other than 1.0 or 1.1 (HTTP/2 over cleartext, h2c as gRPC speaks it, is not inspected yet: a port with HTTP rules refuses it)",
+	"an HTTP version other than 1.0 or 1.1 (HTTP/2 over cleartext, h2c as gRPC speaks it, is judged by the node's proxy when its preface opens the connection in one piece; refused here when no proxy slot was free, or later in a connection)",
 	"a malformed or forbidden header field (obs-fold, whitespace before the colon, an override header, ...)",
 	"ambiguous framing (Content-Length with Transfer-Encoding, two lengths, a body where none may be, ...)",
 	"a missing, repeated or malformed Host",

@@ -209,8 +209,12 @@ type Handoff struct {
 	SeqOwed uint32
 	// Redirected counts the bytes sent to the proxy.
 	Redirected uint64
-	marks      []seqMark
-	key        l7L7SockKey
+	// H2 says the connection speaks HTTP/2 (h2c) and was handed whole:
+	// what its server sends comes to the slot's Answer socket, and the
+	// proxy ends HTTP/2 on both sides.
+	H2    bool
+	marks []seqMark
+	key   l7L7SockKey
 }
 
 type seqMark struct {
@@ -229,7 +233,7 @@ func (s *ProxySlot) Handoff() (Handoff, error) {
 		Server: netip.AddrPortFrom(addrOfBE32(h.Key.Local), h.Key.LocalPort),
 		Client: netip.AddrPortFrom(addrOfBE32(h.Key.Remote), h.Key.RemotePort),
 		Sets:   h.Sets, Prefix: h.Prefix, Owes: h.Owes != 0, SeqOwed: h.SeqOwed,
-		Redirected: h.Redirected, key: h.Key,
+		Redirected: h.Redirected, H2: h.H2 != 0, key: h.Key,
 	}
 	for _, m := range h.Marks {
 		if m.Valid != 0 {

@@ -80,6 +80,7 @@ var mapsToReset = map[string]string{
 	"weir_verdicts":       "verdict counters (a counter reset)",
 	"weir_l7_events":      "undelivered request records",
 	"weir_l7_stats":       "L7 counters (a counter reset)",
+	"weir_l7_handoff":     "hand-off records, which a starting proxy clears anyway (L7Proxy.Reset): connections handed before the upgrade close",
 	"weir_lb4_flow_socks": "the flow notes of sockets opened before the upgrade are left to their map's LRU",
 }
 

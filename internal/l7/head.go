@@ -127,8 +127,11 @@ func (r *Request) parseRequestLine(line []byte, start int64) *RequestError {
 	default:
 		if string(version) == "HTTP/2.0" {
 			// The connection preface of HTTP/2 over cleartext (h2c with
-			// prior knowledge, as gRPC clients open it).
-			return refuse(ErrUnsupportedVersion, start, "HTTP/2 (h2c): not inspected yet, so a port with HTTP rules refuses it")
+			// prior knowledge, as gRPC clients open it). A connection
+			// that opens with it is handed whole to the proxy, which
+			// speaks HTTP/2 (HTTP2Request); here it came after HTTP/1
+			// bytes, or cut short, and no server reads it so.
+			return refuse(ErrUnsupportedVersion, start, "HTTP/2 (h2c) preface not at the connection's start in one piece")
 		}
 		if bytes.HasPrefix(version, []byte("HTTP/")) {
 			return refuse(ErrUnsupportedVersion, start, "version %q", version)

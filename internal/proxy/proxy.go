@@ -77,6 +77,11 @@ type Record struct {
 	// Answered: a 403 or 400 was sent in the server's place; Ended: the
 	// connection ended with it (reset once the server's answers went).
 	Answered, Ended bool
+	// Status is the server's answer to an allowed request and Latency
+	// the time to its head, where the proxy saw it (HTTP/2, whose
+	// answers pass the proxy); 0 otherwise.
+	Status  int
+	Latency time.Duration
 }
 
 // Opener makes the pair of a hand-off slot and offers it to the kernel
@@ -261,9 +266,7 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 		headAt              int64
 	)
 	for {
-		if st != nil {
-			s.In.SetReadDeadline(time.Now().Add(pollClosed))
-		}
+		s.In.SetReadDeadline(time.Now().Add(pollClosed))
 		n, err := s.In.Read(buf)
 		if n > 0 {
 			read += uint64(n)
@@ -279,6 +282,9 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 					// Bytes with no connection handed: the slot was
 					// offered twice, or cleared. Never judge them.
 					return fmt.Errorf("proxy slot %d: %d bytes for no connection", s.Slot, n)
+				}
+				if h.H2 {
+					return p.serveH2(s, h, clone(buf[:n]))
 				}
 				st = newStream(p.judge, Conn{Server: h.Server, Client: h.Client, Sets: h.Sets}, h.Prefix)
 				if !p.take(h.Client.Addr()) {
@@ -319,6 +325,17 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return err
+		}
+		if st == nil {
+			// An HTTP/2 server that spoke first has the slot before
+			// its client sends a byte (l7_server_first).
+			if h, err = s.Handoff(); err != nil {
+				return err
+			}
+			if h.H2 && (h.Active || h.Closed) {
+				return p.serveH2(s, h, nil)
+			}
+			continue
 		}
 		p.enforceTimeouts(s, h, st, headSince, lastByte)
 		now, err := s.Handoff()

@@ -78,6 +78,9 @@ type handedOpts struct {
 	limits Limits
 	judge  func(sets *SetJudge, port uint16) Judge
 	port   uint32
+	// h2First: the server speaks HTTP/2 only and sends its SETTINGS at
+	// once, before the client's preface, as grpc-go's does.
+	h2First bool
 }
 
 func handedSetupWith(t *testing.T, o handedOpts) (*server, *datapath.L7Sockets, *[]Record, *Proxy) {
@@ -93,14 +96,28 @@ func handedSetupWith(t *testing.T, o handedOpts) (*server, *datapath.L7Sockets, 
 	ln := listenIn(t, root, cg)
 	srv := &server{addr: ln.Addr().String()}
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
 		srv.mu.Lock()
 		srv.seen = append(srv.seen, r.Method+" "+r.URL.Path)
 		srv.mu.Unlock()
+		if strings.HasPrefix(r.URL.Path, "/echo.Echo/") {
+			echoStream(w, r)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(w, "%s %s", r.Method, r.URL.Path)
 	})}
-	go hs.Serve(ln)
-	t.Cleanup(func() { hs.Close() })
+	// HTTP/1 and HTTP/2 over cleartext (prior knowledge), as a gRPC
+	// server speaks it.
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	if o.h2First {
+		go serveH2First(ln, hs.Handler)
+		t.Cleanup(func() { ln.Close() })
+	} else {
+		go hs.Serve(ln)
+		t.Cleanup(func() { hs.Close() })
+	}
 
 	var sets Matchers
 	for i, rules := range append([][]l7.Rule{rules}, more...) {

@@ -634,6 +634,82 @@ func TestKubernetes(t *testing.T) {
 		})
 	})
 
+	t.Run("HTTP2 over cleartext (h2c, gRPC) policy: a real gRPC server's calls judged by the node's proxy, an allowed method served and another answered 403 on the same connection, each call on record with the server's status", func(t *testing.T) {
+		client := onNode(t, webPods(t, c), "n1")
+		if out, err := st.Kubectl(ctx, strings.NewReader(grpcServerPod), "apply", "-f", "-"); err != nil {
+			t.Fatalf("apply grpc-server: %v %s", err, out)
+		}
+		defer st.Kubectl(ctx, nil, "delete", "pod", "grpc-server", "--wait=false")
+		if out, err := st.Kubectl(ctx, nil, "wait", "--for=condition=Ready", "pod/grpc-server", "--timeout=60s"); err != nil {
+			t.Fatalf("grpc-server not ready: %v %s", err, out)
+		}
+		server, err := c.CoreV1().Pods("default").Get(ctx, "grpc-server", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := "http://" + server.Status.PodIP + ":5000/grpc.health.v1.Health/"
+		call := func(urls ...string) string { t.Helper(); return grpcCall(ctx, st, client, urls...) }
+		waitFor(t, 15*time.Second, func() error {
+			if got := call(base + "Check"); got != "200 2 1" {
+				return fmt.Errorf("Check with no policy: %q, want 200 over HTTP/2", got)
+			}
+			return nil
+		})
+		if out, err := st.Kubectl(ctx, strings.NewReader(grpcHTTPPolicy), "apply", "-f", "-"); err != nil {
+			t.Fatalf("apply grpc-http: %v %s", err, out)
+		}
+		defer func() {
+			if out, err := st.Kubectl(ctx, nil, "delete", "weirnetworkpolicies.weir.io", "grpc-http", "--ignore-not-found"); err != nil {
+				t.Errorf("delete grpc-http: %v %s", err, out)
+			}
+		}()
+		waitFor(t, 15*time.Second, func() error {
+			if got := call(base + "Watch"); got != "403 2 1" {
+				return fmt.Errorf("Watch: %q, want 403 once the policy is loaded", got)
+			}
+			return nil
+		})
+		for _, tc := range []struct {
+			name string
+			urls []string
+			want string // status, HTTP version, connections opened
+		}{
+			{"the allowed call", []string{base + "Check"}, "200 2 1"},
+			{"another method of the service", []string{base + "Watch"}, "403 2 1"},
+		} {
+			if got := call(tc.urls...); got != tc.want {
+				t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+			}
+		}
+		// One connection, as a gRPC client keeps it: the denied call
+		// answered on its own stream, the calls around it served with
+		// their grpc-status trailer.
+		if got := grpcOneConn(t, st, client, server.Status.PodIP+":5000", "Check", "Watch", "Check"); got != "200 0 403 - 200 0" {
+			t.Errorf("one connection: allowed, denied, allowed: %q, want 200 0 403 - 200 0", got)
+		}
+		waitFor(t, 5*time.Second, func() error {
+			seen, err := httpRecords(ctx, st, server.Spec.NodeName, "default/grpc-server", func(f api.Flow, seen map[string]bool) {
+				if f.HTTP == nil || !strings.HasSuffix(f.Rule, "(judged in user space)") {
+					return
+				}
+				switch {
+				case f.Verdict == "allowed" && f.HTTP.Method == "POST" && f.HTTP.Target == "/grpc.health.v1.Health/Check" && f.HTTP.Status == 200 &&
+					f.HTTP.Latency > 0 && strings.Contains(f.Rule, "weirnetworkpolicy default/grpc-http ingress[0] ports[0].http[0] (POST Exact /grpc.health.v1.Health/Check)"):
+					seen["allowed"] = true
+				case f.Verdict == "denied" && f.HTTP.Target == "/grpc.health.v1.Health/Watch" && f.HTTP.Status == 403:
+					seen["denied"] = true
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if len(seen) != 2 {
+				return fmt.Errorf("records of grpc-server: %v, want the allowed call with its status and the denied one", seen)
+			}
+			return nil
+		})
+	})
+
 	t.Run("demo: pods talk, NetworkPolicy drops, a WeirClusterNetworkPolicy rejects at once, is Programmed on every node, trace agrees with the datapath, and a WeirNetworkPolicy's HTTP rule lands the ship and answers the exhaust port 403", func(t *testing.T) {
 		t.Cleanup(func() {
 			for _, args := range [][]string{
