@@ -236,7 +236,7 @@ func (b *l7Bench) setup(ctx context.Context) error {
 	if err := tuneLoadClient(ctx, b.client.NetNS); err != nil {
 		return err
 	}
-	srv, err := startNginx(ctx, b.server.NetNS, "", b.server.IP.String(), []int{l7Port, l7OtherPort})
+	srv, err := startNginx(ctx, b.server.NetNS, "", b.server.IP.String(), []int{l7Port, l7OtherPort}, nil)
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,14 @@ const (
 	// GET / before a Deny of all): its flows are handed to the proxy at
 	// their first request, which judges every request against the
 	// policy, walking the precedence order (proxy.TierJudge).
-	l7GateTiers    = "user-space HTTP, cluster-tier rule"
+	l7GateTiers = "user-space HTTP, cluster-tier rule"
+	// HTTP/2 over cleartext (gRPC's transport), h2load's requests, one
+	// stream at a time on each of the same number of connections: a
+	// port left alone, and one with 1 HTTP rule, whose connections the
+	// kernel hands whole to the proxy at their preface, which speaks
+	// HTTP/2 with both ends and judges every request (internal/proxy).
+	l7GateH2Plain  = "h2c, no policy"
+	l7GateH2One    = "h2c, 1 rule (the proxy, HTTP/2 both ways)"
 	l7GateConns    = 100
 	l7GatePortOff  = 8080
 	l7GatePortStr  = 8081
@@ -73,6 +80,8 @@ const (
 	l7GatePortUser = 8087
 	l7GatePortRe   = 8088
 	l7GatePortTier = 8089
+	l7GatePortH2   = 8090
+	l7GatePortH2R1 = 8091
 	// l7GateSlots are the proxy's hand-off slots: one per connection.
 	l7GateSlots = 2 * l7GateConns
 )
@@ -92,13 +101,17 @@ const l7WantRateP99 = 2.0
 var l7GateRateSetups = []string{l7GatePlain, l7GateHTTP1, l7GateHTTP40, l7GateUser}
 
 // l7GateSetups are the setups in report order.
-var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateHTTPRegex, l7GateUser, l7GateTiers, l7GatePlainNew, l7GateHTTP1New}
+var l7GateSetups = []string{l7GatePlain, l7GateStrp, l7GateSkb, l7GateHTTP1, l7GateHTTP40, l7GateHTTPRegex, l7GateUser, l7GateTiers, l7GatePlainNew, l7GateHTTP1New,
+	l7GateH2Plain, l7GateH2One}
 
 // l7GateBaseline is the setup a setup's ratio is taken to: the plain
 // port with the same requests.
 func l7GateBaseline(setup string) string {
-	if setup == l7GateHTTP1New {
+	switch setup {
+	case l7GateHTTP1New:
 		return l7GatePlainNew
+	case l7GateH2One:
+		return l7GateH2Plain
 	}
 	return l7GatePlain
 }
@@ -161,6 +174,8 @@ type l7GateSetup struct {
 	set    func() []l7.Rule
 	handed bool
 	tiers  bool
+	// h2: nginx serves the port over HTTP/2 (h2c) and h2load loads it.
+	h2 bool
 }
 
 // l7GatePathRegexRules is one rule wrk's GET / meets only by its path's
@@ -202,7 +217,8 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		{name: l7GateHTTPRegex, port: l7GatePortRe, mode: datapath.L7HTTP, rules: 1, set: l7GatePathRegexRules},
 		{name: l7GateUser, port: l7GatePortUser, mode: datapath.L7HTTP, rules: 1, set: l7GateHeaderRegexRules, handed: true},
 		{name: l7GateTiers, port: l7GatePortTier, mode: datapath.L7HTTP, rules: 1, handed: true, tiers: true},
-		{name: l7GatePlainNew, port: l7GatePortOffN, newPaths: true}, {name: l7GateHTTP1New, port: l7GatePortH1N, mode: datapath.L7HTTP, rules: 1, newPaths: true}}
+		{name: l7GatePlainNew, port: l7GatePortOffN, newPaths: true}, {name: l7GateHTTP1New, port: l7GatePortH1N, mode: datapath.L7HTTP, rules: 1, newPaths: true},
+		{name: l7GateH2Plain, port: l7GatePortH2, h2: true}, {name: l7GateH2One, port: l7GatePortH2R1, mode: datapath.L7HTTP, rules: 1, handed: true, h2: true}}
 	script, err := os.CreateTemp("", "weir-l7gate-*.lua")
 	if err != nil {
 		return err
@@ -226,9 +242,13 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		return err
 	}
 	defer func() { retErr = errors.Join(retErr, handed.close()) }()
-	var ports []int
+	var ports, h2Ports []int
 	for i, s := range setups {
-		ports = append(ports, s.port)
+		if s.h2 {
+			h2Ports = append(h2Ports, s.port)
+		} else {
+			ports = append(ports, s.port)
+		}
 		switch s.mode {
 		case 0:
 			continue
@@ -267,7 +287,7 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 			}
 		}
 	}
-	nginx, err := startNginx(ctx, pair.NSB, cg, pair.AddrB.String(), ports)
+	nginx, err := startNginx(ctx, pair.NSB, cg, pair.AddrB.String(), ports, h2Ports)
 	if err != nil {
 		return err
 	}
@@ -285,7 +305,13 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 		if s.newPaths {
 			lua = script.Name()
 		}
-		w, err := wrkKeepAlive(ctx, pair.NSA, fmt.Sprintf("http://%s:%d/", pair.AddrB, s.port), d, lua)
+		url := fmt.Sprintf("http://%s:%d/", pair.AddrB, s.port)
+		var w wrkRun
+		if s.h2 {
+			w, err = h2loadRun(ctx, pair.NSA, url, d)
+		} else {
+			w, err = wrkKeepAlive(ctx, pair.NSA, url, d, lua)
+		}
 		if err != nil {
 			return w, fmt.Errorf("%s: %w", s.name, err)
 		}
@@ -309,6 +335,9 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 			}
 			if w.proxied < w.rps*d.Seconds()*0.9 {
 				return w, fmt.Errorf("%s: %v requests allowed by the proxy for %.0f req/s over %v", s.name, w.proxied, w.rps, d)
+			}
+			if got := after.H2C - before.H2C; s.h2 && got < l7GateConns {
+				return w, fmt.Errorf("%s: %d of %d connections handed to the proxy as HTTP/2", s.name, got, l7GateConns)
 			}
 		} else if s.mode == datapath.L7HTTP {
 			// Every request read and allowed, no connection cut short.
@@ -346,6 +375,9 @@ func runL7Gate(ctx context.Context, o options, out io.Writer) (retErr error) {
 			}
 			for metric, v := range map[string]float64{"rps": w.rps, "p50_ms": w.p50, "p99_ms": w.p99, "errors": w.errors, "sockets_joined": w.joined,
 				"requests_judged": w.judged, "records": w.records, "records_lost": w.recordsLost, "requests_proxied": w.proxied} {
+				if math.IsNaN(v) {
+					continue // h2load gives no percentiles
+				}
 				res.Samples = append(res.Samples, sample{Setup: s.name, Path: l7GatePath, Metric: metric, Rep: rep, Value: v})
 			}
 			fmt.Fprintf(out, "rep %d %-20s %8.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %v\n", rep+1, s.name, w.rps, w.p50, w.p99, w.errors)
@@ -572,6 +604,44 @@ func wrkKeepAlive(ctx context.Context, ns, url string, d time.Duration, script s
 	return w, nil
 }
 
+// h2load's summary lines: the rate, the requests that did not complete,
+// and the statuses.
+var (
+	h2loadRPS      = regexp.MustCompile(`finished in [0-9.]+m?s, ([0-9.]+) req/s`)
+	h2loadFailed   = regexp.MustCompile(`requests: \d+ total, \d+ started, \d+ done, \d+ succeeded, (\d+) failed, (\d+) errored, (\d+) timeout`)
+	h2loadStatuses = regexp.MustCompile(`status codes: \d+ 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx`)
+)
+
+// h2loadRun loads url over HTTP/2 with prior knowledge (h2c) from
+// namespace ns for d: as many connections as wrk keeps, one stream at a
+// time on each, as wrk's HTTP/1.1 requests are. Errors count requests
+// that failed, errored or timed out and answers other than 2xx. h2load
+// reports no latency percentiles: p50 and p99 are NaN.
+func h2loadRun(ctx context.Context, ns, url string, d time.Duration) (wrkRun, error) {
+	secs := strconv.Itoa(int(math.Ceil(d.Seconds())))
+	out, err := inNS(ctx, ns, clientCPU, "h2load", "-t1", "-c"+strconv.Itoa(l7GateConns), "-m1", "-D"+secs, url).CombinedOutput()
+	if err != nil {
+		return wrkRun{}, fmt.Errorf("h2load (apt-get install nghttp2-client): %w: %s", err, out)
+	}
+	w := wrkRun{p50: math.NaN(), p99: math.NaN()}
+	m := h2loadRPS.FindSubmatch(out)
+	if m == nil {
+		return w, fmt.Errorf("no req/s in h2load's output: %s", out)
+	}
+	w.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	for _, re := range []*regexp.Regexp{h2loadFailed, h2loadStatuses} {
+		e := re.FindSubmatch(out)
+		if e == nil {
+			return w, fmt.Errorf("h2load's output has no %q line: %s", re, out)
+		}
+		for _, n := range e[1:] {
+			k, _ := strconv.Atoi(string(n))
+			w.errors += float64(k)
+		}
+	}
+	return w, nil
+}
+
 // l7GateCgroup makes a cgroup below the machine's cgroup v2 root for the
 // server, and a release that removes it (and a cgroup2 mount it made).
 func l7GateCgroup() (string, func() error, error) {
@@ -616,7 +686,8 @@ func (r *result) judgeL7Gate() {
 		setup string
 		want  float64
 	}{{l7GateStrp, l7GateWant}, {l7GateSkb, l7GateWant}, {l7GateHTTP1, l7WantOneRule}, {l7GateHTTP40, l7WantFortyRules},
-		{l7GateHTTPRegex, l7WantOneRule}, {l7GateUser, l7WantOneRule}, {l7GateTiers, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule}} {
+		{l7GateHTTPRegex, l7WantOneRule}, {l7GateUser, l7WantOneRule}, {l7GateTiers, l7WantOneRule}, {l7GateHTTP1New, l7WantOneRule},
+		{l7GateH2One, l7WantOneRule}} {
 		if math.IsNaN(r.median(t.setup, l7GatePath, "rps")) {
 			continue // a result from before the setup existed
 		}
@@ -655,6 +726,8 @@ func (r *result) l7GateMarkdown() string {
 		"and one whose single rule has a Host header's regular expression, which the kernel leaves to user space: "+
 		"each connection is handed to the proxy (internal/proxy, in the bench process, one slot per connection) at its first request, and the proxy judges and forwards every request after (each allowed request counted); "+
 		"and one whose rule is a WeirClusterNetworkPolicy's (an Admin Accept of GET / with an HTTP rule, before a Deny of all), whose flows the kernel hands to the proxy at their first request, which judges every request against the compiled policy, walking the precedence order. "+
+		"The two h2c setups serve HTTP/2 over cleartext (gRPC's transport) on ports of their own, h2load (nghttp2, one thread, the same number of connections, one stream at a time each, CPU 0) sending GET /: "+
+		"one port left alone, and one with 1 HTTP rule, whose connections the kernel hands whole to the proxy at their preface, which ends HTTP/2 on both sides and judges every request (h2load reports no latency percentiles). "+
 		"The two new-paths setups send every request to a path of its own (wrk's Lua script GET /item/<n>), so on the HTTP port each request is a record of its own, "+
 		"drained as it comes through the agent's record path (explained and counted into a flow store) by the bench process; on the others, the repeated GET / is one record a second per connection. "+
 		"%d repetitions of %gs, the setups in a rotating order%s. Cells: median (median of the per-repetition ratios to no policy with the same requests).\n\n",

@@ -20,16 +20,27 @@ type nginxServer struct {
 }
 
 // startNginx runs nginx in the server namespace, in cgroup cg, pinned to
-// the server's CPU, one worker, answering "ok" on each port at addr, and
-// waits until every port answers.
-func startNginx(ctx context.Context, ns, cg, addr string, ports []int) (*nginxServer, error) {
-	var listen strings.Builder
+// the server's CPU, one worker, answering "ok" on each port at addr
+// (HTTP/1.1) and on each of h2Ports (HTTP/2 over cleartext, with prior
+// knowledge, as gRPC speaks it), and waits until every port answers.
+func startNginx(ctx context.Context, ns, cg, addr string, ports, h2Ports []int) (*nginxServer, error) {
+	var servers strings.Builder
 	var probes []string
-	for _, p := range ports {
-		fmt.Fprintf(&listen, "    listen %s:%d reuseport backlog=4096;\n", addr, p)
-		probes = append(probes, fmt.Sprintf("%s:%d", addr, p))
+	for _, set := range []struct {
+		ports []int
+		opts  string
+	}{{ports, ""}, {h2Ports, " http2"}} {
+		if len(set.ports) == 0 {
+			continue
+		}
+		servers.WriteString("  server {\n")
+		for _, p := range set.ports {
+			fmt.Fprintf(&servers, "    listen %s:%d%s reuseport backlog=4096;\n", addr, p, set.opts)
+			probes = append(probes, fmt.Sprintf("%s:%d", addr, p))
+		}
+		servers.WriteString("    location / { return 200 \"ok\\n\"; }\n  }\n")
 	}
-	return runNginx(ctx, ns, cg, serverCPU, fmt.Sprintf("  server {\n%s    location / { return 200 \"ok\\n\"; }\n  }\n", listen.String()), probes)
+	return runNginx(ctx, ns, cg, serverCPU, servers.String(), probes)
 }
 
 // runNginx runs nginx in namespace ns pinned to cpu, in cgroup cg when it
@@ -56,6 +67,7 @@ http {
   access_log off;
   keepalive_requests 100000000;
   keepalive_timeout 300s;
+  http2_max_concurrent_streams 128;
   client_body_temp_path %[1]s/body;
   proxy_temp_path %[1]s/proxy;
   fastcgi_temp_path %[1]s/fastcgi;

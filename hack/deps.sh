@@ -8,6 +8,7 @@ weir_packages=(
   bpftool iproute2 util-linux procps           # inspecting the datapath, nsenter
   iperf3 sockperf wrk python3-matplotlib       # benchmarks (also in the lab's loadtools image)
   nginx                                        # the l7-gate benchmark's server
+  nghttp2-client                               # h2load: the l7-gate benchmark's HTTP/2 (h2c) load
   runc nftables iptables busybox-static        # the Kubernetes lab: runtime, kube-proxy (both modes), test images
   netcat-openbsd curl bind9-dnsutils socat wget  # the lab's agnhost image: upstream's tools, as in its Alpine base
   git ca-certificates
