@@ -64,6 +64,7 @@ go test -run '^$' -fuzz '^FuzzCompileMalformed$' -fuzztime 3000x ./internal/poli
 go test -run '^$' -fuzz '^FuzzParser$' -fuzztime 20000x ./internal/l7
 go test -run '^$' -fuzz '^FuzzCanonicalPath$' -fuzztime 20000x ./internal/l7
 go test -run '^$' -fuzz '^FuzzPathDFA$' -fuzztime 5000x ./internal/l7
+go test -run '^$' -fuzz '^FuzzHTTP2Request$' -fuzztime 20000x ./internal/l7
 go test -run '^$' -fuzz '^FuzzHTTPReader$' -fuzztime 5000x ./internal/datapath
 
 left=$(ip netns list 2>/dev/null | grep -E '^(we2e|wk[0-9]|weir-lab|wbench|cni-)' || true)
