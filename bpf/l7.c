@@ -404,20 +404,9 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 h2)
 	struct l7_handoff *h;
 	__u32 slot;
 
-	if (bpf_map_pop_elem(&weir_l7_free, &slot))
+	h = l7_slot_take(w->cookie, &w->key, w->sets, &slot);
+	if (!h)
 		return -1;
-	h = bpf_map_lookup_elem(&weir_l7_handoff, &slot);
-	/* A slot offered twice (its pair replaced while it was queued) is
-	 * serving, or has served, another connection: it is not taken, and
-	 * this connection is closed rather than share a stream. */
-	if (!h || h->state != L7_SLOT_FREE)
-		return -1;
-	__builtin_memset(h, 0, sizeof(*h));
-	h->cookie = w->cookie;
-	h->key = w->key;
-	h->sets[0] = w->sets[0];
-	h->sets[1] = w->sets[1];
-	h->sets[2] = w->sets[2];
 	h->prefix = prefix;
 	h->owes = c->outstanding;
 	h->seq_owed = c->seq_at_allow;
@@ -869,18 +858,11 @@ __always_inline_fn int l7_server_first(struct sk_msg_md *msg, struct l7_replies 
 	if (!c || c->closed || c->slot || c->s.offset)
 		return SK_PASS;
 	f = bpf_map_lookup_elem(&weir_l7_flows, key);
-	if (!f || bpf_map_pop_elem(&weir_l7_free, &slot))
+	if (!f)
 		return SK_PASS;
-	h = bpf_map_lookup_elem(&weir_l7_handoff, &slot);
-	/* A slot offered twice is not taken (l7_hand_off). */
-	if (!h || h->state != L7_SLOT_FREE)
+	h = l7_slot_take(cookie, key, f->sets, &slot);
+	if (!h)
 		return SK_PASS;
-	__builtin_memset(h, 0, sizeof(*h));
-	h->cookie = cookie;
-	h->key = *key;
-	h->sets[0] = f->sets[0];
-	h->sets[1] = f->sets[1];
-	h->sets[2] = f->sets[2];
 	h->h2 = 1;
 	h->state = L7_SLOT_ACTIVE;
 	c->slot = slot + 1;

@@ -159,6 +159,31 @@ __always_inline_fn struct l7_handoff *l7_slot_serving(__u32 conn_slot, __u64 coo
 	return h && h->cookie == cookie ? h : NULL;
 }
 
+/* l7_slot_take pops a free slot for the connection of socket cookie,
+ * named key, restricted to sets, and makes its record anew (the caller
+ * fills the rest and marks it active last). NULL when none is free, or
+ * when the one popped was offered twice (its pair replaced while it was
+ * queued): it is serving, or has served, another connection, so it is
+ * not taken, and the caller closes this one rather than share a stream. */
+__always_inline_fn struct l7_handoff *l7_slot_take(__u64 cookie, const struct l7_sock_key *key, const __u32 *sets,
+						   __u32 *slot)
+{
+	struct l7_handoff *h;
+
+	if (bpf_map_pop_elem(&weir_l7_free, slot))
+		return NULL;
+	h = bpf_map_lookup_elem(&weir_l7_handoff, slot);
+	if (!h || h->state != L7_SLOT_FREE)
+		return NULL;
+	__builtin_memset(h, 0, sizeof(*h));
+	h->cookie = cookie;
+	h->key = *key;
+	h->sets[0] = sets[0];
+	h->sets[1] = sets[1];
+	h->sets[2] = sets[2];
+	return h;
+}
+
 /* l7_to_proxy redirects an skb of a handed connection to its slot's P,
  * marking where it begins and how far the server had written. */
 __always_inline_fn int l7_to_proxy(struct __sk_buff *skb, __u32 conn_slot, struct l7_handoff *h)

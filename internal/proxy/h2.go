@@ -369,7 +369,9 @@ func (x *h2Handler) forward(w http.ResponseWriter, r *http.Request) (int, time.D
 	// it sends on.
 	flush := http.NewResponseController(w)
 	flush.Flush()
-	buf := make([]byte, 32<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := res.Body.Read(buf)
 		if n > 0 {
@@ -391,6 +393,10 @@ func (x *h2Handler) forward(w http.ResponseWriter, r *http.Request) (int, time.D
 	}
 	return res.StatusCode, took
 }
+
+// copyBufs are the buffers answers are copied through: one a request
+// in flight, not one allocated a request.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // fieldsOf lists a decoded header as fields, names lowercase.
 func fieldsOf(h http.Header) []l7.Field {
