@@ -40,6 +40,10 @@ const (
 	// h2MaxHeaderBytes bounds a request's decoded header list, as the
 	// HTTP/1 parser bounds a head (16 KiB).
 	h2MaxHeaderBytes = 16 << 10
+	// h2DrainBytes and h2DrainTime bound what the proxy reads of the
+	// rest of a body it answered in the server's place (see answerH2).
+	h2DrainBytes = 256 << 10
+	h2DrainTime  = time.Second
 )
 
 // answerDenied is the body of a 403, as on HTTP/1.
@@ -314,7 +318,7 @@ func (x *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req, rerr := l7.HTTP2Request(r.Method, r.RequestURI, r.Host, fieldsOf(r.Header), x.p.judge.HeaderNames(conn))
 	if rerr != nil {
 		rec.Decision, rec.Err, rec.Answered = Decision{Verdict: Refuse}, rerr, true
-		answerH2(w, http.StatusBadRequest, "Bad request\n")
+		answerH2(w, r, http.StatusBadRequest, "Bad request\n")
 		return
 	}
 	rec.Request = req
@@ -324,18 +328,31 @@ func (x *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Status, rec.Latency = x.forward(w, r)
 	case Deny:
 		rec.Answered = true
-		answerH2(w, http.StatusForbidden, answerDenied)
+		answerH2(w, r, http.StatusForbidden, answerDenied)
 	default:
 		rec.Answered = true
-		answerH2(w, http.StatusBadRequest, "Bad request\n")
+		answerH2(w, r, http.StatusBadRequest, "Bad request\n")
 	}
 }
 
-// answerH2 answers a request in the server's place, on its stream.
-func answerH2(w http.ResponseWriter, status int, body string) {
+// answerH2 answers a request in the server's place, on its stream: the
+// answer's head and body go out at once, and its end waits for the rest
+// of the request's body, read and dropped (up to h2DrainBytes, for up to
+// h2DrainTime). Were the handler to return with the body unread, the
+// HTTP/2 server would end the stream with RST_STREAM(NO_ERROR) after the
+// answer, which the protocol allows but some clients take for a failed
+// request: curl 7.88 reported about one such 403 in seven as a framing
+// error (exit 92). A client that sends more, or slower, still gets the
+// reset.
+func answerH2(w http.ResponseWriter, r *http.Request, status int, body string) {
 	w.Header().Set("Content-Type", "text/plain")
 	w.WriteHeader(status)
 	io.WriteString(w, body)
+	rc := http.NewResponseController(w)
+	if rc.Flush() != nil || rc.SetReadDeadline(time.Now().Add(h2DrainTime)) != nil {
+		return
+	}
+	io.Copy(io.Discard, io.LimitReader(r.Body, h2DrainBytes))
 }
 
 // forward carries an allowed request to the server and its answer back,
@@ -353,7 +370,7 @@ func (x *h2Handler) forward(w http.ResponseWriter, r *http.Request) (int, time.D
 	began := time.Now()
 	res, err := x.cc.RoundTrip(out)
 	if err != nil {
-		answerH2(w, http.StatusBadGateway, "Bad gateway\n")
+		answerH2(w, r, http.StatusBadGateway, "Bad gateway\n")
 		return 0, 0
 	}
 	took := time.Since(began)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -381,5 +382,113 @@ func TestHandedH2CFollowsPolicy(t *testing.T) {
 	rs := *records
 	if len(rs) != 3 || rs[0].Sets != [3]uint32{1} || rs[1].Sets != [3]uint32{2} || rs[2].Sets != [3]uint32{2} || rs[2].Decision.Set != 2 {
 		t.Fatalf("records %+v: want set 1, then set 2 twice", rs)
+	}
+}
+
+// TestH2CDeniedAnswerEndsCleanly: a denied request whose body is still
+// coming is answered 403 and its stream ends with the client's last
+// DATA, not with a reset some clients take for a failure (curl 7.88 did,
+// one answer in seven); the connection goes on. A body that never ends
+// is reset once the proxy stops waiting for it, and the connection still
+// goes on.
+func TestH2CDeniedAnswerEndsCleanly(t *testing.T) {
+	srv, _, _ := handedSetup(t, h2cRules, 4)
+	c := dial(t, srv.addr)
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	h := &rawH2{t: t, fr: http2.NewFramer(c, c), dec: hpack.NewDecoder(4096, nil)}
+	h.enc = hpack.NewEncoder(&h.block)
+	if err := h.fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+
+	h.request(1, "PUT", "/v1/exhaust-port", false)
+	h.until("H1 403")
+	if err := h.fr.WriteData(1, true, []byte("boom")); err != nil {
+		t.Fatal(err)
+	}
+	h.request(3, "GET", "/items/42", true)
+	if got := h.until("D3 end"); strings.Contains(got, "R1") || !strings.Contains(got, "D1 end") || !strings.Contains(got, "H3 200") {
+		t.Fatalf("after the denied request's body ended: %s, want stream 1's answer ended, no reset of it, stream 3 served", got)
+	}
+
+	began := time.Now()
+	h.request(5, "PUT", "/v1/exhaust-port", false)
+	if got := h.until("R5"); !strings.Contains(got, "H5 403") {
+		t.Fatalf("a denied request whose body never ends: %s", got)
+	}
+	if took := time.Since(began); took < h2DrainTime {
+		t.Fatalf("stream 5 reset after %v, before the proxy's %v wait for its body", took, h2DrainTime)
+	}
+	h.request(7, "GET", "/items/7", true)
+	if got := h.until("D7 end"); !strings.Contains(got, "H7 200") {
+		t.Fatalf("after a reset stream: %s", got)
+	}
+}
+
+// rawH2 is a client writing and reading HTTP/2 frames by hand.
+type rawH2 struct {
+	t     *testing.T
+	fr    *http2.Framer
+	enc   *hpack.Encoder
+	block bytes.Buffer
+	dec   *hpack.Decoder
+}
+
+// request opens stream id with a request head, its body to follow
+// unless end.
+func (h *rawH2) request(id uint32, method, path string, end bool) {
+	h.t.Helper()
+	h.block.Reset()
+	for _, f := range [][2]string{{":method", method}, {":scheme", "http"}, {":authority", "weir.test"}, {":path", path}} {
+		h.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block.Bytes(), EndHeaders: true, EndStream: end}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// until reads frames until one described as want ("H<id> <status>",
+// "D<id> end", "R<id>") and returns every frame's description, in order.
+func (h *rawH2) until(want string) string {
+	h.t.Helper()
+	var seen []string
+	for {
+		f, err := h.fr.ReadFrame()
+		if err != nil {
+			h.t.Fatalf("after %v: %v", seen, err)
+		}
+		var d string
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				h.fr.WriteSettingsAck()
+			}
+			continue
+		case *http2.HeadersFrame:
+			fields, err := h.dec.DecodeFull(f.HeaderBlockFragment())
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			d = fmt.Sprintf("H%d %s", f.StreamID, fields[0].Value)
+			if f.StreamEnded() {
+				d += " end"
+			}
+		case *http2.DataFrame:
+			d = fmt.Sprintf("D%d", f.StreamID)
+			if f.StreamEnded() {
+				d += " end"
+			}
+		case *http2.RSTStreamFrame:
+			d = fmt.Sprintf("R%d %v", f.StreamID, f.ErrCode)
+		default:
+			continue
+		}
+		seen = append(seen, d)
+		if strings.HasPrefix(d, want) {
+			return strings.Join(seen, ", ")
+		}
 	}
 }
