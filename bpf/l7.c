@@ -149,6 +149,8 @@ __always_inline_fn void l7_client_closed(struct l7_sock_key *own, struct l7_clie
 
 	l7_reply_flush(bpf_map_lookup_elem(&weir_l7_replies, own), &server, f ? f->sets : none, L7_DIR_EGRESS);
 	l7_event_repeats(&cl->conn.run, &server, cl->cookie, f ? f->sets : none, L7_DIR_EGRESS);
+	if (cl->conn.slot)
+		l7_slot_closed(cl->conn.slot, cl->cookie);
 	bpf_map_delete_elem(&weir_l7_replies, own);
 	bpf_map_delete_elem(&weir_l7_client_conns, own);
 	bpf_map_delete_elem(&weir_l7_out, own);
@@ -407,11 +409,7 @@ __always_inline_fn int l7_hand_off(struct l7_walk *w, __u32 prefix, __u8 h2)
 	h = l7_slot_take(w->cookie, &w->key, w->sets, &slot);
 	if (!h)
 		return -1;
-	h->prefix = prefix;
-	h->owes = c->outstanding;
-	h->seq_owed = c->seq_at_allow;
-	h->h2 = h2;
-	h->state = L7_SLOT_ACTIVE;
+	l7_slot_serve(h, prefix, c->outstanding, c->seq_at_allow, h2, 0);
 	c->slot = slot + 1;
 	/* The proxy's requests go on unseen here: their answers are not read. */
 	l7_reply_stop(w->replies, &w->key, w->sets, w->dir);
@@ -441,14 +439,15 @@ __always_inline_fn int l7_try_hand_off(struct l7_walk *w, __u8 ev_verdict)
 #define L7_H2C_PREFACE_LEN 24
 static const char l7_h2c_preface[L7_H2C_PREFACE_LEN] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/* l7_is_h2c says whether the skb opens with the whole HTTP/2 preface. One
- * cut short is read as HTTP/1, whose reader refuses it (400). */
-__always_inline_fn int l7_is_h2c(struct __sk_buff *skb)
+/* l7_is_h2c says whether src (an skb, or a message a client sends)
+ * opens with the whole HTTP/2 preface. One cut short is read as HTTP/1,
+ * whose reader refuses it (400). */
+__always_inline_fn int l7_is_h2c(const struct l7_src *src)
 {
 	__u8 b[L7_H2C_PREFACE_LEN];
 	int i;
 
-	if (skb->len < L7_H2C_PREFACE_LEN || bpf_skb_load_bytes(skb, 0, b, sizeof(b)))
+	if (src->len < L7_H2C_PREFACE_LEN || l7_src_load(src, 0, b, sizeof(b)))
 		return 0;
 #pragma unroll
 	for (i = 0; i < L7_H2C_PREFACE_LEN; i++)
@@ -524,8 +523,12 @@ int l7_http_verdict(struct __sk_buff *skb)
 	w.conn = c;
 	w.replies = replies;
 	start = c->s.offset;
-	if (!start && l7_is_h2c(skb))
-		return l7_hand_off_h2c(&w);
+	if (!start) {
+		struct l7_src src = { .skb = skb, .len = skb->len };
+
+		if (l7_is_h2c(&src))
+			return l7_hand_off_h2c(&w);
+	}
 	l7_dfa_prepare(&c->s, w.sets);
 	bpf_loop(w.len + 1, l7_step, &w, 0);
 	if (w.outcome == L7_WALK_PASS) {
@@ -603,11 +606,33 @@ int l7_reset_tcp(struct bpf_iter__tcp *ctx)
 	return 0;
 }
 
+/* l7_proxy_client carries what the proxy writes for a client's
+ * connection (lib/l7proxy.h): from P, the bytes it allows, out on the
+ * client's socket, past the judged mark; from Q, its answers, into the
+ * client socket's receive queue. */
+__always_inline_fn int l7_proxy_client(struct sk_msg_md *msg, struct l7_handoff *h, int answer)
+{
+	struct l7_sock_key own = l7_server_view(&h->key);
+	struct l7_out_flow *f;
+
+	if (answer) {
+		l7_count(L7_STAT_PROXY_ANSWERED, 1);
+		return bpf_msg_redirect_hash(msg, &weir_l7_client, &own, BPF_F_INGRESS);
+	}
+	f = bpf_map_lookup_elem(&weir_l7_out, &own);
+	if (!f || f->cookie != h->cookie)
+		return SK_DROP;
+	f->judged += msg->size;
+	l7_count(L7_STAT_PROXY_FORWARDED, msg->size);
+	return bpf_msg_redirect_hash(msg, &weir_l7_client, &own, 0);
+}
+
 /* l7_proxy_msg carries what the proxy writes for the connection its slot
  * serves: from P, the bytes it allows, into the server socket's receive
- * queue; from Q, its answers, out on the server socket to the client. A
- * slot that serves nothing (freed, or its connection closed) takes
- * nothing: the write fails. */
+ * queue; from Q, its answers, out on the server socket to the client
+ * (for a client's connection, l7_proxy_client). A slot that serves
+ * nothing (freed, or its connection closed) takes nothing: the write
+ * fails. */
 SEC("sk_msg")
 int l7_proxy_msg(struct sk_msg_md *msg)
 {
@@ -627,6 +652,8 @@ int l7_proxy_msg(struct sk_msg_md *msg)
 	h = bpf_map_lookup_elem(&weir_l7_handoff, slot);
 	if (!h || h->state != L7_SLOT_ACTIVE)
 		return SK_DROP;
+	if (h->egress)
+		return l7_proxy_client(msg, h, answer);
 	key = h->key;
 	if (answer) {
 		l7_count(L7_STAT_PROXY_ANSWERED, 1);
@@ -700,6 +727,82 @@ __always_inline_fn int l7_client_answer(struct l7_walk *w, struct l7_client *cl,
 	return bpf_msg_redirect_hash(w->msg, &weir_l7_client, own, BPF_F_INGRESS);
 }
 
+/* l7_client_take_slot hands a client's connection to a free proxy slot
+ * from this message on (lib/l7proxy.h), its first prefix bytes allowed
+ * here; -1 when no slot is free or the redirect fails. */
+__always_inline_fn int l7_client_take_slot(struct l7_walk *w, struct l7_client *cl, __u32 prefix, __u8 h2)
+{
+	struct l7_handoff *h;
+	__u32 slot;
+
+	h = l7_slot_take(w->cookie, &w->key, w->sets, &slot);
+	if (!h)
+		return -1;
+	l7_slot_serve(h, prefix, cl->conn.outstanding, cl->conn.seq_at_allow, h2, 1);
+	cl->conn.slot = slot + 1;
+	cl->walked = 0;
+	bpf_msg_cork_bytes(w->msg, 0);
+	l7_reply_stop(w->replies, &w->key, w->sets, w->dir);
+	if (l7_msg_to_proxy(w->msg, cl->conn.slot, h) != SK_PASS) {
+		h->state = L7_SLOT_CLOSED;
+		return -1;
+	}
+	l7_count(L7_STAT_HANDED, 1);
+	return 0;
+}
+
+/* l7_client_hand_off hands to user space what the kernel cannot judge
+ * of a client's requests, and a denial after allowed bytes in one
+ * message; the bytes before the head the walk stopped at were allowed
+ * and go on unjudged. With no slot free the connection is closed, as
+ * before the proxy judged egress. */
+__always_inline_fn int l7_client_hand_off(struct l7_walk *w, struct l7_client *cl, __u8 ev_verdict)
+{
+	if (w->head_pos == L7_NO_HEAD || l7_client_take_slot(w, cl, w->head_pos, 0))
+		return l7_client_stop(w, cl, 0);
+	l7_record_stop(w, ev_verdict, L7_EVF_HANDED);
+	return SK_PASS;
+}
+
+/* l7_msg_opens_h2c says whether a client's message opens with the whole
+ * HTTP/2 preface: a function of its own, verified once, so the verdict's
+ * paths do not multiply by its comparisons. */
+__attribute__((noinline)) int l7_msg_opens_h2c(struct sk_msg_md *msg)
+{
+	struct l7_src src = { .msg = msg, .len = msg->size, .is_msg = 1 };
+
+	return l7_is_h2c(&src);
+}
+
+/* l7_client_hand_off_h2c hands a client's h2c connection whole to a
+ * proxy slot at its preface; l7_client_skb then steers what the server
+ * sends into the slot too. It needs the connection's own answer side
+ * (its record of the server's answers) to steer them by; without it, or
+ * with no slot free, the preface is refused and the connection closed,
+ * as before the proxy spoke HTTP/2 for clients. */
+__always_inline_fn int l7_client_hand_off_h2c(struct l7_walk *w, struct l7_client *cl)
+{
+	w->head_pos = 0;
+	if (w->replies->cookie == w->cookie && !w->replies->lost && !l7_client_take_slot(w, cl, 0, 1)) {
+		l7_count(L7_STAT_H2C, 1);
+		return SK_PASS;
+	}
+	cl->conn.s.error = HTTP_ERR_VERSION;
+	w->outcome = L7_WALK_REFUSE;
+	return l7_client_stop(w, cl, 0);
+}
+
+/* l7_client_handed sends a message of a handed client's connection to
+ * its slot; once the slot no longer serves it, the connection is closed. */
+__always_inline_fn int l7_client_handed(struct l7_walk *w, struct l7_client *cl)
+{
+	struct l7_handoff *h = l7_slot_serving(cl->conn.slot, cl->cookie);
+
+	if (h && l7_msg_to_proxy(w->msg, cl->conn.slot, h) == SK_PASS)
+		return SK_PASS;
+	return l7_client_close(w, cl);
+}
+
 SEC("sk_msg")
 int l7_client_msg(struct sk_msg_md *msg)
 {
@@ -724,6 +827,8 @@ int l7_client_msg(struct sk_msg_md *msg)
 		return SK_DROP;
 	w.conn = &cl->conn;
 	w.cookie = cl->cookie;
+	if (cl->conn.slot)
+		return l7_client_handed(&w, cl);
 	w.key = l7_server_view(&own);
 	replies = l7_replies_of(&own);
 	f = bpf_map_lookup_elem(&weir_l7_out, &own);
@@ -754,6 +859,8 @@ int l7_client_msg(struct sk_msg_md *msg)
 		w.head_pos = cl->head_pos;
 	}
 	start = cl->conn.s.offset - w.pos;
+	if (!start && !w.pos && l7_msg_opens_h2c(msg))
+		return l7_client_hand_off_h2c(&w, cl);
 	l7_dfa_prepare(&cl->conn.s, w.sets);
 	bpf_loop(w.len - w.pos + 1, l7_step, &w, 0);
 	if (w.outcome == L7_WALK_PASS) {
@@ -770,6 +877,12 @@ int l7_client_msg(struct sk_msg_md *msg)
 		}
 		return l7_client_pass(&w, cl, f);
 	}
+	/* What the kernel cannot judge, and a denial after allowed bytes in
+	 * the message, go to user space (not an upgrade: the proxy does not
+	 * see the server's answer, which says whether it switched). */
+	if ((w.outcome == L7_WALK_PUNT && w.punt_why != L7_EVF_UPGRADE) ||
+	    (w.outcome == L7_WALK_DENY && w.head_pos != 0 && w.head_pos != L7_NO_HEAD))
+		return l7_client_hand_off(&w, cl, l7_walk_verdict(w.outcome));
 	if (w.outcome == L7_WALK_PUNT)
 		return l7_client_stop(&w, cl, 0);
 	/* Answer in place only what begins the message: anything before it
@@ -786,6 +899,67 @@ int l7_client_msg(struct sk_msg_md *msg)
 	return l7_client_stop(&w, cl, 0);
 }
 
+/* l7_to_answer_side redirects what the server of an h2c connection
+ * handed to slot conn_slot sends into the slot's Q (BPF_F_INGRESS), where
+ * the proxy's HTTP/2 client reads it. */
+__always_inline_fn int l7_to_answer_side(struct __sk_buff *skb, __u16 conn_slot)
+{
+	__u32 q = (__u32)(conn_slot - 1) * 2 + 1;
+
+	l7_count(L7_STAT_H2C_SERVER_BYTES, skb->len);
+	return bpf_sk_redirect_hash(skb, &weir_l7_proxy, &q, BPF_F_INGRESS);
+}
+
+/* l7_client_skb_handed steers what a handed client's server sends: an
+ * h2c connection's into its slot while the slot serves it, nothing once
+ * it stopped (the client speaks HTTP/2 with the proxy); every other
+ * connection's to the client, as sent. The egress twin of
+ * l7_server_handed. */
+__always_inline_fn int l7_client_skb_handed(struct __sk_buff *skb, struct l7_sock_key *own, __u64 cookie)
+{
+	struct l7_client *cl = bpf_map_lookup_elem(&weir_l7_client_conns, own);
+	struct l7_handoff *h;
+
+	if (!cl || cl->cookie != cookie || !cl->conn.slot)
+		return SK_PASS;
+	h = l7_slot_serving(cl->conn.slot, cookie);
+	if (!h || !h->h2)
+		return SK_PASS;
+	if (h->state != L7_SLOT_ACTIVE)
+		return SK_DROP;
+	return l7_to_answer_side(skb, cl->conn.slot);
+}
+
+/* l7_client_first hands a client's connection whose server speaks before
+ * the client has sent a byte to a proxy slot as HTTP/2, as
+ * l7_server_first does on a server's side (an HTTP/2 server's SETTINGS
+ * may come before the client's preface): the frame must reach the
+ * proxy's HTTP/2 client, since the client will speak HTTP/2 with the
+ * proxy. With no slot free the bytes go on to the client, and its
+ * preface is refused when it comes. */
+__always_inline_fn int l7_client_first(struct __sk_buff *skb, struct l7_replies *r, struct l7_sock_key *own)
+{
+	struct l7_client *cl = bpf_map_lookup_elem(&weir_l7_client_conns, own);
+	struct l7_sock_key server = l7_server_view(own);
+	struct l7_handoff *h;
+	struct l7_out_flow *f;
+	__u32 slot;
+
+	if (!cl || cl->cookie != r->cookie || cl->conn.closed || cl->conn.slot || cl->conn.s.offset || cl->walked)
+		return SK_PASS;
+	f = bpf_map_lookup_elem(&weir_l7_out, own);
+	if (!f)
+		return SK_PASS;
+	h = l7_slot_take(r->cookie, &server, f->sets, &slot);
+	if (!h)
+		return SK_PASS;
+	l7_slot_serve(h, 0, 0, 0, 1, 1);
+	cl->conn.slot = slot + 1;
+	l7_reply_stop(r, &server, f->sets, L7_DIR_EGRESS);
+	l7_count(L7_STAT_H2C, 1);
+	return l7_to_answer_side(skb, cl->conn.slot);
+}
+
 /* l7_client_skb passes everything the client receives, and reads the
  * status of the answers to the requests its verdict allowed. */
 SEC("sk_skb/verdict")
@@ -800,7 +974,13 @@ int l7_client_skb(struct __sk_buff *skb)
 		return SK_PASS;
 	own = l7_skb_key(skb);
 	r = bpf_map_lookup_elem(&weir_l7_replies, &own);
-	if (!r || r->lost || !r->waiting || r->cookie != bpf_get_socket_cookie(skb))
+	if (!r || r->cookie != bpf_get_socket_cookie(skb))
+		return SK_PASS;
+	if (r->lost)
+		return l7_client_skb_handed(skb, &own, r->cookie);
+	if (!r->waiting && !r->asked_ns)
+		return l7_client_first(skb, r, &own);
+	if (!r->waiting)
 		return SK_PASS;
 	f = bpf_map_lookup_elem(&weir_l7_out, &own);
 	if (!f)
@@ -863,8 +1043,7 @@ __always_inline_fn int l7_server_first(struct sk_msg_md *msg, struct l7_replies 
 	h = l7_slot_take(cookie, key, f->sets, &slot);
 	if (!h)
 		return SK_PASS;
-	h->h2 = 1;
-	h->state = L7_SLOT_ACTIVE;
+	l7_slot_serve(h, 0, 0, 0, 1, 0);
 	c->slot = slot + 1;
 	l7_reply_stop(r, key, f->sets, L7_DIR_INGRESS);
 	l7_count(L7_STAT_H2C, 1);

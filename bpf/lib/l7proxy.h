@@ -93,7 +93,7 @@ struct l7_handoff {
 	__u8 state;
 	__u8 owes;                /* seq_owed is valid: a request went and the server had not answered at the hand-off */
 	__u8 h2;                  /* HTTP/2 (h2c): the proxy speaks for both ends (below) */
-	__u8 pad;
+	__u8 egress;              /* a client's connection, judged by its egress policy (below) */
 	__u32 marks_next;         /* the next mark to write, mod L7_SEQ_MARKS */
 	struct l7_seq_mark marks[L7_SEQ_MARKS];
 };
@@ -184,34 +184,95 @@ __always_inline_fn struct l7_handoff *l7_slot_take(__u64 cookie, const struct l7
 	return h;
 }
 
+/* l7_slot_serve fills in what the proxy needs of the connection a slot
+ * just taken serves, and marks the slot active: its first prefix bytes
+ * were allowed by the kernel; owes and seq_owed as struct l7_handoff's. */
+__always_inline_fn void l7_slot_serve(struct l7_handoff *h, __u32 prefix, __u8 owes, __u32 seq_owed, __u8 h2,
+				      __u8 egress)
+{
+	h->prefix = prefix;
+	h->owes = owes;
+	h->seq_owed = seq_owed;
+	h->h2 = h2;
+	h->egress = egress;
+	h->state = L7_SLOT_ACTIVE;
+}
+
+/* l7_proxy_room says whether len more bytes may go to slot's proxy:
+ * what was redirected and not yet read stays within L7_PROXY_BACKLOG. */
+__always_inline_fn int l7_proxy_room(__u32 slot, struct l7_handoff *h, __u32 len)
+{
+	__u64 *read = bpf_map_lookup_elem(&weir_l7_proxy_read, &slot);
+
+	if (read && h->redirected + len - *read <= L7_PROXY_BACKLOG)
+		return 1;
+	l7_count(L7_STAT_PROXY_BEHIND, 1);
+	return 0;
+}
+
+/* l7_proxy_mark notes where the next bytes redirected begin in the
+ * handed stream and how far the answering side stood (have: seq read). */
+__always_inline_fn void l7_proxy_mark(struct l7_handoff *h, int have, __u32 seq)
+{
+	__u32 i = h->marks_next % L7_SEQ_MARKS;
+
+	h->marks[i].offset = h->redirected;
+	h->marks[i].seq = seq;
+	h->marks[i].valid = have;
+	h->marks_next++;
+}
+
 /* l7_to_proxy redirects an skb of a handed connection to its slot's P,
  * marking where it begins and how far the server had written. */
 __always_inline_fn int l7_to_proxy(struct __sk_buff *skb, __u32 conn_slot, struct l7_handoff *h)
 {
 	__u32 slot = conn_slot - 1;
 	__u32 p = slot * 2;
-	__u32 i = h->marks_next % L7_SEQ_MARKS;
-	__u64 *read = bpf_map_lookup_elem(&weir_l7_proxy_read, &slot);
-	__u32 seq;
+	__u32 seq = 0;
 	int r;
 
-	if (h->state != L7_SLOT_ACTIVE)
+	if (h->state != L7_SLOT_ACTIVE || !l7_proxy_room(slot, h, skb->len))
 		return SK_DROP;
-	if (!read || h->redirected + skb->len - *read > L7_PROXY_BACKLOG) {
-		l7_count(L7_STAT_PROXY_BEHIND, 1);
-		return SK_DROP;
-	}
-	if (l7_write_seq(skb, &seq) == 0) {
-		h->marks[i].offset = h->redirected;
-		h->marks[i].seq = seq;
-		h->marks[i].valid = 1;
-	} else {
-		h->marks[i].valid = 0;
-	}
-	h->marks_next++;
+	l7_proxy_mark(h, l7_write_seq(skb, &seq) == 0, seq);
 	r = bpf_sk_redirect_hash(skb, &weir_l7_proxy, &p, BPF_F_INGRESS);
 	if (r == SK_PASS)
 		h->redirected += skb->len;
+	return r;
+}
+
+/*
+ * A client's connection (egress policy, lib/l7client.h) is handed the
+ * same way from the message its verdict cannot judge: that message and
+ * every later one the application sends go (BPF_F_INGRESS) into P's
+ * receive queue instead of the socket's send queue, and the proxy
+ * writes
+ *
+ *   - the bytes it allows to P: l7_proxy_msg sends them on the client's
+ *     socket C, moving the flow's judged mark past them first (tc lets
+ *     only bytes below it out: nothing else ever enters C's send queue
+ *     once it is handed, so the mark stays TCP's write sequence);
+ *   - its answers to Q: into C's receive queue, read as the server's.
+ *
+ * The marks hold how far C had received when each message came (the
+ * server's answers arriving, the same test of whether an answer of ours
+ * would overtake the server's). Answers from the server are not read.
+ */
+
+/* l7_msg_to_proxy redirects a handed client's message to its slot's P,
+ * marking where it begins and how far the client had received. */
+__always_inline_fn int l7_msg_to_proxy(struct sk_msg_md *msg, __u32 conn_slot, struct l7_handoff *h)
+{
+	__u32 slot = conn_slot - 1;
+	__u32 p = slot * 2;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(msg->sk);
+	int r;
+
+	if (h->state != L7_SLOT_ACTIVE || !l7_proxy_room(slot, h, msg->size))
+		return SK_DROP;
+	l7_proxy_mark(h, tp != NULL, tp ? tp->rcv_nxt : 0);
+	r = bpf_msg_redirect_hash(msg, &weir_l7_proxy, &p, BPF_F_INGRESS);
+	if (r == SK_PASS)
+		h->redirected += msg->size;
 	return r;
 }
 

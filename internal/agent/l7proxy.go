@@ -44,14 +44,14 @@ func (a *Agent) startL7Proxy(ctx context.Context, node *datapath.Node, record fu
 	return nil
 }
 
-// policyView is the policy loaded now and the local endpoint server is,
-// for the proxy's judge of flows with conditional cluster rules.
-func (a *Agent) policyView(server netip.Addr) (*policy.Result, string, bool) {
+// policyView is the policy loaded now and the local endpoint an address
+// is, for the proxy's judge of flows with conditional cluster rules.
+func (a *Agent) policyView(local netip.Addr) (*policy.Result, string, bool) {
 	n := a.flowNames.Load()
 	if n == nil || n.policy == nil {
 		return nil, "", false
 	}
-	pod, ok := n.byIP[server]
+	pod, ok := n.byIP[local]
 	return n.policy, pod, ok
 }
 
@@ -60,7 +60,7 @@ func proxyEvent(r proxy.Record) datapath.L7Event {
 	ev := datapath.L7Event{
 		Time: time.Now(), Cookie: r.Handoff.Cookie, Client: r.Handoff.Client, Server: r.Handoff.Server,
 		Sets: r.Sets, Set: r.Decision.Set, Rule: r.Decision.Rule, Policy: r.Decision.Policy, Count: 1,
-		Answered: r.Answered, Closed: r.Ended, Proxied: true,
+		Answered: r.Answered, Closed: r.Ended, Proxied: true, Egress: r.Handoff.Egress,
 	}
 	switch {
 	case r.Err != nil:

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"slices"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/dynamic"
 
 	"github.com/weirnet/weir/internal/k8s"
-	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
 
@@ -36,7 +34,7 @@ const (
 func clusterAcks(policies []*policy.ClusterPolicy, errs []error) map[string]k8s.PolicyAck {
 	out := make(map[string]k8s.PolicyAck, len(policies))
 	for _, p := range policies {
-		out[p.Ref()] = k8s.PolicyAck{Generation: p.Generation, Warning: clusterWarning(p)}
+		out[p.Ref()] = k8s.PolicyAck{Generation: p.Generation}
 	}
 	for _, e := range errs {
 		ref, msg, ok := strings.Cut(e.Error(), ": ")
@@ -48,19 +46,6 @@ func clusterAcks(policies []*policy.ClusterPolicy, errs []error) map[string]k8s.
 		out[ref] = ack
 	}
 	return out
-}
-
-// egressTierHTTPWarning: egress rules with HTTP rules have no user-space
-// path on the client's side yet (docs/l7.md).
-const egressTierHTTPWarning = "egress rules with HTTP rules are not judged on the client's side yet: " +
-	"each connection they inspect is closed at its first request"
-
-// clusterWarning is what this node enforces of p otherwise than p reads.
-func clusterWarning(p *policy.ClusterPolicy) string {
-	if p.HTTP != nil && slices.ContainsFunc(p.HTTP.Egress, func(r []l7.Rule) bool { return len(r) > 0 }) {
-		return egressTierHTTPWarning
-	}
-	return ""
 }
 
 // weirPolicyAcks is what a node that loaded a compilation has programmed

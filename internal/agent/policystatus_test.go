@@ -22,7 +22,6 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/weirnet/weir/internal/k8s"
-	"github.com/weirnet/weir/internal/l7"
 	"github.com/weirnet/weir/internal/policy"
 )
 
@@ -52,16 +51,6 @@ func TestClusterAcks(t *testing.T) {
 		if got := clusterAcks([]*policy.ClusterPolicy{cnp, wcnp}, tc.errs); !maps.Equal(got, tc.want) {
 			t.Errorf("%s: acks %v, want %v", tc.name, got, tc.want)
 		}
-	}
-	// Egress rules with HTTP rules are acked with a warning (this node
-	// closes the connections they inspect); ingress ones are not.
-	in := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "in",
-		HTTP: &policy.ClusterHTTP{Ingress: [][]l7.Rule{{{Method: "PUT"}}}, Egress: [][]l7.Rule{nil}}}
-	out := &policy.ClusterPolicy{Kind: policy.KindWeirClusterNetworkPolicy, Name: "out",
-		HTTP: &policy.ClusterHTTP{Egress: [][]l7.Rule{nil, {{Method: "PUT"}}}}}
-	got := clusterAcks([]*policy.ClusterPolicy{in, out}, nil)
-	if got[in.Ref()].Warning != "" || got[out.Ref()].Warning != egressTierHTTPWarning {
-		t.Errorf("acks %v: want a warning for the egress HTTP rules only", got)
 	}
 }
 

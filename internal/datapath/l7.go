@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -196,6 +197,35 @@ func (s *L7Sockets) EnforcePort(port uint16, mode L7Mode) error {
 		return fmt.Errorf("enforce L7 on port %d: %w", port, err)
 	}
 	return nil
+}
+
+// RestrictClient restricts the connection client opens to server to the
+// HTTP sets sets, judged on the client's socket by its egress reader
+// (lib/l7client.h) as tc restricts one a client's egress policy allows
+// only through HTTP rules, recording it when it allows the SYN. For the
+// standalone path: call it before the client connects, from a process
+// in the path's cgroup (sock_ops joins the socket at its handshake).
+func (s *L7Sockets) RestrictClient(client, server netip.AddrPort, sets [3]uint32) error {
+	if !client.Addr().Is4() || !server.Addr().Is4() {
+		return fmt.Errorf("restrict %v to %v: IPv4 only", client, server)
+	}
+	key := l7L7SockKey{Remote: be32(server.Addr()), Local: be32(client.Addr()), RemotePort: server.Port(), LocalPort: client.Port()}
+	if err := s.objs.WeirL7Out.Put(key, l7L7OutFlow{Sets: sets}); err != nil {
+		return fmt.Errorf("restrict %v to %v: %w", client, server, err)
+	}
+	return nil
+}
+
+// ClientJudged reads the judged mark of a connection RestrictClient
+// restricted: the sequence number after the last byte its client's
+// socket may send.
+func (s *L7Sockets) ClientJudged(client, server netip.AddrPort) (uint32, error) {
+	var f l7L7OutFlow
+	key := l7L7SockKey{Remote: be32(server.Addr()), Local: be32(client.Addr()), RemotePort: server.Port(), LocalPort: client.Port()}
+	if err := s.objs.WeirL7Out.Lookup(key, &f); err != nil {
+		return 0, fmt.Errorf("the flow of %v to %v: %w", client, server, err)
+	}
+	return f.Judged, nil
 }
 
 // EnforceHTTP judges the requests of sockets accepted on port from now on

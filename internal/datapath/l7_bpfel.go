@@ -201,7 +201,7 @@ type l7L7Handoff struct {
 	State      uint8
 	Owes       uint8
 	H2         uint8
-	Pad        uint8
+	Egress     uint8
 	MarksNext  uint32
 	Marks      [8]struct {
 		_      structs.HostLayout

@@ -35,7 +35,7 @@ func (d *clientDialer) dial(sets [3]uint32) (net.Conn, netip.AddrPort) {
 	t := d.t
 	t.Helper()
 	var client netip.AddrPort
-	dialer := net.Dialer{Control: loopbackBound(func(c netip.AddrPort) error {
+	dialer := net.Dialer{Control: testutil.LoopbackBound(func(c netip.AddrPort) error {
 		client = c
 		return d.out.Put(l7FlowKey(d.server, client), l7L7OutFlow{Sets: sets})
 	})}

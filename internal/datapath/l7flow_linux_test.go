@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/weirnet/weir/internal/l7"
@@ -100,26 +99,6 @@ func l7OutKey(client, server netip.AddrPort) lxcL7SockKey {
 func l7FlowKey(client, server netip.AddrPort) lxcL7SockKey {
 	c, s := client.Addr().As4(), server.Addr().As4()
 	return lxcL7SockKey{Remote: nativeUint32(c), Local: nativeUint32(s), RemotePort: client.Port(), LocalPort: server.Port()}
-}
-
-// loopbackBound is a Dialer.Control that binds the socket to 127.0.0.1
-// on a port the kernel picks and calls before with that address, before
-// the SYN leaves.
-func loopbackBound(before func(netip.AddrPort) error) func(string, string, syscall.RawConn) error {
-	return func(_, _ string, rc syscall.RawConn) error {
-		var err error
-		cerr := rc.Control(func(fd uintptr) {
-			if err = unix.Bind(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-				return
-			}
-			var sa unix.Sockaddr
-			if sa, err = unix.Getsockname(int(fd)); err != nil {
-				return
-			}
-			err = before(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(sa.(*unix.SockaddrInet4).Port)))
-		})
-		return errors.Join(cerr, err)
-	}
 }
 
 // nativeUint32 is an address's bytes read as the kernel stores a __be32.
@@ -360,7 +339,7 @@ func TestL7JoinsRecordedFlows(t *testing.T) {
 	dialBound := func(before func(lxcL7SockKey) error) (net.Conn, netip.AddrPort) {
 		t.Helper()
 		var client netip.AddrPort
-		d := net.Dialer{Control: loopbackBound(func(c netip.AddrPort) error {
+		d := net.Dialer{Control: testutil.LoopbackBound(func(c netip.AddrPort) error {
 			client = c
 			if before != nil {
 				return before(l7FlowKey(client, server))

@@ -212,9 +212,16 @@ type Handoff struct {
 	// H2 says the connection speaks HTTP/2 (h2c) and was handed whole:
 	// what its server sends comes to the slot's Answer socket, and the
 	// proxy ends HTTP/2 on both sides.
-	H2    bool
-	marks []seqMark
-	key   l7L7SockKey
+	H2 bool
+	// Egress: the connection is a local client's, handed by its
+	// socket's message verdict and judged by the client's egress policy:
+	// what the proxy allows goes out on the client's socket, its answers
+	// into that socket's receive queue, and the marks (SeqAt) hold how
+	// far the client had received rather than how far the server had
+	// written.
+	Egress bool
+	marks  []seqMark
+	key    l7L7SockKey
 }
 
 type seqMark struct {
@@ -233,7 +240,7 @@ func (s *ProxySlot) Handoff() (Handoff, error) {
 		Server: netip.AddrPortFrom(addrOfBE32(h.Key.Local), h.Key.LocalPort),
 		Client: netip.AddrPortFrom(addrOfBE32(h.Key.Remote), h.Key.RemotePort),
 		Sets:   h.Sets, Prefix: h.Prefix, Owes: h.Owes != 0, SeqOwed: h.SeqOwed,
-		Redirected: h.Redirected, H2: h.H2 != 0, key: h.Key,
+		Redirected: h.Redirected, H2: h.H2 != 0, Egress: h.Egress != 0, key: h.Key,
 	}
 	for _, m := range h.Marks {
 		if m.Valid != 0 {
@@ -248,6 +255,9 @@ func (s *ProxySlot) Handoff() (Handoff, error) {
 // policy rewrites when it changes): false when its entry is gone, which
 // closes a connection.
 func (s *ProxySlot) FlowSets(h Handoff) ([3]uint32, bool, error) {
+	if h.Egress {
+		return s.outSets(h)
+	}
 	var f l7L7Flow
 	err := s.p.objs.WeirL7Flows.Lookup(h.key, &f)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -257,6 +267,27 @@ func (s *ProxySlot) FlowSets(h Handoff) ([3]uint32, bool, error) {
 		return [3]uint32{}, false, fmt.Errorf("read the HTTP sets of handed connection %v: %w", h.Client, err)
 	}
 	return f.Sets, true, nil
+}
+
+// outSets reads a handed client connection's sets from its weir_l7_out
+// entry, keyed as its socket names it; an entry of another socket (the
+// four-tuple reused) is none.
+func (s *ProxySlot) outSets(h Handoff) ([3]uint32, bool, error) {
+	var f l7L7OutFlow
+	err := s.p.objs.WeirL7Out.Lookup(clientView(h.key), &f)
+	if errors.Is(err, ebpf.ErrKeyNotExist) || (err == nil && f.Cookie != h.Cookie) {
+		return [3]uint32{}, false, nil
+	}
+	if err != nil {
+		return [3]uint32{}, false, fmt.Errorf("read the HTTP sets of handed client connection %v: %w", h.Client, err)
+	}
+	return f.Sets, true, nil
+}
+
+// clientView is a connection's key as its client's socket names it (the
+// server as remote): l7_server_view's inverse, the same swap.
+func clientView(k l7L7SockKey) l7L7SockKey {
+	return l7L7SockKey{Remote: k.Local, Local: k.Remote, RemotePort: k.LocalPort, LocalPort: k.RemotePort}
 }
 
 // SeqAt is how far the server had written when the skb holding stream
@@ -295,9 +326,14 @@ func (s *ProxySlot) End(h Handoff, haveSeq bool, seq uint32, owes bool) error {
 		return err
 	}
 	// Not knowing how far the server had written, wait out the grace
-	// rather than cut an answer it still owes.
+	// rather than cut an answer it still owes. A client's socket is
+	// reset after the grace too: what its server still owes comes in,
+	// and no mark says when it has.
 	e := l7L7Closing{SinceNs: now, Local: rec.Key.Local, Flags: closingGrace}
-	if haveSeq {
+	if rec.Egress != 0 {
+		e.Local = rec.Key.Remote
+	}
+	if haveSeq && rec.Egress == 0 {
 		e.Seq = seq
 		e.Flags = closingSeq
 		if owes {

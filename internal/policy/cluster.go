@@ -135,11 +135,26 @@ func (p *ClusterPolicy) AddIngress(r npav1alpha2.ClusterNetworkPolicyIngressRule
 	if p.HTTP == nil {
 		p.HTTP = &ClusterHTTP{}
 	}
-	for len(p.HTTP.Ingress) < len(p.Spec.Ingress) {
-		p.HTTP.Ingress = append(p.HTTP.Ingress, nil)
+	addRule(&p.Spec.Ingress, &p.HTTP.Ingress, r, http)
+}
+
+// AddEgress appends an egress rule with its HTTP rules (none: an L4
+// rule), keeping Spec.Egress and HTTP.Egress in step.
+func (p *ClusterPolicy) AddEgress(r npav1alpha2.ClusterNetworkPolicyEgressRule, http []l7.Rule) {
+	if p.HTTP == nil {
+		p.HTTP = &ClusterHTTP{}
 	}
-	p.Spec.Ingress = append(p.Spec.Ingress, r)
-	p.HTTP.Ingress = append(p.HTTP.Ingress, http)
+	addRule(&p.Spec.Egress, &p.HTTP.Egress, r, http)
+}
+
+// addRule appends r to rules and its HTTP rules to byRule, which is
+// first padded to rules' length (the rules before it had none).
+func addRule[R any](rules *[]R, byRule *[][]l7.Rule, r R, http []l7.Rule) {
+	for len(*byRule) < len(*rules) {
+		*byRule = append(*byRule, nil)
+	}
+	*rules = append(*rules, r)
+	*byRule = append(*byRule, http)
 }
 
 // Ref is kind/name, as flows and status name the policy.

@@ -313,7 +313,7 @@ func (x *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		x.p.endH2(x.s, x.h)
 		panic(http.ErrAbortHandler)
 	}
-	conn := Conn{Server: x.h.Server, Client: x.h.Client, Sets: sets}
+	conn := Conn{Server: x.h.Server, Client: x.h.Client, Sets: sets, Egress: x.h.Egress}
 	rec.Sets = sets
 	req, rerr := l7.HTTP2Request(r.Method, r.RequestURI, r.Host, fieldsOf(r.Header), x.p.judge.HeaderNames(conn))
 	if rerr != nil {

@@ -42,8 +42,17 @@ func echoStream(w http.ResponseWriter, r *http.Request) {
 // h2cClient speaks HTTP/2 over cleartext with prior knowledge, as gRPC
 // clients do, on one connection per address.
 func h2cClient(t *testing.T) *http.Client {
+	return h2cClientVia(t, nil)
+}
+
+// h2cClientVia is h2cClient making its connections with dial (nil: a
+// plain dial).
+func h2cClientVia(t *testing.T, dial func() net.Conn) *http.Client {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
+	if dial != nil {
+		tr.DialContext = func(context.Context, string, string) (net.Conn, error) { return dial(), nil }
+	}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
 }
@@ -102,7 +111,7 @@ func call(t *testing.T, c *http.Client, method, url, body string, header map[str
 // request is recorded with the server's status.
 func TestHandedH2C(t *testing.T) {
 	srv, s, records, _ := handedSetupWith(t, handedOpts{rules: h2cRules, slots: 4})
-	checkH2C(t, srv, s, records)
+	checkH2C(t, h2cClient(t), srv, s, records)
 }
 
 // TestHandedH2CServerFirst: the same with a server that sends its
@@ -111,7 +120,31 @@ func TestHandedH2C(t *testing.T) {
 // reach the proxy's HTTP/2 client, not the client.
 func TestHandedH2CServerFirst(t *testing.T) {
 	srv, s, records, _ := handedSetupWith(t, handedOpts{rules: h2cRules, slots: 4, h2First: true})
-	checkH2C(t, srv, s, records)
+	checkH2C(t, h2cClient(t), srv, s, records)
+}
+
+// TestHandedEgressH2C: the same conversation from a client whose egress
+// rules restrict its connection: handed whole at its preface from the
+// client's socket (or at the server's SETTINGS, arriving first), what
+// the server sends steered into the slot by the client socket's skb
+// verdict, every request judged by the proxy, the denied ones answered
+// 403 on their streams.
+func TestHandedEgressH2C(t *testing.T) {
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprintf("server first %v", first), func(t *testing.T) {
+			srv, s, records, _ := handedSetupWith(t, handedOpts{rules: h2cRules, slots: 4, egress: true, h2First: first})
+			dial := func() net.Conn {
+				c, _ := dialRestricted(t, s, srv, [3]uint32{1})
+				return c
+			}
+			checkH2C(t, h2cClientVia(t, dial), srv, s, records)
+			for _, r := range *records {
+				if !r.Handoff.Egress {
+					t.Fatalf("record %+v: want the client's egress rules'", r)
+				}
+			}
+		})
+	}
 }
 
 // serveH2First serves each connection ln accepts with HTTP/2 alone, the
@@ -128,9 +161,8 @@ func serveH2First(ln net.Listener, h http.Handler) {
 }
 
 // checkH2C is TestHandedH2C's conversation and checks.
-func checkH2C(t *testing.T, srv *server, s *datapath.L7Sockets, records *[]Record) {
+func checkH2C(t *testing.T, c *http.Client, srv *server, s *datapath.L7Sockets, records *[]Record) {
 	t.Helper()
-	c := h2cClient(t)
 	base := "http://" + srv.addr
 	reused := 0
 	steps := []struct {

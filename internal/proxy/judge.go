@@ -96,9 +96,9 @@ func (t *Matchers) Get(id uint32) *l7.Matcher {
 }
 
 // PolicyView is the policy a TierJudge reads: the Result loaded now and
-// the local endpoint (policy.Result.Endpoints' key) a server address is,
-// false when it is none.
-type PolicyView func(server netip.Addr) (res *policy.Result, pod string, ok bool)
+// the local endpoint (policy.Result.Endpoints' key) an address is, false
+// when it is none.
+type PolicyView func(local netip.Addr) (res *policy.Result, pod string, ok bool)
 
 // TierJudge judges the requests of connections whose flow names a set
 // with conditional cluster rules (datapath.TieredSets) against the whole
@@ -110,21 +110,25 @@ type TierJudge struct {
 	Policy PolicyView
 }
 
-// Judge decides r. A tiered connection whose server is no longer a local
-// endpoint, or which policy no longer allows, is denied: what cannot be
-// judged is never allowed.
+// Judge decides r. A tiered connection whose local end (the server, or
+// with Egress the client) is no longer a local endpoint, or which policy
+// no longer allows, is denied: what cannot be judged is never allowed.
 func (j *TierJudge) Judge(c Conn, r *l7.Request) Decision {
 	if !datapath.TieredSets(c.Sets) {
 		return j.Sets.Judge(c, r)
 	}
-	res, pod, ok := j.Policy(c.Server.Addr())
+	local, peer, dir := c.Server, c.Client.Addr(), policy.Ingress
+	if c.Egress {
+		local, peer, dir = c.Client, c.Server.Addr(), policy.Egress
+	}
+	res, pod, ok := j.Policy(local.Addr())
 	if !ok || res == nil {
 		return Decision{Verdict: Deny}
 	}
 	if _, ok := res.Endpoints[pod]; !ok {
 		return Decision{Verdict: Deny}
 	}
-	d, err := res.LookupHTTP(pod, policy.Ingress, c.Client.Addr(), c.Server.Port(), r)
+	d, err := res.LookupHTTP(pod, dir, peer, c.Server.Port(), r)
 	switch {
 	case errors.Is(err, l7.ErrAmbiguousHeader):
 		return Decision{Verdict: Refuse, Policy: &d}

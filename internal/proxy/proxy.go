@@ -286,7 +286,7 @@ func (p *Proxy) serveConnection(s *datapath.ProxySlot, buf []byte) error {
 				if h.H2 {
 					return p.serveH2(s, h, clone(buf[:n]))
 				}
-				st = newStream(p.judge, Conn{Server: h.Server, Client: h.Client, Sets: h.Sets}, h.Prefix)
+				st = newStream(p.judge, Conn{Server: h.Server, Client: h.Client, Sets: h.Sets, Egress: h.Egress}, h.Prefix)
 				if !p.take(h.Client.Addr()) {
 					// What the kernel allowed before the hand-off
 					// goes on; nothing after it.

@@ -23,9 +23,11 @@ import (
 // L7 programs watch, answering "<method> <path>" and remembering what it
 // served.
 type server struct {
-	addr string
-	mu   sync.Mutex
-	seen []string
+	addr     string
+	root, cg string // the cgroup v2 root and the test's cgroup
+	mu       sync.Mutex
+	seen     []string
+	peers    map[string]bool // the clients' addresses the server saw
 }
 
 func (s *server) served() string {
@@ -81,6 +83,9 @@ type handedOpts struct {
 	// h2First: the server speaks HTTP/2 only and sends its SETTINGS at
 	// once, before the client's preface, as grpc-go's does.
 	h2First bool
+	// egress: the rules restrict clients (dialRestricted), not the
+	// server's port; the server is outside the test's cgroup.
+	egress bool
 }
 
 func handedSetupWith(t *testing.T, o handedOpts) (*server, *datapath.L7Sockets, *[]Record, *Proxy) {
@@ -93,11 +98,19 @@ func handedSetupWith(t *testing.T, o handedOpts) (*server, *datapath.L7Sockets, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	ln := listenIn(t, root, cg)
-	srv := &server{addr: ln.Addr().String()}
+	var ln net.Listener
+	if o.egress {
+		if ln, err = net.Listen("tcp4", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		ln = listenIn(t, root, cg)
+	}
+	srv := &server{addr: ln.Addr().String(), root: root, cg: cg, peers: map[string]bool{}}
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		srv.mu.Lock()
 		srv.seen = append(srv.seen, r.Method+" "+r.URL.Path)
+		srv.peers[r.RemoteAddr] = true
 		srv.mu.Unlock()
 		if strings.HasPrefix(r.URL.Path, "/echo.Echo/") {
 			echoStream(w, r)
@@ -139,8 +152,10 @@ func handedSetupWith(t *testing.T, o handedOpts) (*server, *datapath.L7Sockets, 
 	if set == 0 {
 		set = 1
 	}
-	if err := s.EnforceHTTP(port, set); err != nil {
-		t.Fatal(err)
+	if !o.egress {
+		if err := s.EnforceHTTP(port, set); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var judge Judge = NewSetJudge(sets.Get)
 	if o.judge != nil {

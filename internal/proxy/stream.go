@@ -46,10 +46,13 @@ type Decision struct {
 }
 
 // Conn is a handed connection as a judge sees it: its ends (Server is
-// the local pod) and the kernel HTTP sets its flow names now.
+// the local pod, or with Egress the Client is) and the kernel HTTP sets
+// its flow names now.
 type Conn struct {
 	Server, Client netip.AddrPort
 	Sets           [3]uint32
+	// Egress: the client's egress policy judges the requests.
+	Egress bool
 }
 
 // Judge decides the requests of a handed connection.

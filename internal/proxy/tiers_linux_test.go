@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -18,6 +19,12 @@ import (
 // are in order: Deny of PUT requests, Accept of GET /healthz..., Deny of
 // everything else (no HTTP rules).
 func tieredPolicy(t *testing.T, port uint16) *policy.Result {
+	return tieredPolicyOf(t, port, false)
+}
+
+// tieredPolicyOf is tieredPolicy, its rules x/web's egress rules (to
+// every pod) when egress.
+func tieredPolicyOf(t *testing.T, port uint16, egress bool) *policy.Result {
 	t.Helper()
 	ns := policy.Namespace{Name: "x"}
 	web := policy.Pod{Namespace: "x", Name: "web", Labels: map[string]string{"app": "web"},
@@ -31,9 +38,18 @@ func tieredPolicy(t *testing.T, port uint16) *policy.Result {
 			Protocols: []npav1alpha2.ClusterNetworkPolicyProtocol{{TCP: &npav1alpha2.ClusterNetworkPolicyProtocolTCP{
 				DestinationPort: &npav1alpha2.Port{Number: int32(port)}}}}}
 	}
-	p.AddIngress(rule("Deny"), []l7.Rule{{Method: "PUT"}})
-	p.AddIngress(rule("Accept"), []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/healthz"}}})
-	p.AddIngress(rule("Deny"), nil)
+	add := func(action string, http []l7.Rule) {
+		in := rule(action)
+		if !egress {
+			p.AddIngress(in, http)
+			return
+		}
+		p.AddEgress(npav1alpha2.ClusterNetworkPolicyEgressRule{Action: in.Action, Protocols: in.Protocols,
+			To: []npav1alpha2.ClusterNetworkPolicyEgressPeer{{Namespaces: &metav1.LabelSelector{}}}}, http)
+	}
+	add("Deny", []l7.Rule{{Method: "PUT"}})
+	add("Accept", []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/healthz"}}})
+	add("Deny", nil)
 	s := &policy.Snapshot{
 		Namespaces:      map[string]policy.Namespace{"x": ns},
 		Pods:            []policy.Pod{web},
@@ -67,20 +83,7 @@ func TestTieredConnections(t *testing.T) {
 		},
 	})
 	c := dial(t, srv.addr)
-	got := converse(t, c,
-		"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n",
-		"PUT /healthz HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nok",
-		"GET /other HTTP/1.1\r\nHost: h\r\n\r\n",
-		"GET /healthz/ready HTTP/1.1\r\nHost: h\r\n\r\n")
-	want := []string{"GET /healthz", "HTTP/1.1 403 Forbidden", "HTTP/1.1 403 Forbidden", "GET /healthz/ready"}
-	for i, w := range want {
-		if !strings.Contains(got[i], w) {
-			t.Fatalf("step %d: got %q, want %q", i, got[i], w)
-		}
-	}
-	if list := srv.served(); list != "GET /healthz\nGET /healthz/ready" {
-		t.Fatalf("served:\n%s\nwant only the two GETs of /healthz", list)
-	}
+	tieredConversation(t, c, srv)
 	st, err := s.Stats()
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +121,55 @@ func TestTieredConnections(t *testing.T) {
 		if r.Sets[0]&datapath.L7SetTiered == 0 {
 			t.Fatalf("%s: judged against sets %v, want the tiered set", key, r.Sets)
 		}
+	}
+}
+
+// TestTieredEgress: the same rules as x/web's egress rules, on a
+// connection its client opens: handed to the proxy from the client's
+// socket at the first head, each request judged against the policy's
+// egress side in precedence order, the denied ones answered 403 on the
+// same connection, the records the client's.
+func TestTieredEgress(t *testing.T) {
+	srv, s, records, _ := handedSetupWith(t, handedOpts{
+		rules: handedRules, slots: 2, egress: true,
+		judge: func(sets *SetJudge, port uint16) Judge {
+			res := tieredPolicyOf(t, port, true)
+			return &TierJudge{Sets: sets, Policy: func(local netip.Addr) (*policy.Result, string, bool) {
+				return res, "x/web", local == netip.MustParseAddr("127.0.0.1")
+			}}
+		},
+	})
+	c, client := dialRestricted(t, s, srv, [3]uint32{datapath.L7SetTiered | 1})
+	tieredConversation(t, c, srv)
+	recs := waitRecords(t, records, 4)
+	for i, allowed := range []bool{true, false, false, true} {
+		r := recs[i]
+		if d := r.Decision.Policy; d == nil || d.Allowed != allowed || d.Request.Stage != policy.StageAdmin ||
+			!r.Handoff.Egress || r.Handoff.Client != client {
+			t.Fatalf("record %d: %+v (decision %+v), want allowed=%v at the Admin tier, egress from %v", i, r, d, allowed, client)
+		}
+	}
+}
+
+// tieredConversation has c ask tieredPolicy's four questions on one
+// keep-alive connection: GET /healthz served, PUT /healthz and GET
+// /other answered 403, GET /healthz/ready served, and only the two GETs
+// of /healthz reaching srv.
+func tieredConversation(t *testing.T, c net.Conn, srv *server) {
+	t.Helper()
+	got := converse(t, c,
+		"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n",
+		"PUT /healthz HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nok",
+		"GET /other HTTP/1.1\r\nHost: h\r\n\r\n",
+		"GET /healthz/ready HTTP/1.1\r\nHost: h\r\n\r\n")
+	want := []string{"GET /healthz", "HTTP/1.1 403 Forbidden", "HTTP/1.1 403 Forbidden", "GET /healthz/ready"}
+	for i, w := range want {
+		if !strings.Contains(got[i], w) {
+			t.Fatalf("step %d: got %q, want %q", i, got[i], w)
+		}
+	}
+	if list := srv.served(); list != "GET /healthz\nGET /healthz/ready" {
+		t.Fatalf("served:\n%s\nwant only the two GETs of /healthz", list)
 	}
 }
 

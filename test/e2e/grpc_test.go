@@ -47,6 +47,23 @@ spec:
       - {method: POST, path: {type: Exact, value: /grpc.health.v1.Health/Check}}
 `
 
+// grpcEgressPolicy lets a client labelled weir-e2e=egress-grpc call one
+// method of the gRPC server's health service and nothing else: judged on
+// the client's side.
+const grpcEgressPolicy = `apiVersion: weir.io/v1alpha1
+kind: WeirNetworkPolicy
+metadata: {name: grpc-egress, namespace: default}
+spec:
+  podSelector: {matchLabels: {weir-e2e: egress-grpc}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {app: grpc}}}]
+    ports:
+    - port: 5000
+      http:
+      - {method: POST, path: {type: Exact, value: /grpc.health.v1.Health/Check}}
+`
+
 // grpcCall makes a gRPC call (an empty request message) to each URL from
 // pod p with curl over HTTP/2 with prior knowledge, as gRPC clients
 // connect, and returns "<status> <HTTP version> <connections opened>" for

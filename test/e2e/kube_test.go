@@ -456,66 +456,42 @@ func TestKubernetes(t *testing.T) {
 		}
 		// Every request is on record at the server's node, naming the
 		// rule that allowed it or the policy whose rules it failed.
-		waitFor(t, 5*time.Second, func() error {
-			seen, err := httpRecords(ctx, st, server.Spec.NodeName, "default/"+server.Name, func(f api.Flow, seen map[string]bool) {
-				switch {
-				case f.Verdict == "allowed" && f.HTTP.Method == "GET" && f.HTTP.Target == "/hostname" &&
-					strings.Contains(f.Rule, "weirnetworkpolicy default/web-http ingress[0] ports[0].http[0] (GET Exact /hostname)"):
-					seen["allowed"] = true
-				case f.Verdict == "denied" && f.HTTP.Method == "DELETE" && f.HTTP.Status == 403 &&
-					f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/web-http ingress[0]":
-					seen["denied"] = true
-				case f.Verdict == "denied" && f.HTTP.Host == "web.other" && f.HTTP.Target == "/echo?msg=hi":
-					seen["host"] = true
-				case f.Verdict == "refused" && f.HTTP.Status == 400:
-					seen["refused"] = true
-				case f.Verdict == "allowed" && f.HTTP.Method == "PUT" && strings.Contains(strings.ToLower(f.Rule), `ports[0].http[2] (put exact /hostname header x-role exact "admin"`):
-					seen["headers"] = true
-				}
-				// The server's answer to an allowed request, read in the
-				// kernel as it was sent: in the request's record, or in a
-				// record of its own named by the request and its rule.
-				if f.Verdict == "allowed" && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 &&
-					f.HTTP.LatencyMax >= f.HTTP.Latency && strings.Contains(f.Rule, "ports[0].http[0] (GET Exact /hostname)") {
-					seen["answer"] = true
-				}
-				// Also the allowed GET /hostname above when it came in
-				// two pieces.
-				if f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.HasSuffix(f.Rule, "(judged in user space)") {
-					seen["user space"] = true
-				}
-			})
-			if err != nil {
-				return err
+		waitHTTPRecords(t, ctx, st, server.Spec.NodeName, "default/"+server.Name, 7, "allowed, denied, host, refused, headers, user space and answer", func(f api.Flow, seen map[string]bool) {
+			switch {
+			case f.Verdict == "allowed" && f.HTTP.Method == "GET" && f.HTTP.Target == "/hostname" &&
+				strings.Contains(f.Rule, "weirnetworkpolicy default/web-http ingress[0] ports[0].http[0] (GET Exact /hostname)"):
+				seen["allowed"] = true
+			case f.Verdict == "denied" && f.HTTP.Method == "DELETE" && f.HTTP.Status == 403 &&
+				f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/web-http ingress[0]":
+				seen["denied"] = true
+			case f.Verdict == "denied" && f.HTTP.Host == "web.other" && f.HTTP.Target == "/echo?msg=hi":
+				seen["host"] = true
+			case f.Verdict == "refused" && f.HTTP.Status == 400:
+				seen["refused"] = true
+			case f.Verdict == "allowed" && f.HTTP.Method == "PUT" && strings.Contains(strings.ToLower(f.Rule), `ports[0].http[2] (put exact /hostname header x-role exact "admin"`):
+				seen["headers"] = true
 			}
-			if len(seen) != 7 {
-				return fmt.Errorf("records of %s: %v, want allowed, denied, host, refused, headers, user space and answer", server.Name, seen)
+			// The server's answer to an allowed request, read in the
+			// kernel as it was sent: in the request's record, or in a
+			// record of its own named by the request and its rule.
+			if f.Verdict == "allowed" && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 &&
+				f.HTTP.LatencyMax >= f.HTTP.Latency && strings.Contains(f.Rule, "ports[0].http[0] (GET Exact /hostname)") {
+				seen["answer"] = true
 			}
-			return nil
+			// Also the allowed GET /hostname above when it came in
+			// two pieces.
+			if f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.HasSuffix(f.Rule, "(judged in user space)") {
+				seen["user space"] = true
+			}
 		})
 	})
 
-	t.Run("HTTP egress policy: a client's requests judged on its own socket, a denied one answered 403 in the server's place, a keep-alive connection's second request denied, every request on record as egress", func(t *testing.T) {
+	t.Run("HTTP egress policy: a client's requests judged on its own socket, a denied one answered 403 in the server's place, a keep-alive connection's second request denied, a header regex judged by the node's proxy from the client's socket, every request on record as egress", func(t *testing.T) {
 		pods := webPods(t, c)
 		client := onNode(t, pods, "n1")
 		server := onNode(t, pods, "n2")
 		base := "http://" + server.Status.PodIP + ":8080"
-		if out, err := st.Kubectl(ctx, nil, "label", "pod", client.Name, "weir-e2e=egress-http", "--overwrite"); err != nil {
-			t.Fatalf("label %s: %v %s", client.Name, err, out)
-		}
-		if out, err := st.Kubectl(ctx, strings.NewReader(egressHTTPPolicy), "apply", "-f", "-"); err != nil {
-			t.Fatalf("apply client-egress-http: %v %s", err, out)
-		}
-		defer func() {
-			for _, args := range [][]string{
-				{"delete", "weirnetworkpolicies.weir.io", "client-egress-http", "--ignore-not-found"},
-				{"label", "pod", client.Name, "weir-e2e-"},
-			} {
-				if out, err := st.Kubectl(ctx, nil, args...); err != nil {
-					t.Errorf("kubectl %v: %v %s", args, err, out)
-				}
-			}
-		}()
+		defer restrictEgress(t, ctx, st, client, "egress-http", "client-egress-http", egressHTTPPolicy)()
 		waitFor(t, 15*time.Second, func() error {
 			if got := curlFrom(ctx, st, client, base+"/shell?cmd=id"); len(got) < 1 || got[0] != "403" {
 				return fmt.Errorf("GET /shell: %v, want 403 once the egress policy is loaded", got)
@@ -534,37 +510,46 @@ func TestKubernetes(t *testing.T) {
 			// the answers' bodies stay off the output.
 			{"keep-alive: allowed, then denied, then allowed", []string{"-o", "/dev/null", "-o", "/dev/null",
 				base + "/hostname", base + "/shell?cmd=id", base + "/hostname"}, []string{"200", "1", "403", "0", "200", "0"}},
+			// A header value regex is judged in user space: the
+			// connection goes to the node's proxy from the client's
+			// socket at that request, and the proxy judges the rest.
+			{"header regex matched", []string{"-H", "X-Team: bluuue", base + "/echo?msg=hi"}, []string{"200", "1"}},
+			{"header regex not matched", []string{"-H", "X-Team: red", base + "/echo?msg=hi"}, []string{"403", "1"}},
+			{"keep-alive through the proxy: allowed, allowed, denied, allowed", []string{"-H", "X-Team: bluuue",
+				"-o", "/dev/null", "-o", "/dev/null", "-o", "/dev/null",
+				base + "/echo?msg=hi", base + "/hostname", base + "/shell?cmd=id", base + "/echo?msg=again"},
+				[]string{"200", "1", "200", "0", "403", "0", "200", "0"}},
 		} {
 			if got := curlFrom(ctx, st, client, tc.args...); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
 			}
 		}
 		// The records are at the client's node, as its egress verdicts.
-		waitFor(t, 5*time.Second, func() error {
-			seen, err := httpRecords(ctx, st, client.Spec.NodeName, "default/"+client.Name, func(f api.Flow, seen map[string]bool) {
-				if f.Direction != "egress" {
-					return
-				}
+		waitHTTPRecords(t, ctx, st, client.Spec.NodeName, "default/"+client.Name, 5, "allowed, denied, answer, and the proxy's allowed and denied", func(f api.Flow, seen map[string]bool) {
+			if f.Direction != "egress" {
+				return
+			}
+			switch {
+			case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" &&
+				strings.Contains(f.Rule, "weirnetworkpolicy default/client-egress-http egress[0] ports[0].http[0] (GET Exact /hostname)"):
+				seen["allowed"] = true
+			case f.Verdict == "denied" && f.HTTP.Method == "DELETE" && f.HTTP.Status == 403 &&
+				f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/client-egress-http egress[0]":
+				seen["denied"] = true
+			}
+			// The server's answer, read as it reached the client.
+			if f.Verdict == "allowed" && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 {
+				seen["answer"] = true
+			}
+			if strings.HasSuffix(f.Rule, "(judged in user space)") {
 				switch {
-				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" &&
-					strings.Contains(f.Rule, "weirnetworkpolicy default/client-egress-http egress[0] ports[0].http[0] (GET Exact /hostname)"):
-					seen["allowed"] = true
-				case f.Verdict == "denied" && f.HTTP.Method == "DELETE" && f.HTTP.Status == 403 &&
-					f.Rule == "no HTTP rule allows it: weirnetworkpolicy default/client-egress-http egress[0]":
-					seen["denied"] = true
+				case f.Verdict == "allowed" && f.HTTP.Target == "/echo?msg=again" &&
+					strings.Contains(f.Rule, "weirnetworkpolicy default/client-egress-http egress[0] ports[0].http[1]"):
+					seen["proxy allowed"] = true
+				case f.Verdict == "denied" && f.HTTP.Target == "/shell?cmd=id":
+					seen["proxy denied"] = true
 				}
-				// The server's answer, read as it reached the client.
-				if f.Verdict == "allowed" && f.HTTP.Status == 200 && f.HTTP.Target == "/hostname" && f.HTTP.Latency > 0 {
-					seen["answer"] = true
-				}
-			})
-			if err != nil {
-				return err
 			}
-			if len(seen) != 3 {
-				return fmt.Errorf("egress records of %s: %v, want allowed, denied and answer", client.Name, seen)
-			}
-			return nil
 		})
 	})
 
@@ -610,31 +595,22 @@ func TestKubernetes(t *testing.T) {
 				t.Errorf("%s: curl %v: %v, want %v", tc.name, tc.args, got, tc.want)
 			}
 		}
-		waitFor(t, 5*time.Second, func() error {
-			seen, err := httpRecords(ctx, st, server.Spec.NodeName, "default/"+server.Name, func(f api.Flow, seen map[string]bool) {
-				if f.Decider == nil || f.Decider.Name != "web-http-tiers" || !strings.HasSuffix(f.Rule, "(judged in user space)") {
-					return
-				}
-				switch {
-				case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.Contains(f.Rule, `"hostname" Accept http[0] (GET Exact /hostname)`):
-					seen["accepted"] = true
-				case f.Verdict == "denied" && f.HTTP.Target == "/shell?cmd=id" && f.HTTP.Status == 403 && strings.Contains(f.Rule, `"no-shell" Deny http[0] (PathPrefix /shell)`):
-					seen["denied by its HTTP rule"] = true
-				case f.Verdict == "denied" && f.HTTP.Target == "/echo?msg=hi" && strings.Contains(f.Rule, `"rest" Deny, a rule without HTTP rules`):
-					seen["denied by the rule after"] = true
-				}
-			})
-			if err != nil {
-				return err
+		waitHTTPRecords(t, ctx, st, server.Spec.NodeName, "default/"+server.Name, 3, "accepted, denied by its HTTP rule and by the rule after", func(f api.Flow, seen map[string]bool) {
+			if f.Decider == nil || f.Decider.Name != "web-http-tiers" || !strings.HasSuffix(f.Rule, "(judged in user space)") {
+				return
 			}
-			if len(seen) != 3 {
-				return fmt.Errorf("records of %s: %v, want accepted, denied by its HTTP rule and by the rule after", server.Name, seen)
+			switch {
+			case f.Verdict == "allowed" && f.HTTP.Target == "/hostname" && strings.Contains(f.Rule, `"hostname" Accept http[0] (GET Exact /hostname)`):
+				seen["accepted"] = true
+			case f.Verdict == "denied" && f.HTTP.Target == "/shell?cmd=id" && f.HTTP.Status == 403 && strings.Contains(f.Rule, `"no-shell" Deny http[0] (PathPrefix /shell)`):
+				seen["denied by its HTTP rule"] = true
+			case f.Verdict == "denied" && f.HTTP.Target == "/echo?msg=hi" && strings.Contains(f.Rule, `"rest" Deny, a rule without HTTP rules`):
+				seen["denied by the rule after"] = true
 			}
-			return nil
 		})
 	})
 
-	t.Run("HTTP2 over cleartext (h2c, gRPC) policy: a real gRPC server's calls judged by the node's proxy, an allowed method served and another answered 403 on the same connection, each call on record with the server's status", func(t *testing.T) {
+	t.Run("HTTP2 over cleartext (h2c, gRPC) policy: a real gRPC server's calls judged by the node's proxy, an allowed method served and another answered 403 on the same connection, each call on record with the server's status, and the same judged on the client's side by its egress rules", func(t *testing.T) {
 		client := onNode(t, webPods(t, c), "n1")
 		if out, err := st.Kubectl(ctx, strings.NewReader(grpcServerPod), "apply", "-f", "-"); err != nil {
 			t.Fatalf("apply grpc-server: %v %s", err, out)
@@ -687,26 +663,45 @@ func TestKubernetes(t *testing.T) {
 		if got := grpcOneConn(t, st, client, server.Status.PodIP+":5000", "Check", "Watch", "Check"); got != "200 0 403 - 200 0" {
 			t.Errorf("one connection: allowed, denied, allowed: %q, want 200 0 403 - 200 0", got)
 		}
-		waitFor(t, 5*time.Second, func() error {
-			seen, err := httpRecords(ctx, st, server.Spec.NodeName, "default/grpc-server", func(f api.Flow, seen map[string]bool) {
-				if f.HTTP == nil || !strings.HasSuffix(f.Rule, "(judged in user space)") {
-					return
-				}
-				switch {
-				case f.Verdict == "allowed" && f.HTTP.Method == "POST" && f.HTTP.Target == "/grpc.health.v1.Health/Check" && f.HTTP.Status == 200 &&
-					f.HTTP.Latency > 0 && strings.Contains(f.Rule, "weirnetworkpolicy default/grpc-http ingress[0] ports[0].http[0] (POST Exact /grpc.health.v1.Health/Check)"):
-					seen["allowed"] = true
-				case f.Verdict == "denied" && f.HTTP.Target == "/grpc.health.v1.Health/Watch" && f.HTTP.Status == 403:
-					seen["denied"] = true
-				}
-			})
-			if err != nil {
-				return err
+		waitHTTPRecords(t, ctx, st, server.Spec.NodeName, "default/grpc-server", 2, "the allowed call with its status and the denied one", func(f api.Flow, seen map[string]bool) {
+			if f.HTTP == nil || !strings.HasSuffix(f.Rule, "(judged in user space)") {
+				return
 			}
-			if len(seen) != 2 {
-				return fmt.Errorf("records of grpc-server: %v, want the allowed call with its status and the denied one", seen)
+			switch {
+			case f.Verdict == "allowed" && f.HTTP.Method == "POST" && f.HTTP.Target == "/grpc.health.v1.Health/Check" && f.HTTP.Status == 200 &&
+				f.HTTP.Latency > 0 && strings.Contains(f.Rule, "weirnetworkpolicy default/grpc-http ingress[0] ports[0].http[0] (POST Exact /grpc.health.v1.Health/Check)"):
+				seen["allowed"] = true
+			case f.Verdict == "denied" && f.HTTP.Target == "/grpc.health.v1.Health/Watch" && f.HTTP.Status == 403:
+				seen["denied"] = true
+			}
+		})
+
+		// The same rule as the client's egress rule: its h2c connection
+		// is handed to its own node's proxy from its socket.
+		if out, err := st.Kubectl(ctx, nil, "delete", "weirnetworkpolicies.weir.io", "grpc-http"); err != nil {
+			t.Fatalf("delete grpc-http: %v %s", err, out)
+		}
+		defer restrictEgress(t, ctx, st, client, "egress-grpc", "grpc-egress", grpcEgressPolicy)()
+		waitFor(t, 15*time.Second, func() error {
+			if got := call(base + "Watch"); got != "403 2 1" {
+				return fmt.Errorf("Watch: %q, want 403 once the egress policy is loaded", got)
 			}
 			return nil
+		})
+		if got := call(base + "Check"); got != "200 2 1" {
+			t.Errorf("the allowed call, egress: %q, want 200 2 1", got)
+		}
+		waitHTTPRecords(t, ctx, st, client.Spec.NodeName, "default/"+client.Name, 2, "the allowed call with its status and the denied one", func(f api.Flow, seen map[string]bool) {
+			if f.HTTP == nil || f.Direction != "egress" || !strings.HasSuffix(f.Rule, "(judged in user space)") {
+				return
+			}
+			switch {
+			case f.Verdict == "allowed" && f.HTTP.Target == "/grpc.health.v1.Health/Check" && f.HTTP.Status == 200 &&
+				strings.Contains(f.Rule, "weirnetworkpolicy default/grpc-egress egress[0] ports[0].http[0]"):
+				seen["allowed"] = true
+			case f.Verdict == "denied" && f.HTTP.Target == "/grpc.health.v1.Health/Watch" && f.HTTP.Status == 403:
+				seen["denied"] = true
+			}
 		})
 	})
 
@@ -1470,6 +1465,22 @@ func checkConformance(t *testing.T, res conformance.Result, err error, logPath s
 	if len(res.Failed) > 0 {
 		dumpFile(t, logPath, 200)
 	}
+}
+
+// waitHTTPRecords waits up to 5 s until see, run over the HTTP records
+// of pod at node, has marked n things seen; want says what they are.
+func waitHTTPRecords(t *testing.T, ctx context.Context, st *lab.State, node, pod string, n int, want string, see func(f api.Flow, seen map[string]bool)) {
+	t.Helper()
+	waitFor(t, 5*time.Second, func() error {
+		seen, err := httpRecords(ctx, st, node, pod, see)
+		if err != nil {
+			return err
+		}
+		if len(seen) != n {
+			return fmt.Errorf("records of %s: %v, want %s", pod, seen, want)
+		}
+		return nil
+	})
 }
 
 // httpRecords reads the HTTP request records of pod at node's agent and

@@ -78,7 +78,33 @@ spec:
     - port: 8080
       http:
       - {method: GET, path: {type: Exact, value: /hostname}}
+      - method: GET
+        path: {type: Exact, value: /echo}
+        headers: [{name: X-Team, type: RegularExpression, value: "blu+e"}]
 `
+
+// restrictEgress labels client weir-e2e=label and applies yaml, a
+// WeirNetworkPolicy named name selecting that label; the returned func
+// deletes the policy and the label.
+func restrictEgress(t *testing.T, ctx context.Context, st *lab.State, client corev1.Pod, label, name, yaml string) func() {
+	t.Helper()
+	if out, err := st.Kubectl(ctx, nil, "label", "pod", client.Name, "weir-e2e="+label, "--overwrite"); err != nil {
+		t.Fatalf("label %s: %v %s", client.Name, err, out)
+	}
+	if out, err := st.Kubectl(ctx, strings.NewReader(yaml), "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply %s: %v %s", name, err, out)
+	}
+	return func() {
+		for _, args := range [][]string{
+			{"delete", "weirnetworkpolicies.weir.io", name, "--ignore-not-found"},
+			{"label", "pod", client.Name, "weir-e2e-"},
+		} {
+			if out, err := st.Kubectl(ctx, nil, args...); err != nil {
+				t.Errorf("kubectl %v: %v %s", args, err, out)
+			}
+		}
+	}
+}
 
 // applyWebHTTPPolicy applies webHTTPPolicy and waits until client's
 // POST to base's /hostname is answered 403; the returned func deletes it
