@@ -204,13 +204,21 @@ func (s *L7Sockets) EnforcePort(port uint16, mode L7Mode) error {
 // (lib/l7client.h) as tc restricts one a client's egress policy allows
 // only through HTTP rules, recording it when it allows the SYN. For the
 // standalone path: call it before the client connects, from a process
-// in the path's cgroup (sock_ops joins the socket at its handshake).
+// in the path's cgroup (sock_ops joins the socket at its handshake). A
+// connection already recorded keeps its socket and judged mark: only
+// its sets change, as a policy change changes them, and its next
+// request is judged against them.
 func (s *L7Sockets) RestrictClient(client, server netip.AddrPort, sets [3]uint32) error {
 	if !client.Addr().Is4() || !server.Addr().Is4() {
 		return fmt.Errorf("restrict %v to %v: IPv4 only", client, server)
 	}
 	key := l7L7SockKey{Remote: be32(server.Addr()), Local: be32(client.Addr()), RemotePort: server.Port(), LocalPort: client.Port()}
-	if err := s.objs.WeirL7Out.Put(key, l7L7OutFlow{Sets: sets}); err != nil {
+	var f l7L7OutFlow
+	if err := s.objs.WeirL7Out.Lookup(key, &f); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("restrict %v to %v: %w", client, server, err)
+	}
+	f.Sets = sets
+	if err := s.objs.WeirL7Out.Put(key, f); err != nil {
 		return fmt.Errorf("restrict %v to %v: %w", client, server, err)
 	}
 	return nil

@@ -115,6 +115,34 @@ func TestHandedEgressEnds(t *testing.T) {
 	}
 }
 
+// TestHandedEgressFollowsPolicy: a policy change reaches a handed
+// client connection at its next request, as it does a server's: the
+// proxy reads the connection's sets from its weir_l7_out entry for each
+// request, so what the new rules deny is answered 403 on the same
+// connection and what they allow goes out.
+func TestHandedEgressFollowsPolicy(t *testing.T) {
+	other := []l7.Rule{{Method: "GET", Path: &l7.PathMatch{Type: l7.PathPrefix, Value: "/other"}}}
+	srv, s, records, _ := handedSetupWith(t, handedOpts{rules: egressRules, more: [][]l7.Rule{other}, slots: 2, egress: true})
+	c, client := dialRestricted(t, s, srv, [3]uint32{1})
+	if got := converse(t, c, egressBlue)[0]; !strings.Contains(got, "GET /team") {
+		t.Fatalf("handed, before the change: %q", got)
+	}
+	if err := s.RestrictClient(client, netip.MustParseAddrPort(srv.addr), [3]uint32{2}); err != nil {
+		t.Fatal(err)
+	}
+	got := converse(t, c, egressBlue, "GET /other/page HTTP/1.1\r\nHost: deathstar\r\n\r\n")
+	if !strings.Contains(got[0], "403 Forbidden") || !strings.Contains(got[1], "GET /other/page") {
+		t.Fatalf("after the change: %q, want the team request denied and /other served", got)
+	}
+	if sv := srv.served(); sv != "GET /team\nGET /other/page" {
+		t.Fatalf("the server saw %q", sv)
+	}
+	recs := waitRecords(t, records, 3)
+	if recs[0].Sets != [3]uint32{1} || recs[1].Sets != [3]uint32{2} || recs[2].Decision.Set != 2 {
+		t.Fatalf("records %+v: want set 1, then set 2 twice", recs)
+	}
+}
+
 // dialRestricted connects to srv from a socket of the test's cgroup, its
 // connection restricted to sets on the client's side (as tc records one
 // its pod's egress policy restricts).
