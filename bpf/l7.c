@@ -396,6 +396,17 @@ __always_inline_fn __u8 l7_walk_verdict(__u8 outcome)
 	return L7_EV_PUNTED;
 }
 
+/* l7_walk_to_proxy says whether what a walk stopped at goes to user
+ * space: what the kernel cannot judge, and a denial after allowed bytes
+ * in one skb or message (which cannot be answered in place without
+ * losing them). Not an upgrade: whether the server switched protocols is
+ * in its answer, which the proxy does not see. */
+__always_inline_fn int l7_walk_to_proxy(const struct l7_walk *w)
+{
+	return (w->outcome == L7_WALK_PUNT && w->punt_why != L7_EVF_UPGRADE) ||
+	       (w->outcome == L7_WALK_DENY && w->head_pos != 0 && w->head_pos != L7_NO_HEAD);
+}
+
 /* l7_hand_off hands the connection to a free proxy slot from this skb
  * on: its first prefix bytes were allowed here, a head begins after them.
  * It returns SK_PASS (the skb redirected), or -1 when no slot is free or
@@ -543,12 +554,7 @@ int l7_http_verdict(struct __sk_buff *skb)
 		}
 		return SK_PASS;
 	}
-	/* What the kernel cannot judge, and a denial after allowed bytes in
-	 * one skb (which cannot be answered in place without losing them),
-	 * go to user space. Not an upgrade: whether the server switched
-	 * protocols is in its answer, which the proxy does not see. */
-	if ((w.outcome == L7_WALK_PUNT && w.punt_why != L7_EVF_UPGRADE) ||
-	    (w.outcome == L7_WALK_DENY && w.head_pos != 0 && w.head_pos != L7_NO_HEAD))
+	if (l7_walk_to_proxy(&w))
 		return l7_try_hand_off(&w, l7_walk_verdict(w.outcome));
 	/* Answer in place only what begins the skb: anything before it in
 	 * the skb was allowed and would be lost. */
@@ -877,11 +883,7 @@ int l7_client_msg(struct sk_msg_md *msg)
 		}
 		return l7_client_pass(&w, cl, f);
 	}
-	/* What the kernel cannot judge, and a denial after allowed bytes in
-	 * the message, go to user space (not an upgrade: the proxy does not
-	 * see the server's answer, which says whether it switched). */
-	if ((w.outcome == L7_WALK_PUNT && w.punt_why != L7_EVF_UPGRADE) ||
-	    (w.outcome == L7_WALK_DENY && w.head_pos != 0 && w.head_pos != L7_NO_HEAD))
+	if (l7_walk_to_proxy(&w))
 		return l7_client_hand_off(&w, cl, l7_walk_verdict(w.outcome));
 	if (w.outcome == L7_WALK_PUNT)
 		return l7_client_stop(&w, cl, 0);
